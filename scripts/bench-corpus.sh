@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Bytes on the wire for rproxy's hsync versus its peers, over the pairs of the
+# benchmark corpus (see $CORPUS/README.md and $CORPUS/MANIFEST).
+#
+# For each `kind basis new` line of MANIFEST it measures:
+#   gzip9       gzip -9 of new (the reference every ratio is relative to)
+#   brotli11    brotli -q 11 of new (if brotli is installed)
+#   zstd-patch  zstd -19 --patch-from=basis new (needs the basis at the sender)
+#   rdiff+zstd  rdiff signature (default options) + rdiff delta, zstd -19
+#   rproxy      `rproxy hsync stats --basis BASIS NEW`, its `wire=` figure
+#
+# Usage: scripts/bench-corpus.sh
+#   CORPUS=DIR     corpus folder (default: ../shared/corpus from the repo root)
+#   NO_RPROXY=1    skip building and running rproxy (peers only)
+#   RPROXY=PATH    use this rproxy binary instead of building target/release
+#   JOBS=N         measurements run at once (default: nproc)
+# Needs: gzip, zstd, rdiff; optionally brotli.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+corpus=${CORPUS:-$root/../shared/corpus}
+if ! corpus=$(cd "$corpus" 2>/dev/null && pwd) || [[ ! -f $corpus/MANIFEST ]]; then
+    echo "bench-corpus: no MANIFEST in corpus folder '${CORPUS:-$root/../shared/corpus}' (set CORPUS=...)" >&2
+    exit 1
+fi
+for tool in gzip zstd rdiff; do
+    command -v "$tool" >/dev/null || { echo "bench-corpus: $tool not installed" >&2; exit 1; }
+done
+have_brotli=0
+command -v brotli >/dev/null && have_brotli=1
+
+tmp=$(mktemp -d)
+trap 'wait; rm -rf "$tmp"' EXIT
+
+# Read and check the pairs first, so a bad line fails before any work starts.
+kinds=() bases=() news=()
+while read -r kind basis new _; do
+    [[ -z ${kind:-} || $kind == \#* ]] && continue
+    if [[ -z ${new:-} || ! -f $corpus/$basis || ! -f $corpus/$new ]]; then
+        echo "bench-corpus: bad MANIFEST line (missing field or file): $kind $basis ${new:-}" >&2
+        exit 1
+    fi
+    kinds+=("$kind") bases+=("$basis") news+=("$new")
+done <"$corpus/MANIFEST"
+
+rproxy=""
+if [[ ${NO_RPROXY:-0} == 1 ]]; then
+    echo "rproxy: n/a (NO_RPROXY=1)" >&2
+elif [[ -n ${RPROXY:-} ]]; then
+    rproxy=$RPROXY
+elif (cd "$root" && cargo build --release --quiet); then
+    rproxy=$root/target/release/rproxy
+else
+    echo "rproxy: n/a (cargo build --release failed)" >&2
+fi
+
+size() { wc -c | tr -d ' '; }
+
+# Each measurement below writes one number (or "-" when not available) to
+# the file named by its first argument, and nothing if a tool fails (errexit
+# applies to these background jobs; pipefail catches the compressor).
+
+# gzip -9 and brotli -q 11 of a file (once per distinct new file).
+compress_new() { # OUT_PREFIX FILE
+    local gz br=-
+    gz=$(gzip -9 -n -c "$2" | size) # -n: no name/mtime header, as in HTTP
+    if ((have_brotli)); then br=$(brotli -q 11 -c "$2" | size); fi
+    echo "$gz" >"$1.gzip"
+    echo "$br" >"$1.brotli"
+}
+
+zstd_patch() { # OUT BASIS NEW
+    # zstd -19 already fits basis+new in its window below 8 MiB.
+    local long=() bytes
+    (($(stat -c %s "$2") + $(stat -c %s "$3") > 8 * 1024 * 1024)) && long=(--long=27)
+    # -qq also silences its "[Optimal parser notes]" advice on stderr.
+    bytes=$(zstd -qq -19 "${long[@]}" -c --patch-from="$2" "$3" | size)
+    echo "$bytes" >"$1"
+}
+
+rdiff_zstd() { # OUT BASIS NEW
+    local delta
+    rdiff signature "$2" "$1.sig"
+    rdiff delta "$1.sig" "$3" "$1.delta"
+    delta=$(zstd -q -19 -c "$1.delta" | size)
+    echo $(($(size <"$1.sig") + delta)) >"$1"
+}
+
+# The failure reason, if any, goes to $tmp/rproxy.fail.
+rproxy_wire() { # OUT BASIS NEW
+    local out="" wire=""
+    if [[ -z $rproxy ]]; then
+        :
+    elif out=$("$rproxy" hsync stats --basis "$2" "$3" 2>"$1.err"); then
+        wire=$(tr ' ' '\n' <<<"$out" | sed -n 's/^wire=\([0-9][0-9]*\)$/\1/p' | head -n 1)
+        [[ -n $wire ]] || echo "no wire= in output: $out" >>"$tmp/rproxy.fail"
+    else
+        echo "exit $?: $(head -n 1 "$1.err")" >>"$tmp/rproxy.fail"
+    fi
+    echo "${wire:--}" >"$1"
+}
+
+# Runs "$@" in the background, at most JOBS at a time. A failed job shows up
+# as a missing output file when the rows are collected.
+max_jobs=${JOBS:-$(nproc)}
+spawn() {
+    while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
+    "$@" &
+}
+
+# Distinct new files first (brotli -q 11 is the slowest step), then the pairs.
+declare -A new_id=()
+for new in "${news[@]}"; do
+    [[ -v new_id[$new] ]] && continue
+    new_id[$new]=n${#new_id[@]}
+    spawn compress_new "$tmp/${new_id[$new]}" "$corpus/$new"
+done
+for i in "${!kinds[@]}"; do
+    spawn zstd_patch "$tmp/p$i.zstd" "$corpus/${bases[i]}" "$corpus/${news[i]}"
+    spawn rdiff_zstd "$tmp/p$i.rdiff" "$corpus/${bases[i]}" "$corpus/${news[i]}"
+    spawn rproxy_wire "$tmp/p$i.rproxy" "$corpus/${bases[i]}" "$corpus/${news[i]}"
+done
+wait
+
+# One row per pair: kind basis new newsize gzip9 brotli11 zstd rdiff rproxy.
+for i in "${!kinds[@]}"; do
+    n=$tmp/${new_id[${news[i]}]} p=$tmp/p$i
+    for f in "$n.gzip" "$n.brotli" "$p.zstd" "$p.rdiff" "$p.rproxy"; do
+        [[ -s $f ]] || { echo "bench-corpus: measuring ${news[i]} failed (no ${f##*.} figure; see errors above)" >&2; exit 1; }
+    done
+    echo "${kinds[i]} ${bases[i]} ${news[i]} $(size <"$corpus/${news[i]}")" \
+        "$(<"$n.gzip") $(<"$n.brotli") $(<"$p.zstd") $(<"$p.rdiff") $(<"$p.rproxy")"
+done >"$tmp/results"
+
+if [[ -s $tmp/rproxy.fail ]]; then
+    echo "rproxy: n/a for $(wc -l <"$tmp/rproxy.fail") pairs; first: $(head -n 1 "$tmp/rproxy.fail")" >&2
+fi
+
+# Table, then totals per kind, over seq+cross, and each other kind on its own.
+awk -v corpus="$corpus" '
+function short(p) { sub(/^public\//, "", p); return p }
+function num(v) { return v == "-" ? "n/a" : v }
+function ratio(v, g) { return v == "-" ? "n/a" : sprintf("%.3fx", v / g) }
+function add(group, i) {
+    if ($i == "-" || sum[group, i] == "-") sum[group, i] = "-"
+    else sum[group, i] += $i
+}
+function total(label, group,   g) {
+    g = sum[group, 5]
+    printf "%-22s %3d pairs  new %9d  gzip9 %8d  |  rproxy %s  zstd-patch %s  rdiff+zstd %s  brotli %s\n",
+        label, count[group], sum[group, 4], g, ratio(sum[group, 9], g),
+        ratio(sum[group, 7], g), ratio(sum[group, 8], g), ratio(sum[group, 6], g)
+}
+BEGIN {
+    printf "corpus: %s\n\n", corpus
+    fmt = "%-9s %-34s %-34s %9s %8s %8s %8s %8s %8s\n"
+    printf fmt, "kind", "new", "basis", "new", "gzip9", "brotli11", "zstd-pat", "rdiff+z", "rproxy"
+}
+{
+    printf fmt, $1, short($3), short($2), $4, $5, num($6), num($7), num($8), num($9)
+    if (!($1 in count)) kinds[++nkinds] = $1
+    count[$1]++
+    for (i = 4; i <= 9; i++) add($1, i)
+    if ($1 == "seq" || $1 == "cross") {
+        count["seq+cross"]++
+        for (i = 4; i <= 9; i++) add("seq+cross", i)
+    }
+}
+END {
+    print "\nbytes on the wire relative to gzip -9 of the new files:"
+    for (k = 1; k <= nkinds; k++)
+        if (kinds[k] == "seq" || kinds[k] == "cross") total(kinds[k], kinds[k])
+    if ("seq+cross" in count) total("seq+cross", "seq+cross")
+    for (k = 1; k <= nkinds; k++)
+        if (kinds[k] != "seq" && kinds[k] != "cross") total(kinds[k] " (control)", kinds[k])
+}' "$tmp/results"
