@@ -1,0 +1,34 @@
+//! The command line: clap definitions and the `rproxy hsync` tools. The
+//! proxies' roles will hang off the same [`Cli`].
+
+pub mod hsync;
+
+use clap::{Parser, Subcommand};
+
+/// rproxy: an HTTP proxy pair that sends rsync deltas instead of whole
+/// responses.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The hsync/1 codec as command-line tools: sign, encode, decode, stats.
+    #[command(subcommand)]
+    Hsync(hsync::HsyncCommand),
+}
+
+/// Runs a parsed command line.
+///
+/// # Errors
+/// Whatever the command reports; the message says what to do.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Hsync(command) => hsync::run(command),
+    }
+}

@@ -1,0 +1,617 @@
+//! The client side: rebuilds a body from an hsync/1 stream and its basis,
+//! as the stream arrives in chunks of any size.
+//!
+//! The stream is untrusted (MD4 collides; the link may be broken or
+//! hostile). Every length is checked against a named limit before anything
+//! is allocated, every copy against the basis length, the output against
+//! a cap; the SIG entries are compared with the signature recomputed from
+//! the rebuilt bytes, and END with the rebuilt length and blake3. A stream
+//! that stops early leaves a [`Partial`]: the prefix length and its
+//! signature, a basis for the next transfer (never a body to serve).
+//!
+//! Main types: [`Decoder`], [`Basis`], [`DecodeLimits`], [`Decoded`].
+
+use zstd::stream::raw::{DParameter, Operation};
+use zstd_safe::{InBuffer, OutBuffer};
+
+use super::delta::{DeltaCommand, DeltaError, parse_commands};
+use super::frame::{Frame, FrameError, Header, LiteralCodec};
+use super::signature::{SignatureBuilder, SignatureParams};
+use super::{MAX_FRAME_LEN, MAX_WINDOW_OUTPUT};
+
+/// Random access to the basis body. Slices and `Vec`s qualify as they are;
+/// [`FileBasis`] reads a file by offset, so a large basis is never loaded
+/// (nor mapped) whole.
+pub trait Basis {
+    /// Length of the basis in bytes (not `len`: `Vec`s are bases too, and
+    /// their own `len` must stay unambiguous).
+    fn size(&self) -> u64;
+
+    /// Appends `len` bytes at `offset` to `out`; the caller checked the
+    /// range against [`len`](Self::len).
+    ///
+    /// # Errors
+    /// An I/O error reading the basis.
+    fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()>;
+}
+
+impl<T: AsRef<[u8]> + ?Sized> Basis for T {
+    fn size(&self) -> u64 {
+        self.as_ref().len() as u64
+    }
+
+    fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let start = offset as usize;
+        out.extend_from_slice(&self.as_ref()[start..start + len]);
+        Ok(())
+    }
+}
+
+/// A basis read from a file with positional reads.
+#[derive(Debug)]
+pub struct FileBasis {
+    file: std::fs::File,
+    len: u64,
+}
+
+impl FileBasis {
+    /// Uses `file` as the basis; its length is taken now, so a file that
+    /// changes under us fails with an I/O error, not a wrong length.
+    ///
+    /// # Errors
+    /// Reading the file's metadata failed.
+    pub fn new(file: std::fs::File) -> std::io::Result<Self> {
+        let len = file.metadata()?.len();
+        Ok(FileBasis { file, len })
+    }
+}
+
+impl Basis for FileBasis {
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let start = out.len();
+        out.resize(start + len, 0);
+        let result = self.file.read_exact_at(&mut out[start..], offset);
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+}
+
+/// Why a stream cannot be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Bad framing.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// Bad delta commands.
+    #[error(transparent)]
+    Delta(#[from] DeltaError),
+    /// A copy reaches past the end of the basis.
+    #[error("copy of {len} bytes at {offset} is outside the {basis_len}-byte basis")]
+    CopyOutOfBounds {
+        /// Copy offset.
+        offset: u64,
+        /// Copy length.
+        len: u64,
+        /// Basis length.
+        basis_len: u64,
+    },
+    /// One window rebuilds more than [`MAX_WINDOW_OUTPUT`].
+    #[error("a window rebuilds more than {max} bytes")]
+    WindowTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// The body grows past the output cap.
+    #[error("the body grows past the output limit of {max} bytes")]
+    OutputLimit {
+        /// The limit.
+        max: u64,
+    },
+    /// The literal section does not decode to what the commands need.
+    #[error("literal section is corrupt: {reason}")]
+    Literals {
+        /// What went wrong.
+        reason: String,
+    },
+    /// A SIG frame is not a whole number of entries.
+    #[error("SIG frame of {len} bytes is not a multiple of the {entry_len}-byte entry")]
+    SignatureMisaligned {
+        /// The frame's payload length.
+        len: usize,
+        /// One entry's length.
+        entry_len: usize,
+    },
+    /// The new body's signature grows past its cap.
+    #[error("the new signature grows past the limit of {max} bytes")]
+    SignatureTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// SIG entries disagree with the rebuilt bytes.
+    #[error("signature entries disagree with the rebuilt body at block {block}")]
+    SignatureMismatch {
+        /// The first block that disagrees.
+        block: usize,
+    },
+    /// END's length differs from the rebuilt length.
+    #[error("END says {declared} bytes but {rebuilt} were rebuilt")]
+    LengthMismatch {
+        /// Length in END.
+        declared: u64,
+        /// Length rebuilt.
+        rebuilt: u64,
+    },
+    /// END's blake3 differs from the rebuilt body's.
+    #[error("the rebuilt body's blake3 does not match END")]
+    DigestMismatch,
+    /// Bytes after END.
+    #[error("{len} bytes after END")]
+    TrailingData {
+        /// How many (at least).
+        len: usize,
+    },
+    /// The stream stopped before END.
+    #[error("the stream stopped after {rebuilt} rebuilt bytes, before END")]
+    Truncated {
+        /// Bytes rebuilt.
+        rebuilt: u64,
+    },
+    /// Reading the basis failed.
+    #[error("reading the basis failed: {reason}")]
+    Basis {
+        /// The I/O error.
+        reason: String,
+    },
+    /// `push` after an error.
+    #[error("decoder used after an error")]
+    Failed,
+}
+
+/// Caps for one decode.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeLimits {
+    /// Largest body rebuilt (bytes): the expected length when known, else
+    /// the proxy's maximum object size.
+    pub max_output: u64,
+    /// Largest new signature kept (bytes).
+    pub max_signature_bytes: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_output: 4 << 30,
+            max_signature_bytes: 8 << 20,
+        }
+    }
+}
+
+/// A verified body: its length, digest and signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// Body length.
+    pub len: u64,
+    /// blake3 of the body (checked against END).
+    pub digest: [u8; 32],
+    /// The body's whole signature, recomputed here (header + entries).
+    pub signature: Vec<u8>,
+}
+
+/// What an interrupted stream leaves: an unverified prefix of the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partial {
+    /// Bytes of body rebuilt (all handed out through `push`).
+    pub len: u64,
+    /// The prefix's signature (header + entries), or `None` if the stream
+    /// stopped before its header.
+    pub signature: Option<Vec<u8>>,
+}
+
+/// Rebuilds a body from an hsync/1 stream.
+pub struct Decoder<B> {
+    basis: B,
+    limits: DecodeLimits,
+    /// Unparsed input: the start of a frame that has not fully arrived.
+    pending: Vec<u8>,
+    header: Option<Header>,
+    literals: Option<LiteralDecompressor>,
+    signature: Option<SignatureBuilder>,
+    /// SIG entries received and not yet compared with the rebuilt body.
+    unchecked_entries: Vec<u8>,
+    /// Bytes of computed entries already compared.
+    checked_len: usize,
+    hasher: blake3::Hasher,
+    rebuilt: u64,
+    verified: Option<Decoded>,
+    failed: bool,
+    literal_buf: Vec<u8>,
+}
+
+impl<B: Basis> Decoder<B> {
+    /// A decoder rebuilding against `basis`.
+    pub fn new(basis: B, limits: DecodeLimits) -> Self {
+        Decoder {
+            basis,
+            limits,
+            pending: Vec::new(),
+            header: None,
+            literals: None,
+            signature: None,
+            unchecked_entries: Vec::new(),
+            checked_len: 0,
+            hasher: blake3::Hasher::new(),
+            rebuilt: 0,
+            verified: None,
+            failed: false,
+            literal_buf: Vec::new(),
+        }
+    }
+
+    /// Bytes of body rebuilt so far.
+    pub fn rebuilt_len(&self) -> u64 {
+        self.rebuilt
+    }
+
+    /// The stream header, once it has arrived.
+    pub fn header(&self) -> Option<Header> {
+        self.header
+    }
+
+    /// Whether END arrived and verified.
+    pub fn is_complete(&self) -> bool {
+        self.verified.is_some()
+    }
+
+    /// Feeds the next bytes of the stream, appending rebuilt body bytes to
+    /// `out`. Bytes are appended window by window, before END is checked:
+    /// the caller must not treat them as final until [`finish`](Self::finish)
+    /// succeeds.
+    ///
+    /// # Errors
+    /// Any [`DecodeError`]; after one, the decoder refuses further input.
+    pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
+        if self.failed {
+            return Err(DecodeError::Failed);
+        }
+        let result = if self.pending.is_empty() {
+            // Fast path: parse straight from the caller's bytes.
+            self.consume(input, out).map(|used| {
+                self.pending.extend_from_slice(&input[used..]);
+            })
+        } else {
+            let mut pending = std::mem::take(&mut self.pending);
+            pending.extend_from_slice(input);
+            let result = self.consume(&pending, out);
+            if let Ok(used) = result {
+                pending.drain(..used);
+                self.pending = pending;
+            }
+            result.map(drop)
+        };
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    /// Parses as many whole items as `buf` holds; returns bytes consumed.
+    fn consume(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<usize, DecodeError> {
+        let mut used = 0;
+        loop {
+            let rest = &buf[used..];
+            if rest.is_empty() {
+                return Ok(used);
+            }
+            if self.verified.is_some() {
+                return Err(DecodeError::TrailingData { len: rest.len() });
+            }
+            let Some(header) = self.header else {
+                let Some((header, len)) = Header::parse(rest)? else {
+                    return Ok(used);
+                };
+                self.start(header);
+                used += len;
+                continue;
+            };
+            let Some((frame, len)) = Frame::parse(rest)? else {
+                return Ok(used);
+            };
+            match frame {
+                Frame::Delta { commands, literals } => {
+                    self.apply_window(header, commands, literals, out)?
+                }
+                Frame::Sig { entries } => self.receive_entries(entries)?,
+                Frame::End { len, digest } => self.end(len, digest)?,
+            }
+            used += len;
+        }
+    }
+
+    fn start(&mut self, header: Header) {
+        self.header = Some(header);
+        self.literals = Some(LiteralDecompressor::new(header.codec));
+        self.signature = Some(SignatureBuilder::new(SignatureParams {
+            block_size: header.block_size,
+            strong_len: header.strong_len,
+        }));
+    }
+
+    /// Checks a DELTA frame completely, then rebuilds its window.
+    fn apply_window(
+        &mut self,
+        header: Header,
+        commands: &[u8],
+        literals: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        let basis_len = self.basis.size();
+        // Pass 1: validate every command and size the window, allocating
+        // nothing from the declared lengths.
+        let (mut window_len, mut literal_len) = (0u64, 0u64);
+        for command in parse_commands(commands) {
+            let command = command?;
+            if let DeltaCommand::Copy { offset, len } = command
+                && offset.checked_add(len).is_none_or(|end| end > basis_len)
+            {
+                return Err(DecodeError::CopyOutOfBounds {
+                    offset,
+                    len,
+                    basis_len,
+                });
+            }
+            if let DeltaCommand::Literal { len } = command {
+                literal_len += len;
+            }
+            window_len = window_len.saturating_add(command.output_len());
+            if window_len > MAX_WINDOW_OUTPUT as u64 {
+                return Err(DecodeError::WindowTooLarge {
+                    max: MAX_WINDOW_OUTPUT,
+                });
+            }
+        }
+        if self.rebuilt + window_len > self.limits.max_output {
+            return Err(DecodeError::OutputLimit {
+                max: self.limits.max_output,
+            });
+        }
+        let decompressor = self.literals.as_mut().expect("header parsed before frames");
+        decompressor.decompress(literals, literal_len as usize, &mut self.literal_buf)?;
+        debug_assert_eq!(header.codec == LiteralCodec::None, decompressor.is_plain());
+
+        // Pass 2: rebuild.
+        let start = out.len();
+        out.reserve(window_len as usize);
+        let mut literal_at = 0;
+        for command in parse_commands(commands) {
+            match command.expect("validated in pass 1") {
+                DeltaCommand::Copy { offset, len } => {
+                    self.basis
+                        .append_range(offset, len as usize, out)
+                        .map_err(|e| DecodeError::Basis {
+                            reason: e.to_string(),
+                        })?;
+                }
+                DeltaCommand::Literal { len } => {
+                    let end = literal_at + len as usize;
+                    out.extend_from_slice(&self.literal_buf[literal_at..end]);
+                    literal_at = end;
+                }
+            }
+        }
+        let window = &out[start..];
+        self.hasher.update(window);
+        let signature = self
+            .signature
+            .as_mut()
+            .expect("header parsed before frames");
+        signature.update(window);
+        self.rebuilt += window.len() as u64;
+        if signature.entries().len() > self.limits.max_signature_bytes {
+            return Err(DecodeError::SignatureTooLarge {
+                max: self.limits.max_signature_bytes,
+            });
+        }
+        self.check_entries()
+    }
+
+    fn receive_entries(&mut self, entries: &[u8]) -> Result<(), DecodeError> {
+        let params = self
+            .signature
+            .as_ref()
+            .expect("header parsed before frames")
+            .params();
+        if entries.len() % params.entry_len() != 0 {
+            return Err(DecodeError::SignatureMisaligned {
+                len: entries.len(),
+                entry_len: params.entry_len(),
+            });
+        }
+        if self.checked_len + self.unchecked_entries.len() + entries.len()
+            > self.limits.max_signature_bytes
+        {
+            return Err(DecodeError::SignatureTooLarge {
+                max: self.limits.max_signature_bytes,
+            });
+        }
+        self.unchecked_entries.extend_from_slice(entries);
+        self.check_entries()
+    }
+
+    /// Compares received SIG entries with the recomputed ones, as far as
+    /// both go.
+    fn check_entries(&mut self) -> Result<(), DecodeError> {
+        let signature = self
+            .signature
+            .as_ref()
+            .expect("header parsed before frames");
+        let computed = &signature.entries()[self.checked_len..];
+        let n = computed.len().min(self.unchecked_entries.len());
+        if computed[..n] != self.unchecked_entries[..n] {
+            let entry_len = signature.params().entry_len();
+            let first_bad = (0..n)
+                .step_by(entry_len)
+                .find(|&i| computed[i..i + entry_len] != self.unchecked_entries[i..i + entry_len])
+                .unwrap_or(0);
+            return Err(DecodeError::SignatureMismatch {
+                block: (self.checked_len + first_bad) / entry_len,
+            });
+        }
+        self.unchecked_entries.drain(..n);
+        self.checked_len += n;
+        Ok(())
+    }
+
+    fn end(&mut self, declared: u64, digest: [u8; 32]) -> Result<(), DecodeError> {
+        if declared != self.rebuilt {
+            return Err(DecodeError::LengthMismatch {
+                declared,
+                rebuilt: self.rebuilt,
+            });
+        }
+        let signature = self
+            .signature
+            .as_mut()
+            .expect("header parsed before frames");
+        signature.finish();
+        self.check_entries()?;
+        let signature = self
+            .signature
+            .as_ref()
+            .expect("header parsed before frames");
+        if self.checked_len != signature.entries().len() || !self.unchecked_entries.is_empty() {
+            // Every block must have been described by a SIG entry.
+            return Err(DecodeError::SignatureMismatch {
+                block: self.checked_len / signature.params().entry_len(),
+            });
+        }
+        if *self.hasher.finalize().as_bytes() != digest {
+            return Err(DecodeError::DigestMismatch);
+        }
+        self.verified = Some(Decoded {
+            len: self.rebuilt,
+            digest,
+            signature: signature.to_signature_bytes(),
+        });
+        Ok(())
+    }
+
+    /// Ends the stream: the verified body's length, digest and signature.
+    ///
+    /// # Errors
+    /// [`DecodeError::Truncated`] when END never arrived (use
+    /// [`into_partial`](Self::into_partial) to keep the prefix), or
+    /// [`DecodeError::Failed`] after an earlier error.
+    pub fn finish(&mut self) -> Result<Decoded, DecodeError> {
+        if self.failed {
+            return Err(DecodeError::Failed);
+        }
+        match &self.verified {
+            Some(decoded) if self.pending.is_empty() => Ok(decoded.clone()),
+            _ => Err(DecodeError::Truncated {
+                rebuilt: self.rebuilt,
+            }),
+        }
+    }
+
+    /// What an interrupted stream leaves: the length of the prefix handed
+    /// out so far and its signature. The prefix is unverified: fit to be a
+    /// basis (a wrong basis costs bandwidth, never correctness, because the
+    /// next body is verified), never to be served.
+    pub fn into_partial(self) -> Partial {
+        Partial {
+            len: self.rebuilt,
+            signature: self.signature.map(|mut s| {
+                s.finish();
+                s.to_signature_bytes()
+            }),
+        }
+    }
+}
+
+/// The literal codec's decoding side: one context for the whole stream.
+enum LiteralDecompressor {
+    Plain,
+    Zstd(Box<zstd::stream::raw::Decoder<'static>>),
+}
+
+/// zstd windows beyond 8 MiB are refused (the encoder uses 2 MiB), which
+/// bounds the decompressor's memory.
+const ZSTD_WINDOW_LOG_MAX: u32 = 23;
+
+impl LiteralDecompressor {
+    fn new(codec: LiteralCodec) -> Self {
+        match codec {
+            LiteralCodec::None => LiteralDecompressor::Plain,
+            LiteralCodec::Zstd => {
+                let mut decoder = zstd::stream::raw::Decoder::new()
+                    .expect("creating a zstd context only fails on allocation");
+                decoder
+                    .set_parameter(DParameter::WindowLogMax(ZSTD_WINDOW_LOG_MAX))
+                    .expect("a valid window log");
+                LiteralDecompressor::Zstd(Box::new(decoder))
+            }
+        }
+    }
+
+    fn is_plain(&self) -> bool {
+        matches!(self, LiteralDecompressor::Plain)
+    }
+
+    /// Decodes `input` into exactly `expected` bytes in `buf`.
+    fn decompress(
+        &mut self,
+        input: &[u8],
+        expected: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        debug_assert!(expected <= MAX_FRAME_LEN);
+        let corrupt = |reason: String| DecodeError::Literals { reason };
+        buf.clear();
+        match self {
+            LiteralDecompressor::Plain => {
+                if input.len() != expected {
+                    return Err(corrupt(format!(
+                        "{} literal bytes for {expected} needed",
+                        input.len()
+                    )));
+                }
+                buf.extend_from_slice(input);
+            }
+            LiteralDecompressor::Zstd(decoder) => {
+                // One spare byte detects a section that decodes to more.
+                buf.resize(expected + 1, 0);
+                let mut output = OutBuffer::around(&mut buf[..]);
+                let mut input = InBuffer::around(input);
+                loop {
+                    let before = (input.pos(), output.pos());
+                    decoder
+                        .run(&mut input, &mut output)
+                        .map_err(|e| corrupt(e.to_string()))?;
+                    if output.pos() > expected {
+                        return Err(corrupt(format!(
+                            "decodes to more than the {expected} bytes needed"
+                        )));
+                    }
+                    if (input.pos(), output.pos()) == before {
+                        break;
+                    }
+                }
+                let produced = output.pos();
+                if input.pos() != input.src.len() || produced != expected {
+                    return Err(corrupt(format!(
+                        "decodes to {produced} bytes, {expected} needed"
+                    )));
+                }
+                buf.truncate(expected);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,396 @@
+//! The accelerator side: turns a new body, arriving in chunks of any size,
+//! into an hsync/1 stream against a client's basis signature.
+//!
+//! Memory is bounded by one window, the indexed basis signature and the
+//! literal compressor, whatever the body size: the encoder keeps no
+//! signature of the new body beyond the entries of the current window.
+//!
+//! Main types: [`Encoder`], [`EncoderOptions`], [`EncodeSummary`].
+
+use std::io::Write;
+
+use super::delta::{DeltaCommand, split_delta};
+use super::frame::{Frame, Header, LiteralCodec};
+use super::signature::{
+    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, SignatureParams,
+    choose_block_size,
+};
+use super::{DEFAULT_STRONG_LEN, MAX_WINDOW_OUTPUT};
+
+/// What can go wrong while encoding (only the literal compressor can fail).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// The zstd compressor failed.
+    #[error("literal compressor failed: {0}")]
+    Compressor(#[from] std::io::Error),
+}
+
+/// Encoder settings; the defaults are what the proxies use.
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderOptions {
+    /// Budget for the new body's whole signature (raw bytes; the request
+    /// header carries it in base64, so 4,608 bytes is 6 KiB of header).
+    pub max_signature_bytes: usize,
+    /// Smallest block size to choose (bytes); 1 KiB did best on the corpus.
+    pub min_block_size: u32,
+    /// Target window size (bytes); rounded to a multiple of the block size.
+    pub window_bytes: usize,
+    /// Literal codec.
+    pub codec: LiteralCodec,
+    /// zstd level for literals.
+    pub zstd_level: i32,
+    /// Caps for the basis signature.
+    pub signature_limits: SignatureLimits,
+}
+
+impl Default for EncoderOptions {
+    fn default() -> Self {
+        EncoderOptions {
+            max_signature_bytes: 4608,
+            min_block_size: 1024,
+            window_bytes: 1 << 20,
+            codec: LiteralCodec::Zstd,
+            zstd_level: 19,
+            signature_limits: SignatureLimits::default(),
+        }
+    }
+}
+
+/// How the basis signature was used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BasisUse {
+    /// No signature was offered: a from-scratch stream.
+    Absent,
+    /// The signature was used whole.
+    Whole,
+    /// The signature was cut inside an entry; its whole entries were used.
+    Truncated,
+    /// The signature failed validation: a from-scratch stream.
+    Unusable(SignatureError),
+}
+
+/// What an encoding produced, for logs, stats and the caller's choices.
+#[derive(Debug, Clone)]
+pub struct EncodeSummary {
+    /// Bytes of new body encoded.
+    pub body_len: u64,
+    /// blake3 of the new body.
+    pub digest: [u8; 32],
+    /// Bytes of new body sent as basis copies.
+    pub copied_bytes: u64,
+    /// Bytes of new body sent as literals (before compression).
+    pub literal_bytes: u64,
+    /// Bytes of compressed literal sections.
+    pub literal_wire_bytes: u64,
+    /// Bytes of signature entries sent in SIG frames.
+    pub signature_wire_bytes: u64,
+    /// Bytes of the whole stream.
+    pub stream_bytes: u64,
+    /// How the basis signature was used.
+    pub basis: BasisUse,
+    /// The new body's signature parameters.
+    pub params: SignatureParams,
+    /// True when the stream is estimated larger than the body compressed
+    /// alone at the same level (the estimate assumes copied bytes would
+    /// have compressed as well as the literals did). Callers may use it to
+    /// stop offering the basis, or to report it.
+    pub is_larger_than_plain: bool,
+}
+
+/// Streams a new body into an hsync/1 stream.
+pub struct Encoder {
+    basis: Option<BasisSignature>,
+    basis_use: BasisUse,
+    header: Header,
+    window_bytes: usize,
+    /// New-body bytes not yet encoded; starts with the held-back tail of
+    /// the previous window.
+    window: Vec<u8>,
+    literals: LiteralCompressor,
+    signature: SignatureBuilder,
+    signature_sent: usize,
+    hasher: blake3::Hasher,
+    header_written: bool,
+    // Scratch buffers reused across windows.
+    delta: Vec<u8>,
+    commands: Vec<u8>,
+    literal_bytes: Vec<u8>,
+    compressed: Vec<u8>,
+    summary: Counters,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    body_len: u64,
+    copied_bytes: u64,
+    literal_bytes: u64,
+    literal_wire_bytes: u64,
+    signature_wire_bytes: u64,
+    stream_bytes: u64,
+}
+
+impl Encoder {
+    /// An encoder against `basis_signature` (absent or unusable gives a
+    /// from-scratch stream, never an error), for a body expected to be
+    /// `expected_len` bytes (from Content-Length; else pass the basis size
+    /// or `None`), which sizes the new signature's blocks.
+    pub fn new(
+        basis_signature: Option<&[u8]>,
+        expected_len: Option<u64>,
+        options: EncoderOptions,
+    ) -> Self {
+        let (basis, basis_use) = match basis_signature {
+            None => (None, BasisUse::Absent),
+            Some(bytes) => match BasisSignature::parse(bytes, options.signature_limits) {
+                Ok(sig) if sig.is_truncated() => (Some(sig), BasisUse::Truncated),
+                Ok(sig) => (Some(sig), BasisUse::Whole),
+                Err(error) => (None, BasisUse::Unusable(error)),
+            },
+        };
+        let expected_len = expected_len.unwrap_or_else(|| {
+            basis
+                .as_ref()
+                .map_or(0, |b| b.blocks() as u64 * u64::from(b.params().block_size))
+        });
+        let params = SignatureParams {
+            block_size: choose_block_size(
+                expected_len,
+                options.max_signature_bytes,
+                options.min_block_size,
+            ),
+            strong_len: DEFAULT_STRONG_LEN,
+        };
+        // The window must hold the largest basis block twice so that the
+        // held-back tail (< one block) never stops progress, and stay a
+        // multiple of the new signature's block size.
+        let largest_block = basis.as_ref().map_or(params.block_size, |b| {
+            b.params().block_size.max(params.block_size)
+        }) as usize;
+        let block = params.block_size as usize;
+        let window_bytes = options
+            .window_bytes
+            .max(2 * largest_block)
+            .div_ceil(block)
+            .saturating_mul(block)
+            .min(MAX_WINDOW_OUTPUT - largest_block);
+        Encoder {
+            basis,
+            basis_use,
+            header: Header {
+                block_size: params.block_size,
+                strong_len: params.strong_len,
+                codec: options.codec,
+            },
+            window_bytes,
+            window: Vec::new(),
+            literals: LiteralCompressor::new(options.codec, options.zstd_level),
+            signature: SignatureBuilder::new(params),
+            signature_sent: 0,
+            hasher: blake3::Hasher::new(),
+            header_written: false,
+            delta: Vec::new(),
+            commands: Vec::new(),
+            literal_bytes: Vec::new(),
+            compressed: Vec::new(),
+            summary: Counters::default(),
+        }
+    }
+
+    /// How the basis signature is being used.
+    pub fn basis_use(&self) -> &BasisUse {
+        &self.basis_use
+    }
+
+    /// Feeds the next bytes of the body, appending any completed frames to
+    /// `out` (possibly none until a window fills).
+    ///
+    /// # Errors
+    /// The literal compressor failed.
+    pub fn push(&mut self, mut chunk: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        self.write_header(out);
+        while !chunk.is_empty() {
+            let room = self.window_bytes - self.window.len();
+            let take = room.min(chunk.len());
+            self.window.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            if self.window.len() == self.window_bytes {
+                self.encode_window(false, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the body: encodes what is left, then the last SIG entries and
+    /// END.
+    ///
+    /// # Errors
+    /// The literal compressor failed.
+    pub fn finish(mut self, out: &mut Vec<u8>) -> Result<EncodeSummary, EncodeError> {
+        self.write_header(out);
+        if !self.window.is_empty() {
+            self.encode_window(true, out)?;
+        }
+        self.signature.finish();
+        self.write_signature(out);
+        let digest = *self.hasher.finalize().as_bytes();
+        let start = out.len();
+        Frame::End {
+            len: self.summary.body_len,
+            digest,
+        }
+        .write(out);
+        self.summary.stream_bytes += (out.len() - start) as u64;
+        let c = self.summary;
+        let plain_estimate = if c.literal_bytes == 0 {
+            u64::MAX
+        } else {
+            (c.literal_wire_bytes as u128 * u128::from(c.body_len) / u128::from(c.literal_bytes))
+                as u64
+        };
+        Ok(EncodeSummary {
+            body_len: c.body_len,
+            digest,
+            copied_bytes: c.copied_bytes,
+            literal_bytes: c.literal_bytes,
+            literal_wire_bytes: c.literal_wire_bytes,
+            signature_wire_bytes: c.signature_wire_bytes,
+            stream_bytes: c.stream_bytes,
+            basis: self.basis_use,
+            params: self.signature.params(),
+            is_larger_than_plain: c.stream_bytes > plain_estimate,
+        })
+    }
+
+    fn write_header(&mut self, out: &mut Vec<u8>) {
+        if !self.header_written {
+            self.header.write(out);
+            self.header_written = true;
+            self.summary.stream_bytes += super::HEADER_LEN as u64;
+        }
+    }
+
+    /// Encodes the window buffer as one DELTA frame (+ SIG). Unless this is
+    /// the last window, a trailing literal shorter than a basis block is
+    /// held back for the next window, where it may start a match.
+    fn encode_window(&mut self, is_last: bool, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        self.commands.clear();
+        self.literal_bytes.clear();
+        let mut covered = self.window.len();
+        match &self.basis {
+            None => {
+                DeltaCommand::Literal {
+                    len: covered as u64,
+                }
+                .write(&mut self.commands);
+                self.literal_bytes.extend_from_slice(&self.window);
+                self.summary.literal_bytes += covered as u64;
+            }
+            Some(basis) => {
+                self.delta.clear();
+                basis.diff(&self.window, &mut self.delta);
+                let mut parsed: Vec<(DeltaCommand, std::ops::Range<usize>)> = Vec::new();
+                let delta_start = self.delta.as_ptr() as usize;
+                split_delta(&self.delta, |command, data| {
+                    // Literal data borrows from `self.delta`; keep it as a range.
+                    let range = match command {
+                        DeltaCommand::Literal { .. } => {
+                            let at = data.as_ptr() as usize - delta_start;
+                            at..at + data.len()
+                        }
+                        DeltaCommand::Copy { .. } => 0..0,
+                    };
+                    parsed.push((command, range));
+                })
+                .expect("fast_rsync writes well-formed deltas");
+                if !is_last && let Some((DeltaCommand::Literal { len }, range)) = parsed.last_mut()
+                {
+                    let hold = (*len).min(u64::from(basis.params().block_size) - 1);
+                    *len -= hold;
+                    range.end -= hold as usize;
+                    covered -= hold as usize;
+                    if *len == 0 {
+                        parsed.pop();
+                    }
+                }
+                for (command, range) in &parsed {
+                    command.write(&mut self.commands);
+                    match command {
+                        DeltaCommand::Copy { len, .. } => self.summary.copied_bytes += len,
+                        DeltaCommand::Literal { len } => {
+                            self.summary.literal_bytes += len;
+                            self.literal_bytes
+                                .extend_from_slice(&self.delta[range.clone()]);
+                        }
+                    }
+                }
+            }
+        }
+        self.compressed.clear();
+        self.literals
+            .compress(&self.literal_bytes, &mut self.compressed)?;
+        let start = out.len();
+        Frame::Delta {
+            commands: &self.commands,
+            literals: &self.compressed,
+        }
+        .write(out);
+        self.summary.stream_bytes += (out.len() - start) as u64;
+        self.summary.literal_wire_bytes += self.compressed.len() as u64;
+
+        let body = &self.window[..covered];
+        self.hasher.update(body);
+        self.signature.update(body);
+        self.summary.body_len += covered as u64;
+        self.window.drain(..covered);
+        self.write_signature(out);
+        Ok(())
+    }
+
+    /// Sends the signature entries completed since the last SIG frame.
+    fn write_signature(&mut self, out: &mut Vec<u8>) {
+        let entries = &self.signature.entries()[self.signature_sent..];
+        if entries.is_empty() {
+            return;
+        }
+        let start = out.len();
+        Frame::Sig { entries }.write(out);
+        self.summary.stream_bytes += (out.len() - start) as u64;
+        self.summary.signature_wire_bytes += entries.len() as u64;
+        self.signature_sent += entries.len();
+    }
+}
+
+/// One literal compression context for the whole stream.
+enum LiteralCompressor {
+    None,
+    Zstd(Box<zstd::stream::write::Encoder<'static, Vec<u8>>>),
+}
+
+impl LiteralCompressor {
+    fn new(codec: LiteralCodec, level: i32) -> Self {
+        match codec {
+            LiteralCodec::None => LiteralCompressor::None,
+            LiteralCodec::Zstd => LiteralCompressor::Zstd(Box::new(
+                zstd::stream::write::Encoder::new(Vec::new(), level)
+                    .expect("creating a zstd context only fails on allocation"),
+            )),
+        }
+    }
+
+    /// Compresses `data` and flushes, so that everything written so far
+    /// decodes from the bytes appended to `out`.
+    fn compress(&mut self, data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+        match self {
+            LiteralCompressor::None => out.extend_from_slice(data),
+            LiteralCompressor::Zstd(encoder) => {
+                if data.is_empty() {
+                    return Ok(());
+                }
+                encoder.write_all(data)?;
+                encoder.flush()?;
+                out.append(encoder.get_mut());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! hsync/1: the streaming delta codec between the client proxy and the
+//! accelerator, sans-IO (no sockets, no files, no clock).
+//!
+//! The accelerator holds only the *signature* of the client's basis, so it
+//! speaks rsync: the new body is cut into windows, each window is diffed
+//! against the basis signature with `fast_rsync`, and the result is sent as
+//! librsync delta commands whose literal bytes go through one streaming zstd
+//! context. The new body's own signature is interleaved so that an
+//! interrupted transfer leaves the client a usable prefix plus its signature.
+//!
+//! Main types: [`Encoder`] (accelerator side), [`Decoder`] (client side),
+//! [`Frame`] and [`Header`] (the framing), [`BasisSignature`] (a
+//! validated, possibly truncated, client signature) and
+//! [`SignatureBuilder`] (incremental signatures of a body).
+//!
+//! # Wire format
+//!
+//! All integers are big-endian. A stream is a header followed by frames.
+//!
+//! ```text
+//! header (12 bytes)
+//! +------+------+------+------+-------+-------+--------+-------+------+------+------+------+
+//! | 'h'  | 's'  | 'y'  | 'n'  |version| codec |strong  | flags |      block_size (u32)     |
+//! +------+------+------+------+-------+-------+--------+-------+------+------+------+------+
+//!   magic "hsyn"               = 1     0 none  8..=16    0        512 ..= 1 MiB
+//!                                      1 zstd  bytes of MD4 kept in each signature entry
+//!
+//! frame
+//! +------+------+------+------+------+====================+
+//! | kind |      payload length (u32)  |  payload ...       |   length <= MAX_FRAME_LEN
+//! +------+------+------+------+------+====================+
+//!
+//! kind 1, DELTA: one window of the new body
+//! +------+------+------+------+==========================+============================+
+//! |   commands length (u32)   | librsync delta commands  | compressed literal bytes   |
+//! +------+------+------+------+==========================+============================+
+//!   commands: the librsync op codes (LITERAL_1..LITERAL_N8, COPY_N*_N*) exactly as
+//!   `rdiff` writes them, but without the delta magic, without RS_OP_END, and with
+//!   each literal's data moved out into the literal section; COPY offsets are
+//!   absolute offsets in the basis. The literal section is the concatenation of
+//!   the literal data of this window's commands, compressed by the stream's
+//!   codec: for zstd, one streaming context for the whole stream, flushed at
+//!   the end of every DELTA frame so each frame decodes as soon as it arrives.
+//!   A window rebuilds at most MAX_WINDOW_OUTPUT bytes.
+//!
+//! kind 2, SIG: signature entries for the next blocks of the new body
+//! +------+------+------+------+============+  ... repeated, each entry 4 + strong bytes:
+//! |  rollsum (u32)            | MD4[..strong]|  the fast_rsync/librsync MD4 entry format
+//! +------+------+------+------+============+
+//!   Entries cover blocks of `block_size` bytes, in order; the last one may
+//!   be short. A SIG frame follows each DELTA frame with the entries of the
+//!   blocks that the rebuilt prefix completed; the concatenation of all SIG
+//!   frames, after the 12-byte librsync signature header, is the new body's
+//!   whole signature (equal to `Signature::calculate(body)`).
+//!
+//! kind 3, END: the whole body, once, last
+//! +------+------+------+------+------+------+------+------+==============================+
+//! |                    total length (u64)                 |  blake3 of the body (32 B)   |
+//! +------+------+------+------+------+------+------+------+==============================+
+//! ```
+//!
+//! Nothing may follow END. Unknown frame kinds are an error (version 1 has
+//! no optional frames). The decoder never trusts the SIG entries: it
+//! recomputes the signature from the bytes it rebuilt and rejects a stream
+//! whose entries disagree, and it rejects a stream whose END does not match
+//! what it rebuilt.
+
+mod decode;
+mod delta;
+mod encode;
+mod frame;
+mod signature;
+
+pub use decode::{Basis, DecodeError, DecodeLimits, Decoded, Decoder, FileBasis, Partial};
+pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_commands, split_delta};
+pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions};
+pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
+pub use signature::{
+    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, SignatureParams,
+    choose_block_size,
+};
+
+/// The 4-byte magic that opens every hsync/1 stream.
+pub const MAGIC: [u8; 4] = *b"hsyn";
+/// The format version this crate reads and writes.
+pub const VERSION: u8 = 1;
+/// Length of the stream header in bytes.
+pub const HEADER_LEN: usize = 12;
+/// Length of a frame's kind + length prefix in bytes.
+pub const FRAME_PREFIX_LEN: usize = 5;
+/// The smallest block size we accept or choose (bytes).
+pub const MIN_BLOCK_SIZE: u32 = 512;
+/// The largest block size we accept or choose (bytes).
+pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
+/// The smallest strong-sum length (bytes of MD4) we accept.
+pub const MIN_STRONG_LEN: u32 = 8;
+/// The largest strong-sum length we accept (a whole MD4 digest).
+pub const MAX_STRONG_LEN: u32 = 16;
+/// The strong-sum length we write: 8 bytes, as rdiff's `-S 8`.
+pub const DEFAULT_STRONG_LEN: u32 = 8;
+/// The largest new-body span one DELTA frame may rebuild (bytes).
+pub const MAX_WINDOW_OUTPUT: usize = 16 << 20;
+/// The largest frame payload the decoder accepts (bytes).
+pub const MAX_FRAME_LEN: usize = MAX_WINDOW_OUTPUT + (1 << 20);
+/// Length of the librsync signature header (magic, block size, strong length).
+pub const SIGNATURE_HEADER_LEN: usize = 12;
+/// Length of the END frame payload.
+pub const END_LEN: usize = 8 + 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Encodes `new` against `basis` in `chunk`-byte pushes and decodes it.
+    pub(crate) fn round_trip(
+        basis: &[u8],
+        new: &[u8],
+        chunk: usize,
+        options: EncoderOptions,
+    ) -> (Vec<u8>, Vec<u8>, EncodeSummary) {
+        let signature = SignatureBuilder::new(SignatureParams {
+            block_size: choose_block_size(
+                basis.len() as u64,
+                options.max_signature_bytes,
+                options.min_block_size,
+            ),
+            strong_len: DEFAULT_STRONG_LEN,
+        });
+        let mut signature = signature;
+        signature.update(basis);
+        signature.finish();
+        let mut encoder = Encoder::new(
+            Some(&signature.to_signature_bytes()),
+            Some(new.len() as u64),
+            options,
+        );
+        let mut stream = Vec::new();
+        for piece in new.chunks(chunk.max(1)) {
+            encoder.push(piece, &mut stream).unwrap();
+        }
+        let summary = encoder.finish(&mut stream).unwrap();
+        let mut decoder = Decoder::new(basis, DecodeLimits::default());
+        let mut body = Vec::new();
+        for piece in stream.chunks(chunk.max(1)) {
+            decoder.push(piece, &mut body).unwrap();
+        }
+        let decoded = decoder.finish().unwrap();
+        assert_eq!(decoded.len, new.len() as u64);
+        (body, stream, summary)
+    }
+
+    #[test]
+    fn edited_body_round_trips_as_mostly_copies() {
+        let basis: Vec<u8> = (0..300_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let mut new = basis.clone();
+        new.splice(100_000..100_010, b"an edit in the middle".iter().copied());
+        new.extend_from_slice(b"and a tail");
+        let options = EncoderOptions {
+            window_bytes: 64 << 10,
+            ..EncoderOptions::default()
+        };
+        let (body, stream, summary) = round_trip(&basis, &new, 7777, options);
+        assert_eq!(body, new);
+        assert!(summary.copied_bytes > 290_000, "{summary:?}");
+        assert!(stream.len() < 10_000, "stream {} bytes", stream.len());
+    }
+}

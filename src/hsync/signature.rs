@@ -1,0 +1,442 @@
+//! rsync signatures: validating the client's (untrusted) basis signature
+//! before `fast_rsync` sees it, choosing the block size of a new signature,
+//! and computing a body's signature incrementally as the body streams.
+//!
+//! Signatures use the librsync/fast_rsync MD4 format: a 12-byte header
+//! (magic `0x72730136`, block size, strong-sum length) then one entry per
+//! block (4-byte rollsum + `strong_len` bytes of MD4).
+//!
+//! Main types: [`BasisSignature`], [`SignatureBuilder`], [`SignatureParams`].
+
+use fast_rsync::{IndexedSignature, Signature, SignatureOptions};
+use self_cell::self_cell;
+
+use super::{
+    DEFAULT_STRONG_LEN, MAX_BLOCK_SIZE, MAX_STRONG_LEN, MIN_BLOCK_SIZE, MIN_STRONG_LEN,
+    SIGNATURE_HEADER_LEN,
+};
+
+/// librsync's magic for MD4 signatures.
+const MD4_MAGIC: u32 = 0x7273_0136;
+
+/// Why a basis signature cannot be used.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SignatureError {
+    /// More bytes than the configured cap.
+    #[error("signature of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Shorter than the 12-byte header.
+    #[error("signature of {len} bytes is shorter than its 12-byte header")]
+    TooShort {
+        /// Its length.
+        len: usize,
+    },
+    /// Not an MD4 signature (BLAKE2 signatures are not supported).
+    #[error("signature magic {magic:#010x} is not the MD4 signature magic")]
+    WrongMagic {
+        /// The magic found.
+        magic: u32,
+    },
+    /// Block size outside the accepted range (0 would hang fast_rsync).
+    #[error("signature block size {block_size} outside {MIN_BLOCK_SIZE}..={MAX_BLOCK_SIZE}")]
+    BlockSizeOutOfRange {
+        /// The block size found.
+        block_size: u32,
+    },
+    /// Strong-sum length outside the accepted range.
+    #[error("signature strong sum length {strong_len} outside {MIN_STRONG_LEN}..={MAX_STRONG_LEN}")]
+    StrongLenOutOfRange {
+        /// The strong-sum length found.
+        strong_len: u32,
+    },
+    /// The basis the signature describes is larger than we accept.
+    #[error("signature describes a basis of {implied_len} bytes, over the limit of {max}")]
+    BasisTooLarge {
+        /// Blocks × block size.
+        implied_len: u64,
+        /// The limit.
+        max: u64,
+    },
+}
+
+/// Caps applied to a basis signature that came from the network.
+#[derive(Debug, Clone, Copy)]
+pub struct SignatureLimits {
+    /// Largest signature accepted (bytes).
+    pub max_bytes: usize,
+    /// Largest basis a signature may describe (bytes).
+    pub max_basis_len: u64,
+}
+
+impl Default for SignatureLimits {
+    fn default() -> Self {
+        SignatureLimits {
+            max_bytes: 8 << 20,
+            max_basis_len: 4 << 30,
+        }
+    }
+}
+
+/// The parameters of a signature: block size and strong-sum length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignatureParams {
+    /// Bytes per block.
+    pub block_size: u32,
+    /// Bytes of MD4 kept per entry.
+    pub strong_len: u32,
+}
+
+impl SignatureParams {
+    /// Bytes of one signature entry.
+    pub fn entry_len(&self) -> usize {
+        4 + self.strong_len as usize
+    }
+
+    /// The 12-byte librsync signature header for these parameters.
+    pub fn header_bytes(&self) -> [u8; SIGNATURE_HEADER_LEN] {
+        let mut header = [0; SIGNATURE_HEADER_LEN];
+        header[..4].copy_from_slice(&MD4_MAGIC.to_be_bytes());
+        header[4..8].copy_from_slice(&self.block_size.to_be_bytes());
+        header[8..].copy_from_slice(&self.strong_len.to_be_bytes());
+        header
+    }
+
+    fn options(&self) -> SignatureOptions {
+        SignatureOptions {
+            block_size: self.block_size,
+            crypto_hash_size: self.strong_len,
+        }
+    }
+}
+
+/// Picks the block size for a body of `expected_len` bytes so that its whole
+/// signature fits `max_signature_bytes`: never below `min_block_size`, never
+/// above [`MAX_BLOCK_SIZE`] (a body too large for that gets a signature over
+/// budget, which the client sends truncated).
+pub fn choose_block_size(
+    expected_len: u64,
+    max_signature_bytes: usize,
+    min_block_size: u32,
+) -> u32 {
+    let entry_len = 4 + DEFAULT_STRONG_LEN as u64;
+    let entries =
+        (max_signature_bytes.saturating_sub(SIGNATURE_HEADER_LEN) as u64 / entry_len).max(1);
+    let needed = expected_len.div_ceil(entries);
+    // Round up to a multiple of 64 bytes: no reason beyond tidy numbers.
+    let rounded = needed.div_ceil(64).saturating_mul(64);
+    rounded.clamp(
+        u64::from(min_block_size.max(MIN_BLOCK_SIZE)),
+        u64::from(MAX_BLOCK_SIZE),
+    ) as u32
+}
+
+self_cell!(
+    struct IndexedBasis {
+        owner: Signature,
+        #[not_covariant]
+        dependent: IndexedSignature,
+    }
+);
+
+/// A client's basis signature that passed validation, indexed for diffing.
+pub struct BasisSignature {
+    indexed: IndexedBasis,
+    params: SignatureParams,
+    blocks: usize,
+    truncated: bool,
+}
+
+impl std::fmt::Debug for BasisSignature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasisSignature")
+            .field("params", &self.params)
+            .field("blocks", &self.blocks)
+            .field("truncated", &self.truncated)
+            .finish()
+    }
+}
+
+impl BasisSignature {
+    /// Validates a signature from the network and indexes it. A signature
+    /// cut inside an entry (a header budget truncated it) keeps its whole
+    /// entries: the blocks present are still good.
+    ///
+    /// # Errors
+    /// Every check of [`SignatureError`], made before `fast_rsync` parses it.
+    pub fn parse(bytes: &[u8], limits: SignatureLimits) -> Result<Self, SignatureError> {
+        if bytes.len() > limits.max_bytes {
+            return Err(SignatureError::TooLarge {
+                len: bytes.len(),
+                max: limits.max_bytes,
+            });
+        }
+        let Some(header) = bytes.get(..SIGNATURE_HEADER_LEN) else {
+            return Err(SignatureError::TooShort { len: bytes.len() });
+        };
+        let field =
+            |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (magic, block_size, strong_len) = (field(0), field(4), field(8));
+        if magic != MD4_MAGIC {
+            return Err(SignatureError::WrongMagic { magic });
+        }
+        if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) {
+            return Err(SignatureError::BlockSizeOutOfRange { block_size });
+        }
+        if !(MIN_STRONG_LEN..=MAX_STRONG_LEN).contains(&strong_len) {
+            return Err(SignatureError::StrongLenOutOfRange { strong_len });
+        }
+        let params = SignatureParams {
+            block_size,
+            strong_len,
+        };
+        let body = &bytes[SIGNATURE_HEADER_LEN..];
+        let blocks = body.len() / params.entry_len();
+        let truncated = body.len() % params.entry_len() != 0;
+        let implied_len = blocks as u64 * u64::from(block_size);
+        if implied_len > limits.max_basis_len {
+            return Err(SignatureError::BasisTooLarge {
+                implied_len,
+                max: limits.max_basis_len,
+            });
+        }
+        let whole = bytes[..SIGNATURE_HEADER_LEN + blocks * params.entry_len()].to_vec();
+        let signature = Signature::deserialize(whole)
+            .expect("magic, lengths and entry alignment were checked above");
+        Ok(BasisSignature {
+            indexed: IndexedBasis::new(signature, |s| s.index()),
+            params,
+            blocks,
+            truncated,
+        })
+    }
+
+    /// The signature's block size and strong-sum length.
+    pub fn params(&self) -> SignatureParams {
+        self.params
+    }
+
+    /// Number of whole blocks the signature describes.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Whether the signature was cut inside an entry.
+    pub fn is_truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// Diffs `data` against the basis, writing a librsync delta to `out`.
+    pub(crate) fn diff(&self, data: &[u8], out: &mut Vec<u8>) {
+        self.indexed.with_dependent(|_, index| {
+            fast_rsync::diff(index, data, out)
+                .expect("a validated MD4 signature and a Vec writer cannot fail")
+        })
+    }
+}
+
+/// Computes a body's signature as the body arrives in pieces of any size;
+/// the result equals `Signature::calculate` over the whole body.
+#[derive(Debug, Clone)]
+pub struct SignatureBuilder {
+    params: SignatureParams,
+    /// The bytes of the current incomplete block.
+    pending: Vec<u8>,
+    /// Entries of the completed blocks (no header).
+    entries: Vec<u8>,
+    finished: bool,
+}
+
+impl SignatureBuilder {
+    /// A builder for a body signed with `params`.
+    ///
+    /// # Panics
+    /// If `params` are outside the accepted ranges (callers validate first).
+    pub fn new(params: SignatureParams) -> Self {
+        assert!((MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&params.block_size));
+        assert!((MIN_STRONG_LEN..=MAX_STRONG_LEN).contains(&params.strong_len));
+        SignatureBuilder {
+            params,
+            pending: Vec::new(),
+            entries: Vec::new(),
+            finished: false,
+        }
+    }
+
+    /// The parameters this builder signs with.
+    pub fn params(&self) -> SignatureParams {
+        self.params
+    }
+
+    /// Adds the next bytes of the body.
+    pub fn update(&mut self, mut data: &[u8]) {
+        debug_assert!(!self.finished, "update after finish");
+        let block = self.params.block_size as usize;
+        if !self.pending.is_empty() {
+            let take = (block - self.pending.len()).min(data.len());
+            self.pending.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.pending.len() < block {
+                return;
+            }
+            let pending = std::mem::take(&mut self.pending);
+            self.push_blocks(&pending);
+        }
+        let whole = data.len() / block * block;
+        if whole > 0 {
+            self.push_blocks(&data[..whole]);
+        }
+        self.pending.extend_from_slice(&data[whole..]);
+    }
+
+    fn push_blocks(&mut self, blocks: &[u8]) {
+        let signature = Signature::calculate(blocks, self.params.options());
+        self.entries
+            .extend_from_slice(&signature.serialized()[SIGNATURE_HEADER_LEN..]);
+    }
+
+    /// Entries of the blocks completed so far (plus the short last block
+    /// once [`finish`](Self::finish) was called), without the header.
+    pub fn entries(&self) -> &[u8] {
+        &self.entries
+    }
+
+    /// Bytes of the body seen so far that are not in a completed block.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Ends the body: the short last block, if any, gets its entry.
+    pub fn finish(&mut self) {
+        if !self.finished && !self.pending.is_empty() {
+            let pending = std::mem::take(&mut self.pending);
+            self.push_blocks(&pending);
+        }
+        self.finished = true;
+    }
+
+    /// The whole serialized signature (header + entries) so far.
+    pub fn to_signature_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(SIGNATURE_HEADER_LEN + self.entries.len());
+        bytes.extend_from_slice(&self.params.header_bytes());
+        bytes.extend_from_slice(&self.entries);
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARAMS: SignatureParams = SignatureParams {
+        block_size: 1024,
+        strong_len: 8,
+    };
+
+    fn sample(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 13) as u8).collect()
+    }
+
+    fn calculate(body: &[u8]) -> Vec<u8> {
+        Signature::calculate(body, PARAMS.options()).into_serialized()
+    }
+
+    #[test]
+    fn builder_equals_fast_rsync_for_any_split() {
+        let body = sample(5000);
+        for split in [0, 1, 1023, 1024, 1025, 3000, 4999, 5000] {
+            let mut builder = SignatureBuilder::new(PARAMS);
+            builder.update(&body[..split]);
+            builder.update(&body[split..]);
+            builder.finish();
+            assert_eq!(
+                builder.to_signature_bytes(),
+                calculate(&body),
+                "split {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn builder_of_empty_body_is_just_a_header() {
+        let mut builder = SignatureBuilder::new(PARAMS);
+        builder.finish();
+        assert_eq!(builder.to_signature_bytes(), calculate(&[]));
+    }
+
+    #[test]
+    fn block_size_fits_the_budget_within_its_range() {
+        assert_eq!(choose_block_size(0, 4608, 1024), 1024);
+        assert_eq!(choose_block_size(100_000, 4608, 1024), 1024);
+        let big = choose_block_size(10 << 20, 4608, 1024);
+        let entries = (10u64 << 20).div_ceil(u64::from(big));
+        assert!(
+            12 + entries * 12 <= 4608,
+            "block {big} gives {entries} entries"
+        );
+        assert_eq!(choose_block_size(u64::MAX, 4608, 1024), MAX_BLOCK_SIZE);
+    }
+
+    #[test]
+    fn parse_rejects_each_bad_field_before_fast_rsync_sees_it() {
+        let good = calculate(&sample(4096));
+        let limits = SignatureLimits::default();
+        assert_eq!(BasisSignature::parse(&good, limits).unwrap().blocks(), 4);
+        let with_field = |i: usize, v: u32| {
+            let mut bad = good.clone();
+            bad[i..i + 4].copy_from_slice(&v.to_be_bytes());
+            BasisSignature::parse(&bad, limits).unwrap_err()
+        };
+        // D-S1, D-S2: block sizes that hang or blow up fast_rsync.
+        for block_size in [0, 1, 511, (1 << 20) + 1, u32::MAX] {
+            assert_eq!(
+                with_field(4, block_size),
+                SignatureError::BlockSizeOutOfRange { block_size }
+            );
+        }
+        // D-S3: strong sum lengths, BLAKE2 magic, short header, cap.
+        for strong_len in [0, 7, 17, u32::MAX] {
+            assert_eq!(
+                with_field(8, strong_len),
+                SignatureError::StrongLenOutOfRange { strong_len }
+            );
+        }
+        assert!(matches!(
+            with_field(0, 0x7273_0137),
+            SignatureError::WrongMagic { .. }
+        ));
+        assert_eq!(
+            BasisSignature::parse(&good[..11], limits).unwrap_err(),
+            SignatureError::TooShort { len: 11 }
+        );
+        let tight = SignatureLimits {
+            max_bytes: good.len() - 1,
+            ..limits
+        };
+        assert!(matches!(
+            BasisSignature::parse(&good, tight),
+            Err(SignatureError::TooLarge { .. })
+        ));
+        let small_basis = SignatureLimits {
+            max_basis_len: 4095,
+            ..limits
+        };
+        assert!(matches!(
+            BasisSignature::parse(&good, small_basis),
+            Err(SignatureError::BasisTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn truncated_signature_keeps_its_whole_entries() {
+        let good = calculate(&sample(4096));
+        let cut =
+            BasisSignature::parse(&good[..good.len() - 5], SignatureLimits::default()).unwrap();
+        assert_eq!(cut.blocks(), 3);
+        assert!(cut.is_truncated());
+    }
+}

@@ -1,0 +1,37 @@
+//! The `rproxy` binary: parse the command line, set up logging, run.
+//! Exit codes: 0 success, 64 bad usage, 1 runtime failure.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use rproxy::cli::{Cli, run};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let usage_error = error.use_stderr();
+            // --help and --version print to stdout and succeed.
+            let _ = error.print();
+            return if usage_error {
+                ExitCode::from(64)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("rproxy: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
