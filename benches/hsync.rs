@@ -1,0 +1,3 @@
+//! Criterion benches of the hsync codec (placeholder; the benches follow).
+
+fn main() {}
