@@ -15,7 +15,7 @@ use clap::{Args, Subcommand};
 
 use crate::hsync::{
     DEFAULT_STRONG_LEN, DecodeError, DecodeLimits, Decoder, EncodeSummary, Encoder, EncoderOptions,
-    FileBasis, SignatureBuilder, SignatureParams, choose_block_size,
+    FileBasis, LiteralCodec, SignatureBuilder, SignatureParams, choose_block_size,
 };
 
 /// Read size for files and pipes.
@@ -66,6 +66,9 @@ pub struct EncodeArgs {
     /// Where to write the stream.
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
+    /// Encoder settings other than the defaults.
+    #[command(flatten)]
+    pub tuning: Tuning,
 }
 
 /// Arguments of `hsync decode`.
@@ -96,6 +99,48 @@ pub struct StatsArgs {
     pub basis: PathBuf,
     /// The fresh body.
     pub new: PathBuf,
+    /// Encoder settings to compare against the defaults.
+    #[command(flatten)]
+    pub tuning: Tuning,
+}
+
+/// Encoder settings that `stats` can vary, to choose defaults by measurement.
+#[derive(Debug, Args)]
+pub struct Tuning {
+    /// Literal codec: none, zstd (one stream), zstd-window (per window,
+    /// against the body before it and the window's copies).
+    #[arg(long, value_parser = parse_codec)]
+    pub codec: Option<LiteralCodec>,
+    /// zstd level for literals.
+    #[arg(long)]
+    pub zstd_level: Option<i32>,
+    /// Smallest block size (bytes).
+    #[arg(long)]
+    pub min_block: Option<u32>,
+    /// Window size (bytes).
+    #[arg(long)]
+    pub window: Option<usize>,
+}
+
+impl Tuning {
+    fn apply(&self, mut options: EncoderOptions) -> EncoderOptions {
+        options.codec = self.codec.unwrap_or(options.codec);
+        options.zstd_level = self.zstd_level.unwrap_or(options.zstd_level);
+        options.min_block_size = self.min_block.unwrap_or(options.min_block_size);
+        options.window_bytes = self.window.unwrap_or(options.window_bytes);
+        options
+    }
+}
+
+fn parse_codec(name: &str) -> Result<LiteralCodec, String> {
+    match name {
+        "none" => Ok(LiteralCodec::None),
+        "zstd" => Ok(LiteralCodec::Zstd),
+        "zstd-window" => Ok(LiteralCodec::ZstdWindow),
+        _ => Err(format!(
+            "unknown codec {name:?}: use none, zstd or zstd-window"
+        )),
+    }
 }
 
 /// Runs one `hsync` tool.
@@ -151,11 +196,14 @@ fn for_each_chunk(
 fn signature_of(
     input: impl Read,
     len: Option<u64>,
-    max_signature: usize,
+    options: &EncoderOptions,
 ) -> anyhow::Result<Vec<u8>> {
-    let options = EncoderOptions::default();
     let mut builder = SignatureBuilder::new(SignatureParams {
-        block_size: choose_block_size(len.unwrap_or(0), max_signature, options.min_block_size),
+        block_size: choose_block_size(
+            len.unwrap_or(0),
+            options.max_signature_bytes,
+            options.min_block_size,
+        ),
         strong_len: DEFAULT_STRONG_LEN,
     });
     for_each_chunk(input, |chunk| {
@@ -168,7 +216,11 @@ fn signature_of(
 
 fn sign(args: SignArgs) -> anyhow::Result<()> {
     let (input, len) = open_input(&args.file)?;
-    let signature = signature_of(input, len, args.max_signature)?;
+    let options = EncoderOptions {
+        max_signature_bytes: args.max_signature,
+        ..EncoderOptions::default()
+    };
+    let signature = signature_of(input, len, &options)?;
     let mut out = create_output(&args.output)?;
     out.write_all(&signature)?;
     out.flush()?;
@@ -212,10 +264,10 @@ fn encode_to(
 }
 
 fn encode(args: EncodeArgs) -> anyhow::Result<()> {
-    let options = EncoderOptions {
+    let options = args.tuning.apply(EncoderOptions {
         max_signature_bytes: args.max_signature,
         ..EncoderOptions::default()
-    };
+    });
     let signature = match &args.signature {
         Some(path) => Some(read_capped(path, options.signature_limits.max_bytes)?),
         None => None,
@@ -353,12 +405,8 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read {}", args.basis.display()))?;
     let new =
         std::fs::read(&args.new).with_context(|| format!("cannot read {}", args.new.display()))?;
-    let options = EncoderOptions::default();
-    let signature = signature_of(
-        &basis[..],
-        Some(basis.len() as u64),
-        options.max_signature_bytes,
-    )?;
+    let options = args.tuning.apply(EncoderOptions::default());
+    let signature = signature_of(&basis[..], Some(basis.len() as u64), &options)?;
     let mut stream = Vec::new();
     let summary = encode_to(
         Some(&signature),

@@ -232,6 +232,11 @@ pub struct Decoder<B> {
     verified: Option<Decoded>,
     failed: bool,
     literal_buf: Vec<u8>,
+    /// The body's last bytes (`ZstdWindow` only).
+    context: Vec<u8>,
+    /// A window's copied bytes, and its reference prefix (`ZstdWindow`).
+    copied: Vec<u8>,
+    prefix: Vec<u8>,
 }
 
 impl<B: Basis> Decoder<B> {
@@ -251,6 +256,9 @@ impl<B: Basis> Decoder<B> {
             verified: None,
             failed: false,
             literal_buf: Vec::new(),
+            context: Vec::new(),
+            copied: Vec::new(),
+            prefix: Vec::new(),
         }
     }
 
@@ -381,16 +389,41 @@ impl<B: Basis> Decoder<B> {
                 max: self.limits.max_output,
             });
         }
+        // `ZstdWindow` literals decode against the window's copied bytes:
+        // read them once, and rebuild the copies from them below.
+        let prefixed = header.codec == LiteralCodec::ZstdWindow && literal_len > 0;
+        self.copied.clear();
+        if prefixed {
+            for command in parse_commands(commands) {
+                if let DeltaCommand::Copy { offset, len } = command.expect("validated in pass 1") {
+                    self.basis
+                        .append_range(offset, len as usize, &mut self.copied)
+                        .map_err(|e| DecodeError::Basis {
+                            reason: e.to_string(),
+                        })?;
+                }
+            }
+            super::window_prefix(&self.context, &self.copied, &mut self.prefix);
+        }
         let decompressor = self.literals.as_mut().expect("header parsed before frames");
-        decompressor.decompress(literals, literal_len as usize, &mut self.literal_buf)?;
-        debug_assert_eq!(header.codec == LiteralCodec::None, decompressor.is_plain());
+        decompressor.decompress(
+            literals,
+            literal_len as usize,
+            &self.prefix,
+            &mut self.literal_buf,
+        )?;
 
         // Pass 2: rebuild.
         let start = out.len();
         out.reserve(window_len as usize);
-        let mut literal_at = 0;
+        let (mut literal_at, mut copied_at) = (0, 0);
         for command in parse_commands(commands) {
             match command.expect("validated in pass 1") {
+                DeltaCommand::Copy { len, .. } if prefixed => {
+                    let end = copied_at + len as usize;
+                    out.extend_from_slice(&self.copied[copied_at..end]);
+                    copied_at = end;
+                }
                 DeltaCommand::Copy { offset, len } => {
                     self.basis
                         .append_range(offset, len as usize, out)
@@ -404,6 +437,9 @@ impl<B: Basis> Decoder<B> {
                     literal_at = end;
                 }
             }
+        }
+        if header.codec == LiteralCodec::ZstdWindow {
+            super::extend_context(&mut self.context, &out[start..]);
         }
         let window = &out[start..];
         self.hasher.update(window);
@@ -427,7 +463,7 @@ impl<B: Basis> Decoder<B> {
             .as_ref()
             .expect("header parsed before frames")
             .params();
-        if entries.len() % params.entry_len() != 0 {
+        if !entries.len().is_multiple_of(params.entry_len()) {
             return Err(DecodeError::SignatureMisaligned {
                 len: entries.len(),
                 entry_len: params.entry_len(),
@@ -535,15 +571,14 @@ impl<B: Basis> Decoder<B> {
     }
 }
 
-/// The literal codec's decoding side: one context for the whole stream.
+/// The literal codec's decoding side.
 enum LiteralDecompressor {
     Plain,
+    /// One context for the whole stream.
     Zstd(Box<zstd::stream::raw::Decoder<'static>>),
+    /// A frame per window, against the window's prefix.
+    ZstdWindow,
 }
-
-/// zstd windows beyond 8 MiB are refused (the encoder uses 2 MiB), which
-/// bounds the decompressor's memory.
-const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 
 impl LiteralDecompressor {
     fn new(codec: LiteralCodec) -> Self {
@@ -552,16 +587,14 @@ impl LiteralDecompressor {
             LiteralCodec::Zstd => {
                 let mut decoder = zstd::stream::raw::Decoder::new()
                     .expect("creating a zstd context only fails on allocation");
+                // Bounds the streaming decoder's window buffer.
                 decoder
-                    .set_parameter(DParameter::WindowLogMax(ZSTD_WINDOW_LOG_MAX))
+                    .set_parameter(DParameter::WindowLogMax(super::ZSTD_WINDOW_LOG_MAX))
                     .expect("a valid window log");
                 LiteralDecompressor::Zstd(Box::new(decoder))
             }
+            LiteralCodec::ZstdWindow => LiteralDecompressor::ZstdWindow,
         }
-    }
-
-    fn is_plain(&self) -> bool {
-        matches!(self, LiteralDecompressor::Plain)
     }
 
     /// Decodes `input` into exactly `expected` bytes in `buf`.
@@ -569,11 +602,22 @@ impl LiteralDecompressor {
         &mut self,
         input: &[u8],
         expected: usize,
+        prefix: &[u8],
         buf: &mut Vec<u8>,
     ) -> Result<(), DecodeError> {
         debug_assert!(expected <= MAX_FRAME_LEN);
         let corrupt = |reason: String| DecodeError::Literals { reason };
         buf.clear();
+        if expected == 0 {
+            return if input.is_empty() {
+                Ok(())
+            } else {
+                Err(corrupt(format!(
+                    "{} literal bytes where none are needed",
+                    input.len()
+                )))
+            };
+        }
         match self {
             LiteralDecompressor::Plain => {
                 if input.len() != expected {
@@ -605,6 +649,27 @@ impl LiteralDecompressor {
                 }
                 let produced = output.pos();
                 if input.pos() != input.src.len() || produced != expected {
+                    return Err(corrupt(format!(
+                        "decodes to {produced} bytes, {expected} needed"
+                    )));
+                }
+                buf.truncate(expected);
+            }
+            LiteralDecompressor::ZstdWindow => {
+                let zstd_error = |code| corrupt(zstd_safe::get_error_name(code).to_string());
+                let mut dctx = zstd_safe::DCtx::create();
+                dctx.set_parameter(zstd_safe::DParameter::WindowLogMax(
+                    super::ZSTD_WINDOW_LOG_MAX,
+                ))
+                .map_err(zstd_error)?;
+                if !prefix.is_empty() {
+                    dctx.ref_prefix(prefix).map_err(zstd_error)?;
+                }
+                // One spare byte detects a frame that decodes to more; the
+                // output slice bounds what zstd may write.
+                buf.resize(expected + 1, 0);
+                let produced = dctx.decompress(&mut buf[..], input).map_err(zstd_error)?;
+                if produced != expected {
                     return Err(corrupt(format!(
                         "decodes to {produced} bytes, {expected} needed"
                     )));

@@ -37,8 +37,16 @@ pub struct EncoderOptions {
     pub window_bytes: usize,
     /// Literal codec.
     pub codec: LiteralCodec,
-    /// zstd level for literals.
+    /// zstd level for literals while the stream's zstd work (prefix +
+    /// literal bytes) is within `high_level_budget`.
     pub zstd_level: i32,
+    /// zstd level for literals after that, so large bodies keep the
+    /// throughput target.
+    pub fast_zstd_level: i32,
+    /// Bytes of zstd work (prefix + literals) per stream done at
+    /// `zstd_level`; web assets fit, large bodies move on to
+    /// `fast_zstd_level`.
+    pub high_level_budget: u64,
     /// Caps for the basis signature.
     pub signature_limits: SignatureLimits,
 }
@@ -49,8 +57,10 @@ impl Default for EncoderOptions {
             max_signature_bytes: 4608,
             min_block_size: 1024,
             window_bytes: 1 << 20,
-            codec: LiteralCodec::Zstd,
+            codec: LiteralCodec::ZstdWindow,
             zstd_level: 19,
+            fast_zstd_level: 3,
+            high_level_budget: 2 << 20,
             signature_limits: SignatureLimits::default(),
         }
     }
@@ -116,6 +126,11 @@ pub struct Encoder {
     commands: Vec<u8>,
     literal_bytes: Vec<u8>,
     compressed: Vec<u8>,
+    /// The body's last bytes before the window (`ZstdWindow` only).
+    context: Vec<u8>,
+    /// The window's copied bytes, and the reference prefix (`ZstdWindow`).
+    copied: Vec<u8>,
+    prefix: Vec<u8>,
     summary: Counters,
 }
 
@@ -183,7 +198,7 @@ impl Encoder {
             },
             window_bytes,
             window: Vec::new(),
-            literals: LiteralCompressor::new(options.codec, options.zstd_level),
+            literals: LiteralCompressor::new(options.codec, &options),
             signature: SignatureBuilder::new(params),
             signature_sent: 0,
             hasher: blake3::Hasher::new(),
@@ -192,6 +207,9 @@ impl Encoder {
             commands: Vec::new(),
             literal_bytes: Vec::new(),
             compressed: Vec::new(),
+            context: Vec::new(),
+            copied: Vec::new(),
+            prefix: Vec::new(),
             summary: Counters::default(),
         }
     }
@@ -312,22 +330,37 @@ impl Encoder {
                         parsed.pop();
                     }
                 }
+                let wants_copies = matches!(self.literals, LiteralCompressor::ZstdWindow { .. });
+                self.copied.clear();
+                let mut at = 0;
                 for (command, range) in &parsed {
                     command.write(&mut self.commands);
-                    match command {
-                        DeltaCommand::Copy { len, .. } => self.summary.copied_bytes += len,
+                    match *command {
+                        DeltaCommand::Copy { len, .. } => {
+                            self.summary.copied_bytes += len;
+                            if wants_copies {
+                                self.copied
+                                    .extend_from_slice(&self.window[at..at + len as usize]);
+                            }
+                        }
                         DeltaCommand::Literal { len } => {
                             self.summary.literal_bytes += len;
                             self.literal_bytes
                                 .extend_from_slice(&self.delta[range.clone()]);
                         }
                     }
+                    at += command.output_len() as usize;
                 }
             }
         }
         self.compressed.clear();
+        if matches!(self.literals, LiteralCompressor::ZstdWindow { .. })
+            && !self.literal_bytes.is_empty()
+        {
+            super::window_prefix(&self.context, &self.copied, &mut self.prefix);
+        }
         self.literals
-            .compress(&self.literal_bytes, &mut self.compressed)?;
+            .compress(&self.literal_bytes, &self.prefix, &mut self.compressed)?;
         let start = out.len();
         Frame::Delta {
             commands: &self.commands,
@@ -338,6 +371,9 @@ impl Encoder {
         self.summary.literal_wire_bytes += self.compressed.len() as u64;
 
         let body = &self.window[..covered];
+        if matches!(self.literals, LiteralCompressor::ZstdWindow { .. }) {
+            super::extend_context(&mut self.context, body);
+        }
         self.hasher.update(body);
         self.signature.update(body);
         self.summary.body_len += covered as u64;
@@ -360,35 +396,87 @@ impl Encoder {
     }
 }
 
-/// One literal compression context for the whole stream.
+/// The literal codec's compressing side.
 enum LiteralCompressor {
     None,
+    /// One context for the whole stream.
     Zstd(Box<zstd::stream::write::Encoder<'static, Vec<u8>>>),
+    /// A fresh frame per window against the window's prefix.
+    ZstdWindow {
+        level: i32,
+        fast_level: i32,
+        /// zstd work left at `level` (bytes).
+        budget: u64,
+    },
 }
 
 impl LiteralCompressor {
-    fn new(codec: LiteralCodec, level: i32) -> Self {
+    fn new(codec: LiteralCodec, options: &EncoderOptions) -> Self {
+        let level = options.zstd_level;
         match codec {
             LiteralCodec::None => LiteralCompressor::None,
             LiteralCodec::Zstd => LiteralCompressor::Zstd(Box::new(
                 zstd::stream::write::Encoder::new(Vec::new(), level)
                     .expect("creating a zstd context only fails on allocation"),
             )),
+            LiteralCodec::ZstdWindow => LiteralCompressor::ZstdWindow {
+                level,
+                fast_level: options.fast_zstd_level,
+                budget: options.high_level_budget,
+            },
         }
     }
 
-    /// Compresses `data` and flushes, so that everything written so far
-    /// decodes from the bytes appended to `out`.
-    fn compress(&mut self, data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+    /// Compresses `data` into the empty `out` so that it decodes from those
+    /// bytes alone (given `prefix`, for `ZstdWindow`).
+    fn compress(&mut self, data: &[u8], prefix: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+        debug_assert!(out.is_empty());
+        if data.is_empty() {
+            return Ok(());
+        }
         match self {
             LiteralCompressor::None => out.extend_from_slice(data),
             LiteralCompressor::Zstd(encoder) => {
-                if data.is_empty() {
-                    return Ok(());
-                }
                 encoder.write_all(data)?;
                 encoder.flush()?;
                 out.append(encoder.get_mut());
+            }
+            LiteralCompressor::ZstdWindow {
+                level,
+                fast_level,
+                budget,
+            } => {
+                use zstd_safe::{CCtx, CParameter};
+                let zstd_error = |code| std::io::Error::other(zstd_safe::get_error_name(code));
+                // The zstd window must reach from the literals back to the
+                // start of the prefix.
+                let span = (prefix.len() + data.len()) as u64;
+                let level = if *budget >= span {
+                    *budget -= span;
+                    *level
+                } else {
+                    *budget = 0;
+                    *fast_level
+                };
+                let window_log = (64 - span.saturating_sub(1).leading_zeros())
+                    .clamp(10, super::ZSTD_WINDOW_LOG_MAX);
+                // A context per window: `ref_prefix` borrows the prefix for
+                // the context's lifetime.
+                let mut cctx = CCtx::create();
+                for parameter in [
+                    CParameter::CompressionLevel(level),
+                    CParameter::WindowLog(window_log),
+                    CParameter::ContentSizeFlag(false),
+                    CParameter::ChecksumFlag(false),
+                ] {
+                    cctx.set_parameter(parameter).map_err(zstd_error)?;
+                }
+                if !prefix.is_empty() {
+                    cctx.ref_prefix(prefix).map_err(zstd_error)?;
+                }
+                // compress2 writes from the start of the Vec's capacity.
+                out.reserve(zstd_safe::compress_bound(data.len()));
+                cctx.compress2(out, data).map_err(zstd_error)?;
             }
         }
         Ok(())

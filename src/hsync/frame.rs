@@ -81,6 +81,10 @@ pub enum LiteralCodec {
     None,
     /// One zstd stream across the whole hsync stream, flushed per frame.
     Zstd,
+    /// One zstd frame per window, compressed against a reference prefix
+    /// that both ends hold: the body's last bytes before the window, then
+    /// the window's copied bytes (see `window_prefix`).
+    ZstdWindow,
 }
 
 impl LiteralCodec {
@@ -88,6 +92,7 @@ impl LiteralCodec {
         match self {
             LiteralCodec::None => 0,
             LiteralCodec::Zstd => 1,
+            LiteralCodec::ZstdWindow => 2,
         }
     }
 
@@ -95,6 +100,7 @@ impl LiteralCodec {
         match codec {
             0 => Ok(LiteralCodec::None),
             1 => Ok(LiteralCodec::Zstd),
+            2 => Ok(LiteralCodec::ZstdWindow),
             _ => Err(FrameError::UnknownCodec { codec }),
         }
     }

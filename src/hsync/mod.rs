@@ -106,6 +106,44 @@ pub const MAX_FRAME_LEN: usize = MAX_WINDOW_OUTPUT + (1 << 20);
 pub const SIGNATURE_HEADER_LEN: usize = 12;
 /// Length of the END frame payload.
 pub const END_LEN: usize = 8 + 32;
+/// Bytes of body before a window that the `ZstdWindow` codec's prefix
+/// starts with.
+pub const CONTEXT_LEN: usize = 1 << 20;
+/// Longest `ZstdWindow` reference prefix (bytes); longer ones lose their
+/// front.
+pub const MAX_PREFIX_LEN: usize = 8 << 20;
+
+/// Largest zstd window (log2 bytes) either end uses or accepts: covers
+/// [`MAX_PREFIX_LEN`] plus a window's literals.
+pub(crate) const ZSTD_WINDOW_LOG_MAX: u32 = 25;
+
+/// Builds the `ZstdWindow` reference prefix of a window: `context` (the
+/// body's last bytes before the window, at most [`CONTEXT_LEN`]) followed by
+/// `copied` (the window's copied bytes, in order), keeping the last
+/// [`MAX_PREFIX_LEN`] bytes. Both ends call this, so it is part of the format.
+pub(crate) fn window_prefix(context: &[u8], copied: &[u8], prefix: &mut Vec<u8>) {
+    prefix.clear();
+    let skip = (context.len() + copied.len()).saturating_sub(MAX_PREFIX_LEN);
+    if skip < context.len() {
+        prefix.extend_from_slice(&context[skip..]);
+        prefix.extend_from_slice(copied);
+    } else {
+        prefix.extend_from_slice(&copied[skip - context.len()..]);
+    }
+}
+
+/// Keeps the last [`CONTEXT_LEN`] bytes of the body in `context` after
+/// `more` of it was rebuilt.
+pub(crate) fn extend_context(context: &mut Vec<u8>, more: &[u8]) {
+    if more.len() >= CONTEXT_LEN {
+        context.clear();
+        context.extend_from_slice(&more[more.len() - CONTEXT_LEN..]);
+        return;
+    }
+    let excess = (context.len() + more.len()).saturating_sub(CONTEXT_LEN);
+    context.drain(..excess);
+    context.extend_from_slice(more);
+}
 
 #[cfg(test)]
 mod tests {

@@ -196,7 +196,7 @@ impl BasisSignature {
         };
         let body = &bytes[SIGNATURE_HEADER_LEN..];
         let blocks = body.len() / params.entry_len();
-        let truncated = body.len() % params.entry_len() != 0;
+        let truncated = !body.len().is_multiple_of(params.entry_len());
         let implied_len = blocks as u64 * u64::from(block_size);
         if implied_len > limits.max_basis_len {
             return Err(SignatureError::BasisTooLarge {
