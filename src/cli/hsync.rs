@@ -434,6 +434,17 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .len()
         + 2;
     let wire = signature_header as u64 + stream.len() as u64;
+    eprintln!(
+        "{}: {} bytes; gzip -9 would send {gzip9}; hsync sends {wire} \
+         ({signature_header} request signature + {} stream), {:.0}% of gzip -9. \
+         {} bytes copied from the basis, {} literal. Rebuilt and verified.",
+        args.new.display(),
+        new.len(),
+        stream.len(),
+        100.0 * wire as f64 / gzip9.max(1) as f64,
+        summary.copied_bytes,
+        summary.literal_bytes,
+    );
     println!(
         "new={} gzip9={} signature={} signature_header={} stream={} wire={} ratio={:.3} copied={} literal={} literal_wire={} new_signature={} larger_than_plain={}",
         new.len(),

@@ -4,8 +4,8 @@
 //! The accelerator holds only the *signature* of the client's basis, so it
 //! speaks rsync: the new body is cut into windows, each window is diffed
 //! against the basis signature with `fast_rsync`, and the result is sent as
-//! librsync delta commands whose literal bytes go through one streaming zstd
-//! context. The new body's own signature is interleaved so that an
+//! librsync delta commands whose literal bytes are compressed with zstd
+//! against the body around them. The new body's own signature is interleaved so that an
 //! interrupted transfer leaves the client a usable prefix plus its signature.
 //!
 //! Main types: [`Encoder`] (accelerator side), [`Decoder`] (client side),
@@ -22,8 +22,10 @@
 //! +------+------+------+------+-------+-------+--------+-------+------+------+------+------+
 //! | 'h'  | 's'  | 'y'  | 'n'  |version| codec |strong  | flags |      block_size (u32)     |
 //! +------+------+------+------+-------+-------+--------+-------+------+------+------+------+
-//!   magic "hsyn"               = 1     0 none  8..=16    0        512 ..= 1 MiB
-//!                                      1 zstd  bytes of MD4 kept in each signature entry
+//!   magic "hsyn"               = 1     codec   8..=16    0        512 ..= 1 MiB
+//!                                      0 none    bytes of MD4 kept in each signature entry
+//!                                      1 zstd (one stream)
+//!                                      2 zstd per window (the default)
 //!
 //! frame
 //! +------+------+------+------+------+====================+
@@ -38,9 +40,17 @@
 //!   `rdiff` writes them, but without the delta magic, without RS_OP_END, and with
 //!   each literal's data moved out into the literal section; COPY offsets are
 //!   absolute offsets in the basis. The literal section is the concatenation of
-//!   the literal data of this window's commands, compressed by the stream's
-//!   codec: for zstd, one streaming context for the whole stream, flushed at
-//!   the end of every DELTA frame so each frame decodes as soon as it arrives.
+//!   the literal data of this window's commands, compressed by the codec:
+//!     0: as it is;
+//!     1: one zstd stream for the whole hsync stream, flushed at the end of
+//!        every DELTA frame so each frame decodes as soon as it arrives;
+//!     2: one complete zstd frame per DELTA frame (empty when the window has
+//!        no literals), compressed with a zstd reference prefix that both
+//!        ends build: the last CONTEXT_LEN (1 MiB) bytes of the body before
+//!        this window, then this window's copied bytes in command order,
+//!        keeping the last MAX_PREFIX_LEN (8 MiB) bytes of that; zstd window
+//!        log <= 25. Literals compress against the text around them, which
+//!        the client already has.
 //!   A window rebuilds at most MAX_WINDOW_OUTPUT bytes.
 //!
 //! kind 2, SIG: signature entries for the next blocks of the new body
