@@ -327,9 +327,6 @@ fn decode_can_replace_its_own_basis() {
 /// A tuning flag out of range is a usage error (STYLE: one-line reason,
 /// exit 64), not a panic: `--min-block` above the 1 MiB block maximum.
 #[test]
-#[ignore = "bug: `hsync stats --min-block 2000000` panics (exit 101) in choose_block_size \
-            (signature.rs: `rounded.clamp(min_block, MAX_BLOCK_SIZE)` with min > max) \
-            instead of exiting 64"]
 fn stats_with_min_block_over_the_maximum_exits_64() {
     let (dir, _, _) = prepared();
     let out = rproxy(
@@ -353,9 +350,6 @@ fn stats_with_min_block_over_the_maximum_exits_64() {
 /// directory, so the rename fails), `decode` exits 1 and still removes its
 /// temp file.
 #[test]
-#[ignore = "bug: cli/hsync.rs PendingFile::commit returns early when fs::rename fails and \
-            nothing removes the temp file: `decode -o EXISTING_DIR` exits 1 and leaves \
-            `.EXISTING_DIR.<pid>.tmp` (the whole body) beside it"]
 fn decode_whose_rename_fails_leaves_no_temp_file() {
     let (dir, _, _) = prepared();
     let d = dir.path();

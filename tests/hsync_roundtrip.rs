@@ -480,10 +480,6 @@ fn zstd_window_context_longer_than_one_mib_round_trips() {
 /// refused with `SignatureTooLarge`. Checked by arithmetic on the header
 /// the encoder writes (rebuilding 715 MB in a debug test is too slow).
 #[test]
-#[ignore = "bug: with expected_len None the encoder chooses block_size 1024, so a body over \
-            8 MiB / 12 * 1024 = 715,827,882 bytes gets a SIG stream over \
-            DecodeLimits::default().max_signature_bytes and the default decoder refuses it \
-            (SignatureTooLarge), although max_output allows 4 GiB"]
 fn unknown_length_stream_fits_default_decode_limits() {
     let limits = DecodeLimits::default();
     for (name, signature) in [

@@ -115,7 +115,7 @@ pub struct Tuning {
     #[arg(long)]
     pub zstd_level: Option<i32>,
     /// Smallest block size (bytes).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(512..=1 << 20))]
     pub min_block: Option<u32>,
     /// Window size (bytes).
     #[arg(long)]
@@ -318,12 +318,20 @@ impl PendingFile {
         })
     }
 
+    /// Makes the file appear under `path`; on any failure the temporary
+    /// file is removed, so nothing half-written stays behind.
     fn commit(self, path: &Path) -> anyhow::Result<()> {
-        let file = self.file.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&self.temp, path)
-            .with_context(|| format!("cannot rename into {}", path.display()))?;
-        Ok(())
+        let temp = self.temp.clone();
+        let result = (|| {
+            let file = self.file.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            std::fs::rename(&temp, path)
+                .with_context(|| format!("cannot rename into {}", path.display()))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        result
     }
 
     fn discard(self) {

@@ -185,10 +185,16 @@ pub struct DecodeLimits {
 }
 
 impl Default for DecodeLimits {
+    /// 4 GiB of body, and room for its signature at 1 KiB blocks (48 MiB):
+    /// a body of unknown length gets the smallest default block, so every
+    /// stream our encoder writes under the output limit is accepted.
     fn default() -> Self {
+        const MAX_OUTPUT: u64 = 4 << 30;
+        const SMALLEST_DEFAULT_BLOCK: u64 = 1024;
         DecodeLimits {
-            max_output: 4 << 30,
-            max_signature_bytes: 8 << 20,
+            max_output: MAX_OUTPUT,
+            max_signature_bytes: (MAX_OUTPUT / SMALLEST_DEFAULT_BLOCK) as usize * 12
+                + super::SIGNATURE_HEADER_LEN,
         }
     }
 }
@@ -375,7 +381,9 @@ impl<B: Basis> Decoder<B> {
                 });
             }
             if let DeltaCommand::Literal { len } = command {
-                literal_len += len;
+                // Saturating: a hostile length must fail the window check
+                // below, not overflow.
+                literal_len = literal_len.saturating_add(len);
             }
             window_len = window_len.saturating_add(command.output_len());
             if window_len > MAX_WINDOW_OUTPUT as u64 {

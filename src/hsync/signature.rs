@@ -115,8 +115,9 @@ impl SignatureParams {
 }
 
 /// Picks the block size for a body of `expected_len` bytes so that its whole
-/// signature fits `max_signature_bytes`: never below `min_block_size`, never
-/// above [`MAX_BLOCK_SIZE`] (a body too large for that gets a signature over
+/// signature fits `max_signature_bytes`: never below `min_block_size` (itself
+/// kept within [`MIN_BLOCK_SIZE`]..=[`MAX_BLOCK_SIZE`]), never above
+/// [`MAX_BLOCK_SIZE`] (a body too large for that gets a signature over
 /// budget, which the client sends truncated).
 pub fn choose_block_size(
     expected_len: u64,
@@ -129,10 +130,8 @@ pub fn choose_block_size(
     let needed = expected_len.div_ceil(entries);
     // Round up to a multiple of 64 bytes: no reason beyond tidy numbers.
     let rounded = needed.div_ceil(64).saturating_mul(64);
-    rounded.clamp(
-        u64::from(min_block_size.max(MIN_BLOCK_SIZE)),
-        u64::from(MAX_BLOCK_SIZE),
-    ) as u32
+    let min_block_size = min_block_size.clamp(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE);
+    rounded.clamp(u64::from(min_block_size), u64::from(MAX_BLOCK_SIZE)) as u32
 }
 
 self_cell!(
