@@ -87,17 +87,20 @@ rdiff_zstd() { # OUT BASIS NEW
 }
 
 # The failure reason, if any, goes to $tmp/rproxy.fail.
+# Writes two figures: rsync only (the accelerator has just the signature),
+# and with the accelerator still holding the basis body (codec 3).
 rproxy_wire() { # OUT BASIS NEW
-    local out="" wire=""
+    local out="" wire="" known=""
     if [[ -z $rproxy ]]; then
         :
     elif out=$("$rproxy" hsync stats --basis "$2" "$3" 2>"$1.err"); then
         wire=$(tr ' ' '\n' <<<"$out" | sed -n 's/^wire=\([0-9][0-9]*\)$/\1/p' | head -n 1)
+        known=$(tr ' ' '\n' <<<"$out" | sed -n 's/^wire_known_basis=\([0-9][0-9]*\)$/\1/p' | head -n 1)
         [[ -n $wire ]] || echo "no wire= in output: $out" >>"$tmp/rproxy.fail"
     else
         echo "exit $?: $(head -n 1 "$1.err")" >>"$tmp/rproxy.fail"
     fi
-    echo "${wire:--}" >"$1"
+    echo "${wire:--} ${known:--}" >"$1"
 }
 
 # Runs "$@" in the background, at most JOBS at a time. A failed job shows up
@@ -122,7 +125,8 @@ for i in "${!kinds[@]}"; do
 done
 wait
 
-# One row per pair: kind basis new newsize gzip9 brotli11 zstd rdiff rproxy.
+# One row per pair: kind basis new newsize gzip9 brotli11 zstd rdiff rproxy
+# rproxy+basis.
 for i in "${!kinds[@]}"; do
     n=$tmp/${new_id[${news[i]}]} p=$tmp/p$i
     for f in "$n.gzip" "$n.brotli" "$p.zstd" "$p.rdiff" "$p.rproxy"; do
@@ -147,23 +151,23 @@ function add(group, i) {
 }
 function total(label, group,   g) {
     g = sum[group, 5]
-    printf "%-22s %3d pairs  new %9d  gzip9 %8d  |  rproxy %s  zstd-patch %s  rdiff+zstd %s  brotli %s\n",
-        label, count[group], sum[group, 4], g, ratio(sum[group, 9], g),
+    printf "%-22s %3d pairs  new %9d  gzip9 %8d  |  rproxy %s  rproxy+basis %s  zstd-patch %s  rdiff+zstd %s  brotli %s\n",
+        label, count[group], sum[group, 4], g, ratio(sum[group, 9], g), ratio(sum[group, 10], g),
         ratio(sum[group, 7], g), ratio(sum[group, 8], g), ratio(sum[group, 6], g)
 }
 BEGIN {
     printf "corpus: %s\n\n", corpus
-    fmt = "%-9s %-34s %-34s %9s %8s %8s %8s %8s %8s\n"
-    printf fmt, "kind", "new", "basis", "new", "gzip9", "brotli11", "zstd-pat", "rdiff+z", "rproxy"
+    fmt = "%-9s %-34s %-34s %9s %8s %8s %8s %8s %8s %8s\n"
+    printf fmt, "kind", "new", "basis", "new", "gzip9", "brotli11", "zstd-pat", "rdiff+z", "rproxy", "rp+basis"
 }
 {
-    printf fmt, $1, short($3), short($2), $4, $5, num($6), num($7), num($8), num($9)
+    printf fmt, $1, short($3), short($2), $4, $5, num($6), num($7), num($8), num($9), num($10)
     if (!($1 in count)) kinds[++nkinds] = $1
     count[$1]++
-    for (i = 4; i <= 9; i++) add($1, i)
+    for (i = 4; i <= 10; i++) add($1, i)
     if ($1 == "seq" || $1 == "cross") {
         count["seq+cross"]++
-        for (i = 4; i <= 9; i++) add("seq+cross", i)
+        for (i = 4; i <= 10; i++) add("seq+cross", i)
     }
 }
 END {

@@ -56,8 +56,12 @@ pub struct SignArgs {
 pub struct EncodeArgs {
     /// The basis signature (as `sign` or a client sends it); none gives a
     /// from-scratch stream.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "basis_body")]
     pub signature: Option<PathBuf>,
+    /// The basis body itself, as an accelerator that kept it holds it:
+    /// literals are compressed against it (codec 3), no signature needed.
+    #[arg(long)]
+    pub basis_body: Option<PathBuf>,
     /// Budget for the new body's signature in bytes; sets its block size.
     #[arg(long, default_value_t = EncoderOptions::default().max_signature_bytes)]
     pub max_signature: usize,
@@ -120,6 +124,10 @@ pub struct Tuning {
     /// Window size (bytes).
     #[arg(long)]
     pub window: Option<usize>,
+    /// Bytes of zstd work (prefix + literals) per stream at --zstd-level
+    /// before the fast level takes over.
+    #[arg(long)]
+    pub high_level_budget: Option<u64>,
 }
 
 impl Tuning {
@@ -128,6 +136,7 @@ impl Tuning {
         options.zstd_level = self.zstd_level.unwrap_or(options.zstd_level);
         options.min_block_size = self.min_block.unwrap_or(options.min_block_size);
         options.window_bytes = self.window.unwrap_or(options.window_bytes);
+        options.high_level_budget = self.high_level_budget.unwrap_or(options.high_level_budget);
         options
     }
 }
@@ -243,13 +252,10 @@ fn read_capped(path: &Path, max: usize) -> anyhow::Result<Vec<u8>> {
 }
 
 fn encode_to(
-    signature: Option<&[u8]>,
+    mut encoder: Encoder,
     input: impl Read,
-    len: Option<u64>,
-    options: EncoderOptions,
     mut out: impl Write,
 ) -> anyhow::Result<EncodeSummary> {
-    let mut encoder = Encoder::new(signature, len, options);
     let mut frames = Vec::new();
     for_each_chunk(input, |chunk| {
         encoder.push(chunk, &mut frames)?;
@@ -273,8 +279,16 @@ fn encode(args: EncodeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let (input, len) = open_input(&args.new)?;
+    let encoder = match &args.basis_body {
+        Some(path) => {
+            let file = File::open(path)
+                .with_context(|| format!("cannot open basis body {}", path.display()))?;
+            Encoder::with_basis_body(Box::new(FileBasis::new(file)?), len, options)
+        }
+        None => Encoder::new(signature.as_deref(), len, options),
+    };
     let out = create_output(&args.output)?;
-    let summary = encode_to(signature.as_deref(), input, len, options, out)?;
+    let summary = encode_to(encoder, input, out)?;
     eprintln!(
         "encoded {} bytes: {} copied, {} literal ({} compressed), {} signature; stream {} bytes; basis {:?}, block {}{}",
         summary.body_len,
@@ -402,6 +416,27 @@ fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Encodes `new` with `encoder`, then decodes the stream against `basis`
+/// and checks the bytes, so that no figure is printed for a stream that
+/// would not decode.
+fn encode_and_verify(
+    mut encoder: Encoder,
+    basis: &[u8],
+    new: &[u8],
+) -> anyhow::Result<(Vec<u8>, EncodeSummary)> {
+    let mut stream = Vec::new();
+    encoder.push(new, &mut stream)?;
+    let summary = encoder.finish(&mut stream)?;
+    let mut decoder = Decoder::new(basis, DecodeLimits::default());
+    let mut rebuilt = Vec::new();
+    decoder.push(&stream, &mut rebuilt)?;
+    decoder.finish()?;
+    if rebuilt != new {
+        bail!("internal error: a stream does not rebuild the new body");
+    }
+    Ok((stream, summary))
+}
+
 fn gzip9_len(data: &[u8]) -> anyhow::Result<u64> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     encoder.write_all(data)?;
@@ -415,26 +450,18 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         std::fs::read(&args.new).with_context(|| format!("cannot read {}", args.new.display()))?;
     let options = args.tuning.apply(EncoderOptions::default());
     let signature = signature_of(&basis[..], Some(basis.len() as u64), &options)?;
-    let mut stream = Vec::new();
-    let summary = encode_to(
-        Some(&signature),
-        &new[..],
-        Some(new.len() as u64),
-        options,
-        &mut stream,
+    let (stream, summary) = encode_and_verify(
+        Encoder::new(Some(&signature), Some(new.len() as u64), options),
+        &basis,
+        &new,
     )?;
-    // Check the round trip, so that a figure is never printed for a
-    // stream that would not decode.
-    let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
-    let mut rebuilt = Vec::new();
-    decoder.push(&stream, &mut rebuilt)?;
-    decoder.finish()?;
-    if rebuilt != new {
-        bail!(
-            "internal error: the stream does not rebuild {}",
-            args.new.display()
-        );
-    }
+    // The same transfer when the accelerator still holds the basis body
+    // (named by its blake3 in the request): codec 3.
+    let (known_basis_stream, _) = encode_and_verify(
+        Encoder::with_basis_body(Box::new(basis.clone()), Some(new.len() as u64), options),
+        &basis,
+        &new,
+    )?;
     let gzip9 = gzip9_len(&new)?;
     // The request carries the signature in base64 (`Hsync-Signature: :…:`).
     let signature_header = base64::engine::general_purpose::STANDARD
@@ -442,6 +469,9 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .len()
         + 2;
     let wire = signature_header as u64 + stream.len() as u64;
+    // The client cannot know whether the accelerator holds its basis, so it
+    // sends the signature either way.
+    let wire_known_basis = signature_header as u64 + known_basis_stream.len() as u64;
     eprintln!(
         "{}: {} bytes; gzip -9 would send {gzip9}; hsync sends {wire} \
          ({signature_header} request signature + {} stream), {:.0}% of gzip -9. \
@@ -454,7 +484,7 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         summary.literal_bytes,
     );
     println!(
-        "new={} gzip9={} signature={} signature_header={} stream={} wire={} ratio={:.3} copied={} literal={} literal_wire={} new_signature={} larger_than_plain={}",
+        "new={} gzip9={} signature={} signature_header={} stream={} wire={} ratio={:.3} copied={} literal={} literal_wire={} new_signature={} larger_than_plain={} wire_known_basis={wire_known_basis} ratio_known_basis={:.3}",
         new.len(),
         gzip9,
         signature.len(),
@@ -467,6 +497,7 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         summary.literal_wire_bytes,
         summary.signature_wire_bytes,
         summary.is_larger_than_plain,
+        wire_known_basis as f64 / gzip9.max(1) as f64,
     );
     Ok(())
 }

@@ -240,8 +240,10 @@ pub struct Decoder<B> {
     literal_buf: Vec<u8>,
     /// The body's last bytes (`ZstdWindow` only).
     context: Vec<u8>,
-    /// A window's copied bytes, and its reference prefix (`ZstdWindow`).
+    /// A window's copied bytes, its basis slice, and the reference prefix
+    /// built from them (`ZstdWindow`, `ZstdBasis`).
     copied: Vec<u8>,
+    basis_part: Vec<u8>,
     prefix: Vec<u8>,
 }
 
@@ -264,6 +266,7 @@ impl<B: Basis> Decoder<B> {
             literal_buf: Vec::new(),
             context: Vec::new(),
             copied: Vec::new(),
+            basis_part: Vec::new(),
             prefix: Vec::new(),
         }
     }
@@ -397,21 +400,45 @@ impl<B: Basis> Decoder<B> {
                 max: self.limits.max_output,
             });
         }
-        // `ZstdWindow` literals decode against the window's copied bytes:
-        // read them once, and rebuild the copies from them below.
+        // Codecs 2 and 3 decode literals against a prefix of what we hold:
+        // the window's copied bytes (read once, and reused to rebuild the
+        // copies below) or a slice of the basis, after the body's context.
+        let read_error = |e: std::io::Error| DecodeError::Basis {
+            reason: e.to_string(),
+        };
         let prefixed = header.codec == LiteralCodec::ZstdWindow && literal_len > 0;
         self.copied.clear();
+        self.basis_part.clear();
         if prefixed {
             for command in parse_commands(commands) {
                 if let DeltaCommand::Copy { offset, len } = command.expect("validated in pass 1") {
                     self.basis
                         .append_range(offset, len as usize, &mut self.copied)
-                        .map_err(|e| DecodeError::Basis {
-                            reason: e.to_string(),
-                        })?;
+                        .map_err(read_error)?;
                 }
             }
-            super::window_prefix(&self.context, &self.copied, &mut self.prefix);
+        }
+        if header.codec == LiteralCodec::ZstdBasis && literal_len > 0 {
+            let range = super::basis_slice(self.rebuilt, basis_len);
+            self.basis
+                .append_range(
+                    range.start,
+                    (range.end - range.start) as usize,
+                    &mut self.basis_part,
+                )
+                .map_err(read_error)?;
+        }
+        if matches!(
+            header.codec,
+            LiteralCodec::ZstdWindow | LiteralCodec::ZstdBasis
+        ) && literal_len > 0
+        {
+            super::window_prefix(
+                &self.basis_part,
+                &self.context,
+                &self.copied,
+                &mut self.prefix,
+            );
         }
         let decompressor = self.literals.as_mut().expect("header parsed before frames");
         decompressor.decompress(
@@ -446,7 +473,10 @@ impl<B: Basis> Decoder<B> {
                 }
             }
         }
-        if header.codec == LiteralCodec::ZstdWindow {
+        if matches!(
+            header.codec,
+            LiteralCodec::ZstdWindow | LiteralCodec::ZstdBasis
+        ) {
             super::extend_context(&mut self.context, &out[start..]);
         }
         let window = &out[start..];
@@ -601,7 +631,7 @@ impl LiteralDecompressor {
                     .expect("a valid window log");
                 LiteralDecompressor::Zstd(Box::new(decoder))
             }
-            LiteralCodec::ZstdWindow => LiteralDecompressor::ZstdWindow,
+            LiteralCodec::ZstdWindow | LiteralCodec::ZstdBasis => LiteralDecompressor::ZstdWindow,
         }
     }
 

@@ -85,6 +85,9 @@ pub enum LiteralCodec {
     /// that both ends hold: the body's last bytes before the window, then
     /// the window's copied bytes (see `window_prefix`).
     ZstdWindow,
+    /// As `ZstdWindow`, but the prefix is a slice of the basis body itself
+    /// (the encoder holds it), then the body before the window.
+    ZstdBasis,
 }
 
 impl LiteralCodec {
@@ -93,6 +96,7 @@ impl LiteralCodec {
             LiteralCodec::None => 0,
             LiteralCodec::Zstd => 1,
             LiteralCodec::ZstdWindow => 2,
+            LiteralCodec::ZstdBasis => 3,
         }
     }
 
@@ -101,6 +105,7 @@ impl LiteralCodec {
             0 => Ok(LiteralCodec::None),
             1 => Ok(LiteralCodec::Zstd),
             2 => Ok(LiteralCodec::ZstdWindow),
+            3 => Ok(LiteralCodec::ZstdBasis),
             _ => Err(FrameError::UnknownCodec { codec }),
         }
     }

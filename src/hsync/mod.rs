@@ -26,6 +26,7 @@
 //!                                      0 none    bytes of MD4 kept in each signature entry
 //!                                      1 zstd (one stream)
 //!                                      2 zstd per window (the default)
+//!                                      3 zstd per window against the basis
 //!
 //! frame
 //! +------+------+------+------+------+====================+
@@ -51,6 +52,11 @@
 //!        keeping the last MAX_PREFIX_LEN (8 MiB) bytes of that; zstd window
 //!        log <= 25. Literals compress against the text around them, which
 //!        the client already has.
+//!     3: as 2, for an encoder that holds the basis body itself (the client
+//!        named it by blake3 and the accelerator kept it): the prefix is the
+//!        basis slice [window offset - 2 MiB, + 6 MiB) clamped to the basis,
+//!        then the last CONTEXT_LEN bytes of body; windows are usually one
+//!        LITERAL, zstd finding the basis text itself.
 //!   A window rebuilds at most MAX_WINDOW_OUTPUT bytes.
 //!
 //! kind 2, SIG: signature entries for the next blocks of the new body
@@ -127,18 +133,34 @@ pub const MAX_PREFIX_LEN: usize = 8 << 20;
 /// [`MAX_PREFIX_LEN`] plus a window's literals.
 pub(crate) const ZSTD_WINDOW_LOG_MAX: u32 = 25;
 
-/// Builds the `ZstdWindow` reference prefix of a window: `context` (the
-/// body's last bytes before the window, at most [`CONTEXT_LEN`]) followed by
-/// `copied` (the window's copied bytes, in order), keeping the last
-/// [`MAX_PREFIX_LEN`] bytes. Both ends call this, so it is part of the format.
-pub(crate) fn window_prefix(context: &[u8], copied: &[u8], prefix: &mut Vec<u8>) {
+/// Bytes of basis before a window's offset that the `ZstdBasis` prefix
+/// starts at.
+pub const BASIS_LOOKBEHIND: u64 = 2 << 20;
+/// Longest slice of basis in a `ZstdBasis` prefix (bytes).
+pub const BASIS_SPAN: u64 = 6 << 20;
+
+/// The slice of basis that the `ZstdBasis` prefix of the window starting at
+/// body offset `window_start` holds: it starts [`BASIS_LOOKBEHIND`] before
+/// that offset and spans at most [`BASIS_SPAN`], so that in-place edits of
+/// large bodies still find their old text.
+pub(crate) fn basis_slice(window_start: u64, basis_len: u64) -> std::ops::Range<u64> {
+    let start = window_start.saturating_sub(BASIS_LOOKBEHIND).min(basis_len);
+    start..(start + BASIS_SPAN).min(basis_len)
+}
+
+/// Builds a window's zstd reference prefix from what both ends hold:
+/// `basis` (`ZstdBasis`: the [`basis_slice`]; empty otherwise), `context`
+/// (the body's last bytes before the window, at most [`CONTEXT_LEN`]) and
+/// `copied` (`ZstdWindow`: the window's copied bytes in order; empty
+/// otherwise), keeping the last [`MAX_PREFIX_LEN`] bytes. Both ends call
+/// this, so it is part of the format.
+pub(crate) fn window_prefix(basis: &[u8], context: &[u8], copied: &[u8], prefix: &mut Vec<u8>) {
     prefix.clear();
-    let skip = (context.len() + copied.len()).saturating_sub(MAX_PREFIX_LEN);
-    if skip < context.len() {
-        prefix.extend_from_slice(&context[skip..]);
-        prefix.extend_from_slice(copied);
-    } else {
-        prefix.extend_from_slice(&copied[skip - context.len()..]);
+    let mut skip = (basis.len() + context.len() + copied.len()).saturating_sub(MAX_PREFIX_LEN);
+    for part in [basis, context, copied] {
+        let dropped = skip.min(part.len());
+        prefix.extend_from_slice(&part[dropped..]);
+        skip -= dropped;
     }
 }
 

@@ -1,0 +1,227 @@
+//! Codec 3 (`ZstdBasis`): the encoder holds the client's basis body itself
+//! and compresses each window against a slice of it. Round trips (D-A11,
+//! D-A10), bases that differ from the encoder's (D-A4, D-A7: never a wrong
+//! body), truncation (D-A3), and the slicing of large bases.
+
+mod support;
+
+use proptest::prelude::*;
+use rproxy::hsync::{
+    BASIS_SPAN, BasisUse, DecodeError, DecodeLimits, Encoder, EncoderOptions, FileBasis,
+    LiteralCodec,
+};
+use support::*;
+
+/// Fast settings: what is under test is the prefix, not the level.
+fn fast(window_bytes: usize) -> EncoderOptions {
+    EncoderOptions {
+        window_bytes,
+        zstd_level: 3,
+        basis_zstd_level: 3,
+        ..EncoderOptions::default()
+    }
+}
+
+fn encode_with_body(basis: &[u8], new: &[u8], options: EncoderOptions, sizes: &[usize]) -> Vec<u8> {
+    let mut encoder =
+        Encoder::with_basis_body(Box::new(basis.to_vec()), Some(new.len() as u64), options);
+    let mut stream = Vec::new();
+    for piece in pieces(new, sizes) {
+        encoder
+            .push(piece, &mut stream)
+            .expect("encoding cannot fail");
+    }
+    let summary = encoder.finish(&mut stream).expect("encoding cannot fail");
+    assert_eq!(summary.basis, BasisUse::Body);
+    assert_eq!(summary.stream_bytes, stream.len() as u64);
+    stream
+}
+
+#[test]
+fn small_edit_round_trips_and_costs_less_than_the_rsync_stream() {
+    let basis = pseudo_text(1, 300_000);
+    let mut new = basis.clone();
+    // Edits every ~3 KB: each kills a block for rsync, not for codec 3.
+    for at in (1000..290_000).step_by(3000) {
+        new[at] ^= 0x20;
+    }
+    let stream = encode_with_body(&basis, &new, fast(1 << 20), &[]);
+    let (out, decoded) = decode_ok(&basis, &stream);
+    assert!(out == new);
+    assert_eq!(decoded.digest, blake3_of(&new));
+    let rsync = encode_against(&basis, &new, fast(1 << 20));
+    assert!(
+        stream.len() * 2 < rsync.len(),
+        "codec 3: {} bytes, rsync: {} bytes",
+        stream.len(),
+        rsync.len()
+    );
+}
+
+#[test]
+fn d_a4_a_different_basis_at_the_decoder_never_verifies() {
+    let basis = pseudo_text(2, 100_000);
+    let mut new = basis.clone();
+    new.splice(50_000..50_000, b"inserted".iter().copied());
+    let stream = encode_with_body(&basis, &new, fast(16 << 10), &[]);
+    for other in [
+        {
+            let mut b = basis.clone();
+            b[10] ^= 1;
+            b
+        },
+        basis[..99_999].to_vec(),
+        pseudo_text(3, 100_000),
+        Vec::new(),
+    ] {
+        // A basis that differs only where the stream never looks rebuilds
+        // the right body; anything else must fail. Never a wrong body.
+        let run = decode(&other[..], &stream, &[4096], DecodeLimits::default());
+        if run.result.is_ok() {
+            assert!(run.out == new, "a wrong body verified");
+        }
+    }
+    // A basis unrelated to the encoder's cannot rebuild it.
+    let unrelated = pseudo_text(3, 100_000);
+    assert!(
+        decode(&unrelated[..], &stream, &[], DecodeLimits::default())
+            .result
+            .is_err()
+    );
+}
+
+#[test]
+fn body_larger_than_the_basis_span_uses_sliding_slices() {
+    // Two copies of the basis with edits, so windows past BASIS_SPAN need a
+    // slice that starts later in the basis.
+    let span = BASIS_SPAN as usize;
+    let basis = pseudo_text(4, span + (span / 2));
+    let mut new = basis.clone();
+    for at in (0..new.len()).step_by(200_000) {
+        new[at] = b'#';
+    }
+    let stream = encode_with_body(&basis, &new, fast(1 << 20), &[1 << 20]);
+    let (out, _) = decode_ok(&basis, &stream);
+    assert!(out == new);
+    // The tail of the body is far beyond the first slice: it still finds
+    // its old text (nearly all of the body is cheap).
+    let rsync = encode_against(&basis, &new, fast(1 << 20));
+    assert!(
+        stream.len() * 4 < rsync.len(),
+        "codec 3: {} bytes, rsync: {} bytes, body {}",
+        stream.len(),
+        rsync.len(),
+        new.len()
+    );
+}
+
+#[test]
+fn decodes_against_a_file_basis() {
+    let basis = pseudo_text(5, 200_000);
+    let mut new = basis.clone();
+    new.truncate(150_000);
+    new.extend_from_slice(&pseudo_text(6, 10_000));
+    let stream = encode_with_body(&basis, &new, fast(32 << 10), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("basis");
+    std::fs::write(&path, &basis).unwrap();
+    let file = FileBasis::new(std::fs::File::open(&path).unwrap()).unwrap();
+    let run = decode(file, &stream, &[777], DecodeLimits::default());
+    run.result.expect("decodes against the file");
+    assert!(run.out == new);
+}
+
+#[test]
+fn d_a3_a_truncated_stream_never_finishes() {
+    let basis = pseudo_text(7, 50_000);
+    let mut new = basis.clone();
+    new[25_000] = b'!';
+    let stream = encode_with_body(&basis, &new, fast(8 << 10), &[]);
+    for cut in (0..stream.len()).step_by(97) {
+        let run = decode(&basis[..], &stream[..cut], &[], DecodeLimits::default());
+        assert!(
+            run.result.is_err(),
+            "cut at {cut} of {} finished",
+            stream.len()
+        );
+    }
+}
+
+#[test]
+fn uncompressed_literals_ignore_the_body_and_send_from_scratch() {
+    let basis = pseudo_text(8, 10_000);
+    let options = EncoderOptions {
+        codec: LiteralCodec::None,
+        ..fast(4096)
+    };
+    let mut encoder = Encoder::with_basis_body(Box::new(basis.clone()), None, options);
+    let mut stream = Vec::new();
+    encoder.push(&basis, &mut stream).unwrap();
+    let summary = encoder.finish(&mut stream).unwrap();
+    assert_eq!(summary.basis, BasisUse::Absent);
+    // Decodes against any basis, even none.
+    let (out, _) = decode_ok(&[], &stream);
+    assert!(out == basis);
+}
+
+#[test]
+fn empty_basis_and_empty_body() {
+    for (basis, new) in [
+        (vec![], pseudo_text(9, 5000)),
+        (pseudo_text(9, 5000), vec![]),
+        (vec![], vec![]),
+    ] {
+        let stream = encode_with_body(&basis, &new, fast(4096), &[]);
+        let (out, _) = decode_ok(&basis, &stream);
+        assert!(out == new);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// D-A11 / D-A10 for codec 3: any edit script, any chunking on both
+    /// sides, several windows.
+    #[test]
+    fn codec3_round_trips(
+        kind in content_kind(),
+        seed in any::<u64>(),
+        len in 0usize..40_000,
+        edits in prop::collection::vec(edit(), 0..6),
+        window in 2048usize..16_384,
+        encode_sizes in prop::collection::vec(1usize..9000, 1..4),
+        decode_sizes in prop::collection::vec(1usize..5000, 1..4),
+    ) {
+        let basis = content(kind, seed, len);
+        let new = apply_edits(&basis, &edits);
+        let stream = encode_with_body(&basis, &new, fast(window), &encode_sizes);
+        let run = decode(&basis[..], &stream, &decode_sizes, DecodeLimits::default());
+        let decoded = run.result.expect("our stream decodes");
+        prop_assert!(run.out == new);
+        prop_assert_eq!(decoded.digest, blake3_of(&new));
+        let block = split_stream(&stream).0.block_size;
+        prop_assert_eq!(decoded.signature, reference_signature(&new, block));
+    }
+}
+
+#[test]
+fn decode_error_for_a_wrong_basis_is_a_digest_or_literal_error() {
+    // The stream itself is fine; only the basis differs, so the failure
+    // must be one that reports corruption, not a framing error.
+    let basis = pseudo_text(10, 20_000);
+    let mut new = basis.clone();
+    new[100] = b'x';
+    let stream = encode_with_body(&basis, &new, fast(4096), &[]);
+    let wrong = pseudo_text(11, 20_000);
+    let run = decode(&wrong[..], &stream, &[], DecodeLimits::default());
+    assert!(
+        matches!(
+            run.result,
+            Err(DecodeError::Literals { .. }
+                | DecodeError::SignatureMismatch { .. }
+                | DecodeError::DigestMismatch)
+        ),
+        "{:?}",
+        run.result
+    );
+}
