@@ -1,0 +1,185 @@
+//! Basis selection: which cached entry's signature to send upstream for a
+//! request. Pure: no I/O, no clock.
+//!
+//! Rules, in order:
+//!
+//! 1. Only entries with the same scheme and authority as the request (D-B1):
+//!    a signature leaks block hashes of its body to whoever receives it.
+//! 2. In a shared cache, never entries marked not shareable (responses to
+//!    credentialed requests, `Cache-Control: private`, `Set-Cookie`; A-6).
+//!    A single user's private cache may use them.
+//! 3. The longest common prefix of path and query wins (an exact match is the
+//!    longest of all); ties go to the same file extension, then the newest,
+//!    then the smallest URL so the choice is deterministic.
+//!
+//! Partial entries are allowed: a prefix is a fine basis for its own URL.
+//! What it leaves out: freshness (a stale entry is still a good basis) and
+//! media types (the extension stands in for them).
+//!
+//! Main items: [`select_basis`], [`CacheScope`].
+
+use std::cmp::Ordering;
+
+use super::key::CacheKey;
+use super::meta::IndexEntry;
+
+/// Whom the cache serves, which decides whether private entries may be bases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheScope {
+    /// Several users share the proxy: private entries are never bases.
+    #[default]
+    Shared,
+    /// The proxy serves one user only: private entries are bases too.
+    Private,
+}
+
+/// Picks the basis for `url` among `candidates` (usually the store's
+/// candidates for its origin), or `None` when no entry may be used.
+pub fn select_basis<'a>(
+    candidates: &'a [IndexEntry],
+    url: &CacheKey,
+    scope: CacheScope,
+) -> Option<&'a IndexEntry> {
+    let wanted = url.path_and_query().as_bytes();
+    let ext = url.extension();
+    candidates
+        .iter()
+        .filter(|c| c.key.origin() == url.origin())
+        .filter(|c| c.shareable_as_basis || scope == CacheScope::Private)
+        .map(|c| {
+            let prefix = common_prefix_len(c.key.path_and_query().as_bytes(), wanted);
+            let same_ext = ext.is_some() && c.key.extension() == ext;
+            (c, prefix, same_ext)
+        })
+        .max_by(|(a, a_prefix, a_ext), (b, b_prefix, b_ext)| {
+            a_prefix
+                .cmp(b_prefix)
+                .then(a_ext.cmp(b_ext))
+                .then(a.stored_at.cmp(&b.stored_at))
+                // Smaller URL wins the last tie, hence reversed.
+                .then_with(|| b.key.url().cmp(a.key.url()))
+                .then_with(|| vary_order(b, a))
+        })
+        .map(|(c, _, _)| c)
+}
+
+fn vary_order(a: &IndexEntry, b: &IndexEntry) -> Ordering {
+    a.key.vary().cmp(b.key.vary())
+}
+
+fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::meta::Completeness;
+
+    fn entry(url: &str, stored_at: u64) -> IndexEntry {
+        IndexEntry {
+            key: CacheKey::parse(url).unwrap(),
+            stored_at,
+            body_len: 1,
+            body_blake3: blake3::hash(url.as_bytes()),
+            completeness: Completeness::Complete,
+            shareable_as_basis: true,
+        }
+    }
+
+    fn pick<'a>(c: &'a [IndexEntry], url: &str) -> Option<&'a str> {
+        select_basis(c, &CacheKey::parse(url).unwrap(), CacheScope::Shared).map(|e| e.key.url())
+    }
+
+    #[test]
+    fn exact_match_wins_over_longer_and_newer_neighbours() {
+        let c = [
+            entry("http://e.com/a/b/c.js", 1),
+            entry("http://e.com/a/b/c.js.map", 9),
+            entry("http://e.com/a/b/", 9),
+        ];
+        assert_eq!(
+            pick(&c, "http://e.com/a/b/c.js"),
+            Some("http://e.com/a/b/c.js")
+        );
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let c = [
+            entry("http://e.com/a/x.html", 9),
+            entry("http://e.com/a/b/y.html", 1),
+        ];
+        assert_eq!(
+            pick(&c, "http://e.com/a/b/z.html"),
+            Some("http://e.com/a/b/y.html")
+        );
+    }
+
+    #[test]
+    fn equal_length_prefixes_prefer_same_extension_then_newest() {
+        let c = [
+            entry("http://e.com/d/1.css", 5),
+            entry("http://e.com/d/2.js", 1),
+            entry("http://e.com/d/3.js", 3),
+            entry("http://e.com/d/4.js", 2),
+        ];
+        assert_eq!(pick(&c, "http://e.com/d/9.js"), Some("http://e.com/d/3.js"));
+        // No candidate shares the extension: the newest wins.
+        assert_eq!(
+            pick(&c, "http://e.com/d/9.png"),
+            Some("http://e.com/d/1.css")
+        );
+    }
+
+    #[test]
+    fn equal_everything_is_deterministic() {
+        let a = [entry("http://e.com/x/a", 1), entry("http://e.com/x/b", 1)];
+        let b = [a[1].clone(), a[0].clone()];
+        assert_eq!(pick(&a, "http://e.com/x/c"), pick(&b, "http://e.com/x/c"));
+    }
+
+    #[test]
+    fn no_candidate_gives_none() {
+        assert_eq!(pick(&[], "http://e.com/a"), None);
+    }
+
+    #[test]
+    fn d_b1_other_scheme_or_authority_is_never_a_basis() {
+        let c = [
+            entry("https://e.com/a/b", 1),
+            entry("http://e.com:8080/a/b", 1),
+            entry("http://other.com/a/b", 1),
+            entry("http://sub.e.com/a/b", 1),
+        ];
+        assert_eq!(pick(&c, "http://e.com/a/b"), None);
+        assert_eq!(pick(&c, "https://e.com/a/b"), Some("https://e.com/a/b"));
+    }
+
+    #[test]
+    fn a6_private_entry_is_a_basis_only_in_a_private_cache() {
+        let mut private = entry("http://e.com/account", 9);
+        private.shareable_as_basis = false;
+        let c = [private, entry("http://e.com/other", 1)];
+        let url = CacheKey::parse("http://e.com/account").unwrap();
+        assert_eq!(
+            select_basis(&c, &url, CacheScope::Shared).map(|e| e.key.url()),
+            Some("http://e.com/other")
+        );
+        assert_eq!(
+            select_basis(&c, &url, CacheScope::Private).map(|e| e.key.url()),
+            Some("http://e.com/account")
+        );
+        assert_eq!(select_basis(&c[..1], &url, CacheScope::Shared), None);
+    }
+
+    #[test]
+    fn partial_entry_is_a_basis() {
+        let mut partial = entry("http://e.com/big.iso", 1);
+        partial.completeness = Completeness::Partial;
+        assert_eq!(
+            pick(&[partial], "http://e.com/big.iso"),
+            Some("http://e.com/big.iso")
+        );
+    }
+}
