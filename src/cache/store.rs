@@ -140,6 +140,8 @@ pub struct EntryWriter {
     body_len: u64,
     /// Budget bytes this writer holds.
     reserved: u64,
+    /// The part of `reserved` that covers the body.
+    body_reserved: u64,
     /// Signature and metadata temp files created by `commit`.
     other_tmp: Vec<PathBuf>,
     failed: bool,
@@ -313,6 +315,7 @@ impl CacheStore {
             hasher: blake3::Hasher::new(),
             body_len: 0,
             reserved: 0,
+            body_reserved: 0,
             other_tmp: Vec::new(),
             failed: false,
             committed: false,
@@ -436,14 +439,35 @@ impl EntryWriter {
 
     fn try_write_body(&mut self, data: &[u8]) -> Result<(), CacheError> {
         let new_len = self.body_len + data.len() as u64;
-        let need = disk_bytes(new_len) - disk_bytes(self.body_len);
+        let need = disk_bytes(new_len).saturating_sub(self.body_reserved);
         self.reserve(need)?;
+        self.body_reserved += need;
         let body = self.body.as_mut().expect("body is open until commit");
         body.write_all(data)
             .map_err(CacheError::io(&self.body_tmp))?;
         self.hasher.update(data);
         self.body_len = new_len;
         Ok(())
+    }
+
+    /// Reserves budget for a body of `len` bytes now (from the origin's
+    /// `Content-Length`, say), so an entry that cannot fit fails before it
+    /// evicts anything. Without it, space is reserved as bytes arrive, and a
+    /// body that turns out too large may already have evicted entries.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::OverBudget`] when the body cannot fit; the writer is
+    /// failed then.
+    pub fn expect_body_len(&mut self, len: u64) -> Result<(), CacheError> {
+        if self.failed {
+            return Err(self.failed_error());
+        }
+        let need = disk_bytes(len).saturating_sub(self.body_reserved);
+        let result = self.reserve(need);
+        self.failed = result.is_err();
+        self.body_reserved += if result.is_ok() { need } else { 0 };
+        result
     }
 
     /// Body bytes written so far.
@@ -846,6 +870,11 @@ fn check_found(stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
         }
         None => return Err(Check::Invalid("body is missing".into())),
     }
+    if !empty_body_digest_matches(&meta) {
+        return Err(Check::Invalid(
+            "empty body with the digest of another".into(),
+        ));
+    }
     match files.sig {
         Some((_, len)) if len == meta.sig_len && len <= MAX_SIG_LEN => {}
         Some((_, len)) => {
@@ -884,6 +913,9 @@ fn load_entry(
             meta.body_len
         ));
     }
+    if !empty_body_digest_matches(&meta) {
+        return Err("empty body with the digest of another".into());
+    }
     let sig = sig.map_err(|e| format!("signature: {e}"))?;
     let signature =
         read_bounded(sig, meta.sig_len.min(MAX_SIG_LEN)).map_err(|e| format!("signature: {e}"))?;
@@ -897,6 +929,12 @@ fn load_entry(
         body,
         signature,
     })
+}
+
+/// An empty body's digest is known, so it is checked for free: a 0-byte
+/// body under metadata that promises content is caught (C-R2).
+fn empty_body_digest_matches(meta: &EntryMeta) -> bool {
+    meta.body_len != 0 || meta.body_digest().ok() == Some(blake3::hash(b""))
 }
 
 /// Splits `<64 hex>.<body|sig|meta>` into stem and extension.
