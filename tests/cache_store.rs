@@ -652,3 +652,88 @@ fn c_w4_eviction_and_replacement_while_reading() {
     basis.body.read_to_end(&mut b).unwrap();
     assert_eq!(b, b"replacement");
 }
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put {
+        k: usize,
+        len: usize,
+        partial: bool,
+    },
+    Get(usize),
+    Remove(usize),
+    /// A writer dies mid-body and a stray orphan body appears, then restart.
+    CrashAndReopen {
+        k: usize,
+    },
+}
+
+fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0..6usize, 0..20_000usize, proptest::bool::weighted(0.2))
+            .prop_map(|(k, len, partial)| Op::Put { k, len, partial }),
+        4 => (0..6usize).prop_map(Op::Get),
+        1 => (0..6usize).prop_map(Op::Remove),
+        1 => (0..6usize).prop_map(|k| Op::CrashAndReopen { k }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Model-based store test (RELIABILITY B6): random put / get / remove /
+    /// crash / reopen sequences against an in-memory map. The budget is
+    /// large enough that nothing is evicted, so the model is exact.
+    #[test]
+    fn store_matches_a_model(ops in proptest::collection::vec(op_strategy(), 1..40)) {
+        use std::collections::HashMap;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let mut store = CacheStore::open(root, 64 * MIB).unwrap();
+        let keys: Vec<CacheKey> = (0..6).map(|i| key(&format!("http://m.com/{i}"))).collect();
+        let mut model: HashMap<usize, (Vec<u8>, Completeness)> = HashMap::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Put { k, len, partial } => {
+                    let body = vec![(n % 251) as u8; len];
+                    let completeness =
+                        if partial { Completeness::Partial } else { Completeness::Complete };
+                    let mut w = store.begin(&keys[k]).unwrap();
+                    w.write_body(&body).unwrap();
+                    let result = w.commit(info(completeness), &sig_of(&body));
+                    let refused = partial
+                        && model.get(&k).is_some_and(|(_, c)| *c == Completeness::Complete);
+                    if refused {
+                        let is_refusal = matches!(result, Err(CacheError::CompleteEntryExists { .. }));
+                        proptest::prop_assert!(is_refusal);
+                    } else {
+                        result.unwrap();
+                        model.insert(k, (body, completeness));
+                    }
+                }
+                Op::Get(k) => {
+                    let got = read_hit(&store, &keys[k]);
+                    proptest::prop_assert_eq!(got.as_ref(), model.get(&k).map(|(b, _)| b));
+                }
+                Op::Remove(k) => {
+                    proptest::prop_assert_eq!(store.remove(&keys[k]), model.remove(&k).is_some());
+                }
+                Op::CrashAndReopen { k } => {
+                    let mut w = store.begin(&keys[k]).unwrap();
+                    w.write_body(b"never committed").unwrap();
+                    std::mem::forget(w);
+                    let stray = key(&format!("http://m.com/stray/{n}"));
+                    let stray_body = body_path(root, &stray);
+                    fs::create_dir_all(stray_body.parent().unwrap()).unwrap();
+                    fs::write(&stray_body, b"orphan").unwrap();
+                    drop(store);
+                    store = CacheStore::open(root, 64 * MIB).unwrap();
+                    proptest::prop_assert!(!stray_body.exists());
+                    proptest::prop_assert_eq!(fs::read_dir(root.join("tmp")).unwrap().count(), 0);
+                }
+            }
+            proptest::prop_assert_eq!(store.len(), model.len());
+        }
+    }
+}

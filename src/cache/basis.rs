@@ -33,17 +33,17 @@ pub enum CacheScope {
     Private,
 }
 
-/// Picks the basis for `url` among `candidates` (usually the store's
-/// candidates for its origin), or `None` when no entry may be used.
+/// Picks the basis for `url` among `candidates` (a slice, or the store's
+/// entries for the origin), or `None` when no entry may be used.
 pub fn select_basis<'a>(
-    candidates: &'a [IndexEntry],
+    candidates: impl IntoIterator<Item = &'a IndexEntry>,
     url: &CacheKey,
     scope: CacheScope,
 ) -> Option<&'a IndexEntry> {
     let wanted = url.path_and_query().as_bytes();
     let ext = url.extension();
     candidates
-        .iter()
+        .into_iter()
         .filter(|c| c.key.origin() == url.origin())
         .filter(|c| c.shareable_as_basis || scope == CacheScope::Private)
         .map(|c| {

@@ -63,6 +63,7 @@ use tracing::{debug, info, warn};
 use walkdir::WalkDir;
 
 use super::CacheError;
+use super::basis::{CacheScope, select_basis};
 use super::key::CacheKey;
 use super::meta::{Completeness, EntryMeta, IndexEntry, MAX_META_LEN, NewEntry};
 
@@ -392,6 +393,22 @@ impl CacheStore {
             .collect()
     }
 
+    /// Chooses the basis for `key` among the entries of its origin (see
+    /// [`select_basis`](super::select_basis)) without copying the others.
+    /// Does not count as a use; [`CacheStore::touch`] the basis when it is
+    /// sent.
+    pub fn basis(&self, key: &CacheKey, scope: CacheScope) -> Option<IndexEntry> {
+        let st = self.inner.lock();
+        let same_origin = st
+            .by_origin
+            .get(key.origin())
+            .into_iter()
+            .flatten()
+            .filter_map(|h| st.slots.get(h))
+            .map(|s| &s.entry);
+        select_basis(same_origin, key, scope).cloned()
+    }
+
     /// Number of entries in the index.
     pub fn len(&self) -> usize {
         self.inner.lock().slots.len()
@@ -547,8 +564,13 @@ impl EntryWriter {
             }
             let index_entry =
                 IndexEntry::from_meta(&meta).expect("metadata built from a valid key is valid");
+            // A body shorter than `expect_body_len` said gives back the rest.
+            let actual = disk_bytes(meta.body_len)
+                + disk_bytes(meta.sig_len)
+                + disk_bytes(json.len() as u64);
+            debug_assert!(actual <= self.reserved);
             st.reserved -= self.reserved;
-            st.insert(hash, index_entry, self.reserved);
+            st.insert(hash, index_entry, actual.min(self.reserved));
             self.reserved = 0;
             self.committed = true;
         }
@@ -1056,4 +1078,133 @@ fn fsync_dir(dir: &Path) -> Result<(), CacheError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(CacheError::io(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn store_and_writer_can_move_into_spawn_blocking() {
+        assert_send_sync::<CacheStore>();
+        fn assert_send<T: Send + 'static>() {}
+        assert_send::<EntryWriter>();
+        assert_send::<Entry>();
+    }
+
+    #[test]
+    fn disk_bytes_counts_whole_blocks() {
+        assert_eq!(disk_bytes(0), 0);
+        assert_eq!(disk_bytes(1), 4096);
+        assert_eq!(disk_bytes(4096), 4096);
+        assert_eq!(disk_bytes(4097), 8192);
+    }
+
+    #[test]
+    fn entry_names_are_hash_and_known_extension_only() {
+        let hex = "ab".repeat(32);
+        for (name, ok) in [
+            (format!("{hex}.body"), true),
+            (format!("{hex}.sig"), true),
+            (format!("{hex}.meta"), true),
+            (format!("{hex}.tmp"), false),
+            (format!("{hex}.body.tmp"), false),
+            (format!("{}.body", "AB".repeat(32)), false),
+            ("README".to_string(), false),
+            (format!("{}.body", &hex[1..]), false),
+        ] {
+            assert_eq!(split_entry_name(OsStr::new(&name)).is_some(), ok, "{name}");
+        }
+    }
+
+    #[test]
+    fn open_regular_refuses_symlinks_and_fifos_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        assert!(open_regular(&file).is_ok());
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(open_regular(&link).is_err());
+        let fifo = dir.path().join("p");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(open_regular(&fifo).is_err());
+        assert!(open_regular(dir.path()).is_err());
+    }
+
+    #[test]
+    fn read_bounded_stops_at_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, [0u8; 10]).unwrap();
+        assert_eq!(
+            read_bounded(File::open(&file).unwrap(), 10).unwrap().len(),
+            10
+        );
+        assert!(read_bounded(File::open(&file).unwrap(), 9).is_err());
+    }
+
+    #[test]
+    fn temp_names_are_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let names: HashSet<PathBuf> = (0..200)
+            .map(|_| create_temp(dir.path(), "body").unwrap().0)
+            .collect();
+        assert_eq!(names.len(), 200);
+    }
+
+    #[test]
+    fn basis_is_chosen_under_the_lock_and_counts_private_entries_by_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        let put = |url: &str, shareable: bool| {
+            let key = CacheKey::parse(url).unwrap();
+            let mut w = store.begin(&key).unwrap();
+            w.write_body(url.as_bytes()).unwrap();
+            let entry = NewEntry {
+                status: 200,
+                headers: Vec::new(),
+                stored_at: 1,
+                completeness: Completeness::Complete,
+                shareable_as_basis: shareable,
+            };
+            w.commit(entry, b"sig").unwrap();
+        };
+        put("http://e.com/me/inbox", false);
+        put("http://e.com/news", true);
+        let want = CacheKey::parse("http://e.com/me/outbox").unwrap();
+        let shared = store.basis(&want, CacheScope::Shared).unwrap();
+        assert_eq!(shared.key.url(), "http://e.com/news");
+        let private = store.basis(&want, CacheScope::Private).unwrap();
+        assert_eq!(private.key.url(), "http://e.com/me/inbox");
+        let other = CacheKey::parse("http://x.com/me/inbox").unwrap();
+        assert!(store.basis(&other, CacheScope::Private).is_none());
+    }
+
+    #[test]
+    fn expected_length_longer_than_the_body_is_given_back_at_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        let key = CacheKey::parse("http://e.com/a").unwrap();
+        let mut w = store.begin(&key).unwrap();
+        w.expect_body_len(500_000).unwrap();
+        assert!(store.used_bytes() >= 500_000);
+        w.write_body(b"short").unwrap();
+        let entry = NewEntry {
+            status: 200,
+            headers: Vec::new(),
+            stored_at: 1,
+            completeness: Completeness::Complete,
+            shareable_as_basis: true,
+        };
+        w.commit(entry, b"").unwrap();
+        // body and metadata, one block each; an empty signature is no block.
+        assert_eq!(store.used_bytes(), 2 * BLOCK);
+    }
 }
