@@ -737,3 +737,21 @@ proptest::proptest! {
         }
     }
 }
+
+/// Quarantine keeps at most a tenth of the budget; past that, invalid
+/// entries are deleted so corruption cannot fill the cache.
+#[test]
+fn quarantine_beyond_its_share_deletes_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CacheStore::open(dir.path(), 256 * 1024).unwrap();
+    let k = key("http://e.com/big");
+    put(&store, &k, &[1; 30_000]).unwrap();
+    fs::write(body_path(dir.path(), &k), b"short").unwrap();
+    assert!(store.get(&k).is_none());
+    assert_eq!(
+        fs::read_dir(dir.path().join("quarantine")).unwrap().count(),
+        0
+    );
+    assert_eq!(files_under(dir.path()), Vec::<PathBuf>::new());
+    assert_eq!(store.used_bytes(), 0);
+}

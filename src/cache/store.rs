@@ -34,7 +34,10 @@
 //! Sizes are counted in 4 KiB blocks per file, close to what `du` reports.
 //! Writers reserve blocks before writing them; a reservation evicts least
 //! recently used entries when needed and fails when the entry cannot fit
-//! (C-V1). Quarantined files stay counted until the next open.
+//! (C-V1). Quarantined files stay counted until the next open (at most a
+//! tenth of the budget; beyond that invalid entries are deleted). The
+//! directories themselves (one per origin, plus `tmp/` and `quarantine/`)
+//! are not counted.
 //!
 //! # On a hit
 //!
@@ -75,6 +78,10 @@ pub const QUARANTINE_DIR: &str = "quarantine";
 
 /// Largest signature file read on a hit, in bytes.
 pub const MAX_SIG_LEN: u64 = 256 * 1024 * 1024;
+
+/// Quarantine keeps at most 1/this of the budget; beyond, invalid entries
+/// are deleted.
+pub const QUARANTINE_SHARE: u64 = 10;
 
 /// Accounting unit: every file counts as a whole number of these.
 const BLOCK: u64 = 4096;
@@ -160,6 +167,8 @@ struct State {
     committed: u64,
     /// Bytes reserved by writers plus quarantined bytes.
     reserved: u64,
+    /// Bytes in quarantine/ (also part of `reserved`).
+    quarantined: u64,
 }
 
 struct Slot {
@@ -381,7 +390,7 @@ impl CacheStore {
     }
 
     /// All entries with the same scheme and authority as `key`: the input of
-    /// [`select_basis`](super::select_basis).
+    /// [`select_basis`].
     pub fn candidates(&self, key: &CacheKey) -> Vec<IndexEntry> {
         let st = self.inner.lock();
         st.by_origin
@@ -394,7 +403,7 @@ impl CacheStore {
     }
 
     /// Chooses the basis for `key` among the entries of its origin (see
-    /// [`select_basis`](super::select_basis)) without copying the others.
+    /// [`select_basis`]) without copying the others.
     /// Does not count as a use; [`CacheStore::touch`] the basis when it is
     /// sent.
     pub fn basis(&self, key: &CacheKey, scope: CacheScope) -> Option<IndexEntry> {
@@ -722,15 +731,30 @@ impl Inner {
             return;
         };
         let paths = EntryPaths::new(&self.root, key);
-        self.quarantine_files(&[&paths.meta, &paths.body, &paths.sig]);
-        // Still on disk until the next open empties quarantine/.
-        st.reserved += slot.disk_bytes;
+        self.quarantine_files(
+            &mut st,
+            &[&paths.meta, &paths.body, &paths.sig],
+            slot.disk_bytes,
+        );
     }
 
-    /// Renames files into quarantine/ (deleting them if that fails); a file
-    /// that does not exist is skipped.
-    fn quarantine_files(&self, files: &[&Path]) {
+    /// Renames files (together `bytes` on disk) into quarantine/, where they
+    /// stay counted against the budget until the next open empties it. Once
+    /// quarantine holds [`QUARANTINE_SHARE`] of the budget, or when a rename
+    /// fails, files are deleted instead, so corruption cannot eat the cache.
+    /// A file that does not exist is skipped.
+    fn quarantine_files(&self, st: &mut State, files: &[&Path], bytes: u64) {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
+        if st.quarantined + bytes > self.budget / QUARANTINE_SHARE {
+            for &path in files {
+                if let Err(e) = remove_if_exists(path) {
+                    warn!(path = %path.display(), error = %e, "cannot delete invalid cache file");
+                }
+            }
+            return;
+        }
+        st.quarantined += bytes;
+        st.reserved += bytes;
         for &path in files {
             let Some(name) = path.file_name() else {
                 continue;
@@ -833,13 +857,14 @@ impl Inner {
                 }
                 Err(Check::Invalid(reason)) => {
                     warn!(path = %meta_path.display(), %reason, "invalid cache entry; quarantined");
-                    self.quarantine_files(&all);
                     let bytes = files
                         .body
                         .iter()
                         .chain(&files.sig)
-                        .map(|(_, l)| disk_bytes(*l));
-                    self.lock().reserved += bytes.sum::<u64>() + disk_bytes(*meta_len);
+                        .map(|(_, l)| disk_bytes(*l))
+                        .sum::<u64>()
+                        + disk_bytes(*meta_len);
+                    self.quarantine_files(&mut self.lock(), &all, bytes);
                     report.quarantined += 1;
                 }
             }
