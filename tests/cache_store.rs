@@ -755,3 +755,85 @@ fn quarantine_beyond_its_share_deletes_instead() {
     assert_eq!(files_under(dir.path()), Vec::<PathBuf>::new());
     assert_eq!(store.used_bytes(), 0);
 }
+
+/// Environment variable that turns `crash_loop_child` into a writer that
+/// commits entries under the given cache root until it is killed.
+const CHILD_ROOT_ENV: &str = "RPROXY_CACHE_CRASH_CHILD_ROOT";
+
+/// Not a test on its own: the body of the child process that
+/// `c_k1_kill_9_loop_leaves_only_valid_entries` SIGKILLs. It prints a line
+/// after each commit returns.
+#[test]
+fn crash_loop_child() {
+    let Ok(root) = std::env::var(CHILD_ROOT_ENV) else {
+        return;
+    };
+    let store = CacheStore::open(&root, 1 << 40).unwrap();
+    let mut rng = Rng(u64::from(std::process::id()) | 1);
+    for n in 0.. {
+        let k = key(&format!("http://e.com/{}/{n}", std::process::id()));
+        let body = vec![(n % 251) as u8; rng.below(300_000) as usize];
+        put(&store, &k, &body).unwrap();
+        println!("COMMITTED {}", k.url());
+    }
+}
+
+/// C-K1 in small: SIGKILL a writer at random moments, reopen, and check that
+/// no temp file or orphan is left, every entry verifies, and every entry
+/// whose commit returned before the kill is there.
+#[test]
+fn c_k1_kill_9_loop_leaves_only_valid_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut committed = Vec::new();
+    for _ in 0..10 {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "crash_loop_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ROOT_ENV, root)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50 + rng.below(250)));
+        let mut child = child;
+        child.kill().unwrap(); // SIGKILL
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        committed.extend(
+            stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("COMMITTED "))
+                .map(key),
+        );
+
+        let store = CacheStore::open(root, 1 << 40).unwrap();
+        assert_eq!(fs::read_dir(root.join("tmp")).unwrap().count(), 0);
+        for p in files_under(root) {
+            assert!(p.with_extension("meta").exists(), "orphan {p:?}");
+        }
+        for k in &committed {
+            let mut e = store.get(k).unwrap_or_else(|| panic!("lost committed {k}"));
+            assert!(e.verify_body().unwrap(), "{k} fails its digest");
+        }
+        // Entries committed but not yet logged verify too.
+        let mut on_disk = 0;
+        for p in files_under(root) {
+            if p.extension().is_some_and(|e| e == "meta") {
+                let meta = EntryMeta::from_json(&fs::read(&p).unwrap()).unwrap();
+                let mut e = store.get(&meta.key().unwrap()).expect("indexed");
+                assert!(e.verify_body().unwrap(), "{p:?} fails its digest");
+                on_disk += 1;
+            }
+        }
+        assert_eq!(on_disk, store.len());
+        assert!(store.len() >= committed.len());
+    }
+    println!("C-K1: {} logged commits survived 10 kills", committed.len());
+    assert!(!committed.is_empty());
+}
