@@ -134,6 +134,14 @@ pub enum DecodeError {
         /// The limit.
         max: usize,
     },
+    /// SIG entries for blocks that have not been rebuilt yet.
+    #[error("{entries} signature entries received for {blocks} blocks rebuilt")]
+    SignatureAhead {
+        /// Entries received so far.
+        entries: usize,
+        /// Blocks (whole or started) rebuilt so far.
+        blocks: u64,
+    },
     /// SIG entries disagree with the rebuilt bytes.
     #[error("signature entries disagree with the rebuilt body at block {block}")]
     SignatureMismatch {
@@ -281,9 +289,9 @@ impl<B: Basis> Decoder<B> {
         self.header
     }
 
-    /// Whether END arrived and verified.
+    /// Whether END arrived and verified, and nothing failed since.
     pub fn is_complete(&self) -> bool {
-        self.verified.is_some()
+        self.verified.is_some() && !self.failed
     }
 
     /// Feeds the next bytes of the stream, appending rebuilt body bytes to
@@ -419,7 +427,7 @@ impl<B: Basis> Decoder<B> {
             }
         }
         if header.codec == LiteralCodec::ZstdBasis && literal_len > 0 {
-            let range = super::basis_slice(self.rebuilt, basis_len);
+            let range = super::basis_slice(self.rebuilt, window_len, basis_len);
             self.basis
                 .append_range(
                     range.start,
@@ -437,6 +445,7 @@ impl<B: Basis> Decoder<B> {
                 &self.basis_part,
                 &self.context,
                 &self.copied,
+                window_len,
                 &mut self.prefix,
             );
         }
@@ -460,11 +469,13 @@ impl<B: Basis> Decoder<B> {
                     copied_at = end;
                 }
                 DeltaCommand::Copy { offset, len } => {
-                    self.basis
-                        .append_range(offset, len as usize, out)
-                        .map_err(|e| DecodeError::Basis {
+                    if let Err(e) = self.basis.append_range(offset, len as usize, out) {
+                        // Hand out only what `rebuilt` counts.
+                        out.truncate(start);
+                        return Err(DecodeError::Basis {
                             reason: e.to_string(),
-                        })?;
+                        });
+                    }
                 }
                 DeltaCommand::Literal { len } => {
                     let end = literal_at + len as usize;
@@ -507,9 +518,18 @@ impl<B: Basis> Decoder<B> {
                 entry_len: params.entry_len(),
             });
         }
-        if self.checked_len + self.unchecked_entries.len() + entries.len()
-            > self.limits.max_signature_bytes
-        {
+        // Our encoder sends an entry only once its block is rebuilt (the
+        // short last block's entry as soon as its bytes are): entries ahead
+        // of the body are refused rather than buffered.
+        let received = self.checked_len + self.unchecked_entries.len() + entries.len();
+        let blocks_rebuilt = self.rebuilt.div_ceil(u64::from(params.block_size));
+        if received as u64 > blocks_rebuilt * params.entry_len() as u64 {
+            return Err(DecodeError::SignatureAhead {
+                entries: received / params.entry_len(),
+                blocks: blocks_rebuilt,
+            });
+        }
+        if received > self.limits.max_signature_bytes {
             return Err(DecodeError::SignatureTooLarge {
                 max: self.limits.max_signature_bytes,
             });

@@ -173,8 +173,13 @@ impl Encoder {
     pub fn new(
         basis_signature: Option<&[u8]>,
         expected_len: Option<u64>,
-        options: EncoderOptions,
+        mut options: EncoderOptions,
     ) -> Self {
+        // Codec 3 needs the basis body (`with_basis_body`); without it the
+        // nearest codec is 2.
+        if options.codec == LiteralCodec::ZstdBasis {
+            options.codec = LiteralCodec::ZstdWindow;
+        }
         let (basis, basis_use) = match basis_signature {
             None => (None, BasisUse::Absent),
             Some(bytes) => match BasisSignature::parse(bytes, options.signature_limits) {
@@ -183,6 +188,7 @@ impl Encoder {
                 Err(error) => (None, BasisUse::Unusable(error)),
             },
         };
+        let known_len = expected_len;
         let expected_len = expected_len.unwrap_or_else(|| {
             basis
                 .as_ref()
@@ -198,7 +204,10 @@ impl Encoder {
         };
         // The window must hold the largest basis block twice so that the
         // held-back tail (< one block) never stops progress, and stay a
-        // multiple of the new signature's block size.
+        // multiple of the new signature's block size. It also holds at
+        // least SIMD_BLOCKS new blocks: fast_rsync hashes 8 equal blocks at
+        // a time in AVX2 lanes and one at a time otherwise, and large
+        // blocks (171 KiB for a 64 MiB body) came fewer than 8 to a window.
         let largest_block = basis.as_ref().map_or(params.block_size, |b| {
             b.params().block_size.max(params.block_size)
         }) as usize;
@@ -206,6 +215,7 @@ impl Encoder {
         let window_bytes = options
             .window_bytes
             .max(2 * largest_block)
+            .max(SIMD_BLOCKS * params.block_size as usize)
             .div_ceil(block)
             .saturating_mul(block)
             .min(MAX_WINDOW_OUTPUT - largest_block);
@@ -219,7 +229,7 @@ impl Encoder {
             },
             window_bytes,
             window: Vec::new(),
-            literals: LiteralCompressor::new(options.codec, &options),
+            literals: LiteralCompressor::new(options.codec, &options, known_len),
             signature: SignatureBuilder::new(params),
             signature_sent: 0,
             hasher: blake3::Hasher::new(),
@@ -253,6 +263,9 @@ impl Encoder {
         }
         options.codec = LiteralCodec::ZstdBasis;
         let mut encoder = Encoder::new(None, Some(expected_len), options);
+        encoder.header.codec = LiteralCodec::ZstdBasis;
+        encoder.literals =
+            LiteralCompressor::new(LiteralCodec::ZstdBasis, &options, Some(expected_len));
         encoder.basis_body = Some(basis_body);
         encoder.basis_use = BasisUse::Body;
         encoder
@@ -403,7 +416,7 @@ impl Encoder {
         {
             self.basis_part.clear();
             if let Some(body) = &self.basis_body {
-                let range = super::basis_slice(self.summary.body_len, body.size());
+                let range = super::basis_slice(self.summary.body_len, covered as u64, body.size());
                 body.append_range(
                     range.start,
                     (range.end - range.start) as usize,
@@ -415,6 +428,7 @@ impl Encoder {
                 &self.basis_part,
                 &self.context,
                 &self.copied,
+                covered as u64,
                 &mut self.prefix,
             );
         }
@@ -455,6 +469,13 @@ impl Encoder {
     }
 }
 
+/// zstd window of codec 1's single stream (log2 bytes): within what the
+/// decoder accepts, and a bounded buffer on both ends.
+const STREAM_WINDOW_LOG: u32 = 23;
+
+/// Blocks per window at least, so signatures hash in SIMD lanes.
+const SIMD_BLOCKS: usize = 8;
+
 /// Prefixes from this size on get zstd's long-distance matcher (bytes).
 const LONG_DISTANCE_PREFIX: usize = 1 << 20;
 
@@ -469,27 +490,43 @@ enum LiteralCompressor {
         fast_level: i32,
         /// zstd work left at `level` (bytes).
         budget: u64,
+        /// Use zstd's long-distance matcher on large prefixes (codec 3).
+        long_distance: bool,
     },
 }
 
 impl LiteralCompressor {
-    fn new(codec: LiteralCodec, options: &EncoderOptions) -> Self {
+    /// `known_len` is the body's length when known up front: a body larger
+    /// than the high-level budget gets the fast level throughout, rather
+    /// than spending the budget on its first windows for nothing.
+    fn new(codec: LiteralCodec, options: &EncoderOptions, known_len: Option<u64>) -> Self {
         let level = options.zstd_level;
+        let budget = |budget: u64| match known_len {
+            Some(len) if len > budget => 0,
+            _ => budget,
+        };
         match codec {
             LiteralCodec::None => LiteralCompressor::None,
-            LiteralCodec::Zstd => LiteralCompressor::Zstd(Box::new(
-                zstd::stream::write::Encoder::new(Vec::new(), level)
-                    .expect("creating a zstd context only fails on allocation"),
-            )),
+            LiteralCodec::Zstd => {
+                let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), level)
+                    .expect("creating a zstd context only fails on allocation");
+                // Levels 21-22 would pick a window the decoder refuses.
+                encoder
+                    .window_log(STREAM_WINDOW_LOG)
+                    .expect("a valid window log");
+                LiteralCompressor::Zstd(Box::new(encoder))
+            }
             LiteralCodec::ZstdWindow => LiteralCompressor::ZstdWindow {
                 level,
                 fast_level: options.fast_zstd_level,
-                budget: options.high_level_budget,
+                budget: budget(options.high_level_budget),
+                long_distance: false,
             },
             LiteralCodec::ZstdBasis => LiteralCompressor::ZstdWindow {
                 level: options.basis_zstd_level,
                 fast_level: options.fast_zstd_level,
-                budget: options.basis_high_level_budget,
+                budget: budget(options.basis_high_level_budget),
+                long_distance: true,
             },
         }
     }
@@ -512,6 +549,7 @@ impl LiteralCompressor {
                 level,
                 fast_level,
                 budget,
+                long_distance,
             } => {
                 use zstd_safe::{CCtx, CParameter};
                 let zstd_error = |code| std::io::Error::other(zstd_safe::get_error_name(code));
@@ -538,7 +576,7 @@ impl LiteralCompressor {
                 ] {
                     cctx.set_parameter(parameter).map_err(zstd_error)?;
                 }
-                if prefix.len() >= LONG_DISTANCE_PREFIX {
+                if *long_distance && prefix.len() >= LONG_DISTANCE_PREFIX {
                     // The regular match finders of the fast levels index
                     // too little of a prefix of several MiB to find the
                     // basis text in it; long-distance matching does (as

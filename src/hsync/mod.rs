@@ -47,15 +47,17 @@
 //!        every DELTA frame so each frame decodes as soon as it arrives;
 //!     2: one complete zstd frame per DELTA frame (empty when the window has
 //!        no literals), compressed with a zstd reference prefix that both
-//!        ends build: the last CONTEXT_LEN (1 MiB) bytes of the body before
-//!        this window, then this window's copied bytes in command order,
-//!        keeping the last MAX_PREFIX_LEN (8 MiB) bytes of that; zstd window
-//!        log <= 25. Literals compress against the text around them, which
-//!        the client already has.
+//!        ends build: the last min(CONTEXT_LEN = 1 MiB, 64 × W) bytes of the
+//!        body before this window (W = bytes the window rebuilds), then this
+//!        window's copied bytes in command order, keeping the last
+//!        MAX_PREFIX_LEN (8 MiB) bytes of that; zstd window log <= 25.
+//!        Literals compress against the text around them, which the client
+//!        already has.
 //!     3: as 2, for an encoder that holds the basis body itself (the client
-//!        named it by blake3 and the accelerator kept it): the prefix is the
-//!        basis slice [window offset - 2 MiB, + 6 MiB) clamped to the basis,
-//!        then the last CONTEXT_LEN bytes of body; windows are usually one
+//!        named it by blake3 and the accelerator kept it): the prefix is a
+//!        slice of the basis, S = min(6 MiB, 64 × W) long, starting
+//!        min(2 MiB, S / 3) before the window's offset (clamped to the
+//!        basis), then the body context as for 2; windows are usually one
 //!        LITERAL, zstd finding the basis text itself.
 //!   A window rebuilds at most MAX_WINDOW_OUTPUT bytes.
 //!
@@ -134,27 +136,51 @@ pub const MAX_PREFIX_LEN: usize = 8 << 20;
 pub(crate) const ZSTD_WINDOW_LOG_MAX: u32 = 25;
 
 /// Bytes of basis before a window's offset that the `ZstdBasis` prefix
-/// starts at.
+/// starts at, at most.
 pub const BASIS_LOOKBEHIND: u64 = 2 << 20;
 /// Longest slice of basis in a `ZstdBasis` prefix (bytes).
 pub const BASIS_SPAN: u64 = 6 << 20;
+/// A window's prefix parts (context, basis slice) hold at most this many
+/// bytes per byte the window rebuilds, so the decoder's work stays in
+/// proportion to its output whatever the window sizes (a stream of 1-byte
+/// windows must not cost a 7 MiB prefix each). 1 MiB windows are not
+/// limited by it.
+pub const PREFIX_PER_OUTPUT: u64 = 64;
 
-/// The slice of basis that the `ZstdBasis` prefix of the window starting at
-/// body offset `window_start` holds: it starts [`BASIS_LOOKBEHIND`] before
-/// that offset and spans at most [`BASIS_SPAN`], so that in-place edits of
-/// large bodies still find their old text.
-pub(crate) fn basis_slice(window_start: u64, basis_len: u64) -> std::ops::Range<u64> {
-    let start = window_start.saturating_sub(BASIS_LOOKBEHIND).min(basis_len);
-    start..(start + BASIS_SPAN).min(basis_len)
+/// The slice of basis in the `ZstdBasis` prefix of the window that starts
+/// at body offset `window_start` and rebuilds `window_len` bytes: it spans
+/// at most min([`BASIS_SPAN`], [`PREFIX_PER_OUTPUT`] × `window_len`) and
+/// starts a third of that (at most [`BASIS_LOOKBEHIND`]) before the
+/// window's offset, so that in-place edits of large bodies find their old
+/// text.
+pub(crate) fn basis_slice(
+    window_start: u64,
+    window_len: u64,
+    basis_len: u64,
+) -> std::ops::Range<u64> {
+    let span = BASIS_SPAN.min(PREFIX_PER_OUTPUT.saturating_mul(window_len));
+    let lookbehind = BASIS_LOOKBEHIND.min(span / 3);
+    let start = window_start.saturating_sub(lookbehind).min(basis_len);
+    start..start.saturating_add(span).min(basis_len)
 }
 
-/// Builds a window's zstd reference prefix from what both ends hold:
-/// `basis` (`ZstdBasis`: the [`basis_slice`]; empty otherwise), `context`
-/// (the body's last bytes before the window, at most [`CONTEXT_LEN`]) and
-/// `copied` (`ZstdWindow`: the window's copied bytes in order; empty
-/// otherwise), keeping the last [`MAX_PREFIX_LEN`] bytes. Both ends call
-/// this, so it is part of the format.
-pub(crate) fn window_prefix(basis: &[u8], context: &[u8], copied: &[u8], prefix: &mut Vec<u8>) {
+/// Builds the zstd reference prefix of a window that rebuilds
+/// `window_len` bytes, from what both ends hold: `basis` (`ZstdBasis`: the
+/// [`basis_slice`]; empty otherwise), the last min([`CONTEXT_LEN`],
+/// [`PREFIX_PER_OUTPUT`] × `window_len`) bytes of `context` (the body
+/// before the window), and `copied` (`ZstdWindow`: the window's copied
+/// bytes in order; empty otherwise), keeping the last [`MAX_PREFIX_LEN`]
+/// bytes. Both ends call this, so it is part of the format.
+pub(crate) fn window_prefix(
+    basis: &[u8],
+    context: &[u8],
+    copied: &[u8],
+    window_len: u64,
+    prefix: &mut Vec<u8>,
+) {
+    let context_len =
+        (CONTEXT_LEN as u64).min(PREFIX_PER_OUTPUT.saturating_mul(window_len)) as usize;
+    let context = &context[context.len().saturating_sub(context_len)..];
     prefix.clear();
     let mut skip = (basis.len() + context.len() + copied.len()).saturating_sub(MAX_PREFIX_LEN);
     for part in [basis, context, copied] {
