@@ -562,15 +562,23 @@ fn candidates_feed_basis_selection() {
 }
 
 /// C-W1: writers of one key race readers; every read is one whole version
-/// (body, signature and metadata agree), never a mix.
+/// (body, signature and metadata agree), never a mix. 8 writers x 25
+/// versions against 4 readers by default; `RPROXY_CACHE_STRESS=1` runs the
+/// full 32 x 1000 against 32 readers (minutes; use --release too).
 #[test]
 fn c_w1_concurrent_writers_of_one_key_never_mix_versions() {
+    let full = std::env::var_os("RPROXY_CACHE_STRESS").is_some();
+    let (writers, versions, readers) = if full {
+        (32u32, 1000u32, 32)
+    } else {
+        (8, 25, 4)
+    };
     let dir = tempfile::tempdir().unwrap();
     let store = CacheStore::open(dir.path(), 64 * MIB).unwrap();
     let k = key("http://e.com/contended");
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = (0..4)
+    let readers: Vec<_> = (0..readers)
         .map(|_| {
             let (store, k, stop, reads) = (
                 store.clone(),
@@ -589,13 +597,13 @@ fn c_w1_concurrent_writers_of_one_key_never_mix_versions() {
             })
         })
         .collect();
-    let writers: Vec<_> = (0..8u8)
+    let writers: Vec<_> = (0..writers)
         .map(|w| {
             let (store, k) = (store.clone(), k.clone());
             std::thread::spawn(move || {
-                for i in 0..25u8 {
-                    let v = w.wrapping_mul(31).wrapping_add(i);
-                    let len = 1000 + usize::from(w) * 3000 + usize::from(i);
+                for i in 0..versions {
+                    let v = (w * 31 + i) as u8;
+                    let len = 1000 + (w as usize % 8) * 3000 + (i as usize % 100);
                     put(&store, &k, &vec![v; len]).unwrap();
                 }
             })
@@ -609,6 +617,11 @@ fn c_w1_concurrent_writers_of_one_key_never_mix_versions() {
         t.join().expect("reader saw a mixed version");
     }
     assert!(reads.load(Ordering::Relaxed) > 0);
+    // No reader ever found an inconsistent entry to quarantine.
+    assert_eq!(
+        fs::read_dir(dir.path().join("quarantine")).unwrap().count(),
+        0
+    );
     assert_eq!(store.len(), 1);
     assert!(store.get(&k).unwrap().verify_body().unwrap());
     assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);

@@ -21,7 +21,9 @@
 //! them wrongly would serve one resource for another.
 //!
 //! Headers that are not named by `Vary` are never part of the key (P-19), so
-//! `X-Forwarded-Host` and friends cannot split or poison entries.
+//! `X-Forwarded-Host` and friends cannot split or poison entries. Vary'd
+//! credential headers (`Authorization`, `Cookie`) are keyed by their blake3
+//! only, so credentials never reach the disk or the logs.
 //!
 //! The on-disk name of an entry is derived from the blake3 hash of the whole
 //! key, never from URL text, so no URL can escape the cache root (C-P1). The
@@ -79,6 +81,12 @@ pub enum KeyError {
     InvalidPort {
         /// The port as given.
         port: String,
+    },
+    /// A stored credential value is not in its hashed form.
+    #[error("stored value of Vary header {name:?} is not a hash")]
+    InvalidVaryValue {
+        /// The header name.
+        name: String,
     },
     /// A Vary'd header name is not an HTTP token.
     #[error("invalid Vary header name {name:?}")]
@@ -173,7 +181,10 @@ impl CacheKey {
     /// Call it once per header name with the field's combined value; a repeat
     /// replaces the earlier value. Surrounding whitespace is trimmed and
     /// bytes outside visible ASCII (and `%`) are `%xx`-escaped, so the key
-    /// string stays injective.
+    /// string stays injective. Values of credential headers
+    /// (`Authorization`, `Proxy-Authorization`, `Cookie`) are replaced by
+    /// `blake3:<hex>` of the value, so no credential reaches the metadata
+    /// file or a log line.
     ///
     /// # Errors
     ///
@@ -183,12 +194,23 @@ impl CacheKey {
             return Err(KeyError::InvalidHeaderName { name: name.into() });
         }
         let name = name.to_ascii_lowercase();
-        let value = escape_header_value(value.trim_ascii());
+        let value = value.trim_ascii();
+        // Always hashed, even a value that looks hashed already, so nobody
+        // can send another user's stored hash as their credential.
+        let value = if is_credential(&name) {
+            format!("{HASHED_PREFIX}{}", blake3::hash(value).to_hex())
+        } else {
+            escape_header_value(value)
+        };
+        self.insert_vary(name, value);
+        Ok(self)
+    }
+
+    fn insert_vary(&mut self, name: String, value: String) {
         match self.vary.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
             Ok(i) => self.vary[i].1 = value,
             Err(i) => self.vary.insert(i, (name, value)),
         }
-        Ok(self)
     }
 
     /// Rebuilds a key from its stored parts (the metadata's `url` and
@@ -200,7 +222,17 @@ impl CacheKey {
     pub fn from_parts(url: &str, vary: &[(String, String)]) -> Result<CacheKey, KeyError> {
         let mut key = CacheKey::parse(url)?;
         for (name, value) in vary {
-            key = key.with_vary(name, &unescape(value))?;
+            let lower = name.to_ascii_lowercase();
+            if is_credential(&lower) {
+                // Stored already hashed: taken as it is, if well-formed.
+                let hex = value.strip_prefix(HASHED_PREFIX).unwrap_or_default();
+                if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                    return Err(KeyError::InvalidVaryValue { name: lower });
+                }
+                key.insert_vary(lower, value.clone());
+            } else {
+                key = key.with_vary(name, &unescape(value))?;
+            }
         }
         Ok(key)
     }
@@ -307,11 +339,12 @@ impl CacheKey {
     }
 }
 
+/// The URL and the names (not the values) of the Vary'd headers, for logs.
 impl fmt::Display for CacheKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.url)?;
-        for (name, value) in &self.vary {
-            write!(f, " [{name}: {value}]")?;
+        for (name, _) in &self.vary {
+            write!(f, " [vary {name}]")?;
         }
         Ok(())
     }
@@ -362,6 +395,17 @@ fn split_host_port(authority: &str) -> Result<(String, Option<u16>), KeyError> {
         }
     };
     Ok((host, port))
+}
+
+/// Marks a Vary'd value that was replaced by its hash.
+const HASHED_PREFIX: &str = "blake3:";
+
+/// Request headers whose values are credentials: keyed by hash only.
+fn is_credential(lower_name: &str) -> bool {
+    matches!(
+        lower_name,
+        "authorization" | "proxy-authorization" | "cookie"
+    )
 }
 
 /// RFC 3986 unreserved characters.
@@ -613,6 +657,40 @@ mod tests {
             .and_then(|k| k.with_vary("b", b"2"))
             .unwrap()
             .hash()
+    }
+
+    #[test]
+    fn credential_values_are_keyed_by_hash_and_never_shown() {
+        let base = key("http://e.com/a");
+        let alice = base
+            .clone()
+            .with_vary("Authorization", b"Basic YWxpY2U6cHc=")
+            .unwrap();
+        let bob = base
+            .clone()
+            .with_vary("Authorization", b"Basic Ym9iOnB3")
+            .unwrap();
+        assert_ne!(alice, bob);
+        let stored = &alice.vary()[0].1;
+        assert!(
+            stored.starts_with("blake3:") && !stored.contains("YWxp"),
+            "{stored}"
+        );
+        assert!(!alice.to_string().contains("YWxp"));
+        assert_eq!(alice.to_string(), "http://e.com/a [vary authorization]");
+        // The stored (hashed) form reads back as the same key ...
+        assert_eq!(
+            CacheKey::from_parts(alice.url(), alice.vary()).unwrap(),
+            alice
+        );
+        // ... but sending the stored hash as a credential is another key.
+        let replay = base
+            .clone()
+            .with_vary("authorization", stored.as_bytes())
+            .unwrap();
+        assert_ne!(replay, alice);
+        let bad = [("authorization".to_string(), "Basic x".to_string())];
+        assert!(CacheKey::from_parts(alice.url(), &bad).is_err());
     }
 
     #[test]
