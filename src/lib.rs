@@ -15,6 +15,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod accelerator;
 pub mod cache;
 pub mod cli;
 pub mod hsync;
+pub mod http;
+pub mod server;

@@ -31,7 +31,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("rproxy: {error:#}");
-            ExitCode::FAILURE
+            if error.downcast_ref::<rproxy::cli::UsageError>().is_some() {
+                ExitCode::from(64)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The command line: clap definitions and the `rproxy hsync` tools. The
 //! proxies' roles will hang off the same [`Cli`].
 
+pub mod accelerator;
 pub mod hsync;
 
 use clap::{Parser, Subcommand};
@@ -21,7 +22,15 @@ pub enum Command {
     /// The hsync/1 codec as command-line tools: sign, encode, decode, stats.
     #[command(subcommand)]
     Hsync(hsync::HsyncCommand),
+    /// Reverse proxy in front of an origin: answers clients that offer
+    /// hsync with a delta stream, passes everything else through.
+    Accelerator(accelerator::AcceleratorArgs),
 }
+
+/// A bad flag or configuration: the process exits with 64.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
 
 /// Runs a parsed command line.
 ///
@@ -30,5 +39,6 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Hsync(command) => hsync::run(command),
+        Command::Accelerator(args) => accelerator::run(args),
     }
 }

@@ -1,0 +1,412 @@
+//! The accelerator: a reverse proxy in front of one origin that answers
+//! clients offering hsync with a delta stream against the basis signature
+//! they sent, and gets out of the way of everyone else.
+//!
+//! It encodes exactly when DESIGN.md says: a GET that offers hsync and has
+//! no Range, an origin 200 without Content-Encoding or `no-transform`, and
+//! a body no larger than the configured limit. The origin is asked for
+//! identity then. Everything else passes through untouched, streaming.
+//! The encoder runs on a blocking thread between two bounded channels, so
+//! a slow client slows the origin read instead of filling memory, and the
+//! first frames leave before the origin has finished.
+//!
+//! Leaves out (for now): keeping served bodies for codec 3, TLS, HTTP/2,
+//! auth and queueing.
+//!
+//! Main types: [`Accelerator`], [`AcceleratorConfig`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::mpsc;
+
+use crate::hsync::{Encoder, EncoderOptions};
+use crate::http::{
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
+    parse_byte_sequence, strip_hop_by_hop, weaken_etag,
+};
+use crate::server::{BodyError, Handler, ProxyBody};
+
+/// Accelerator settings, validated.
+#[derive(Debug, Clone)]
+pub struct AcceleratorConfig {
+    /// The origin, `http://host[:port]`.
+    pub origin: Uri,
+    /// Our name in `Via`.
+    pub via_name: HeaderValue,
+    /// Encoder settings.
+    pub encoder: EncoderOptions,
+    /// Largest origin body encoded (bytes); larger ones pass through.
+    pub max_encode_len: u64,
+    /// Largest basis signature accepted from a request (bytes, decoded).
+    pub max_signature_bytes: usize,
+    /// Time to connect to the origin.
+    pub connect_timeout: Duration,
+    /// Time for the origin's response head.
+    pub origin_timeout: Duration,
+}
+
+/// Why the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The origin URL is not `http://host[:port]`.
+    #[error("origin {origin} must be http://host[:port] (no path, no TLS yet)")]
+    BadOrigin {
+        /// The URL given.
+        origin: String,
+    },
+}
+
+/// The accelerator role.
+pub struct Accelerator {
+    config: AcceleratorConfig,
+    origin_authority: Authority,
+    client: Client<HttpConnector, ProxyBody>,
+}
+
+impl Accelerator {
+    /// Builds the accelerator and its pooled origin client.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadOrigin`] for anything but `http://host[:port]`.
+    pub fn new(config: AcceleratorConfig) -> Result<Self, ConfigError> {
+        let bad = || ConfigError::BadOrigin {
+            origin: config.origin.to_string(),
+        };
+        if config.origin.scheme() != Some(&Scheme::HTTP)
+            || config
+                .origin
+                .path_and_query()
+                .is_some_and(|p| p.as_str() != "/")
+        {
+            return Err(bad());
+        }
+        let origin_authority = config.origin.authority().cloned().ok_or_else(bad)?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Accelerator {
+            config,
+            origin_authority,
+            client,
+        })
+    }
+
+    /// Answers with a short plain-text error.
+    fn error(status: StatusCode, message: String) -> Response<ProxyBody> {
+        tracing::info!(status = status.as_u16(), %message, "refused");
+        let mut response = Response::new(
+            Full::new(Bytes::from(message + "\n"))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+
+    /// The origin-form target, or why the request cannot go to our origin
+    /// (P-12, A-7: nothing goes anywhere but the configured origin).
+    fn origin_target(&self, request: &Request<Incoming>) -> Result<PathAndQuery, String> {
+        if request.method() == Method::CONNECT {
+            return Err("the accelerator does not tunnel (CONNECT)".into());
+        }
+        let uri = request.uri();
+        if let Some(authority) = uri.authority() {
+            let same_host = authority
+                .host()
+                .eq_ignore_ascii_case(self.origin_authority.host());
+            let port = |a: &Authority| a.port_u16().unwrap_or(80);
+            if !same_host || port(authority) != port(&self.origin_authority) {
+                return Err(format!(
+                    "this accelerator serves only http://{}; {uri} is elsewhere",
+                    self.origin_authority
+                ));
+            }
+        }
+        match uri.path_and_query() {
+            Some(target) if target.as_str().starts_with('/') => Ok(target.clone()),
+            _ if request.method() == Method::OPTIONS => Ok(PathAndQuery::from_static("*")),
+            _ => Err(format!("request target {uri} is not a path")),
+        }
+    }
+
+    fn is_loop(&self, request: &Request<Incoming>) -> bool {
+        let ours = self.config.via_name.as_bytes();
+        request.headers().get_all(header::VIA).iter().any(|via| {
+            via.as_bytes()
+                .split(|&b| b == b',')
+                .any(|hop| hop.trim_ascii().split(|&b| b == b' ').nth(1) == Some(ours))
+        })
+    }
+
+    async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let target = match self.origin_target(&request) {
+            Ok(target) => target,
+            Err(message) => return Self::error(StatusCode::BAD_REQUEST, message),
+        };
+        if self.is_loop(&request) {
+            return Self::error(
+                StatusCode::LOOP_DETECTED,
+                format!(
+                    "request already passed {}",
+                    self.config.via_name.to_str().unwrap_or("us")
+                ),
+            );
+        }
+        let (mut parts, body) = request.into_parts();
+        let offers_hsync = accepts_hsync(&parts.headers);
+        let encodable = offers_hsync
+            && parts.method == Method::GET
+            && !parts.headers.contains_key(header::RANGE);
+        let signature = parts
+            .headers
+            .get(HSYNC_SIGNATURE)
+            .and_then(|v| parse_byte_sequence(v, self.config.max_signature_bytes));
+        let basis_name = parts.headers.get(HSYNC_BASIS).cloned();
+
+        if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
+            return Self::error(StatusCode::BAD_REQUEST, error.to_string());
+        }
+        parts.headers.remove(HSYNC_SIGNATURE);
+        parts.headers.remove(HSYNC_BASIS);
+        if encodable {
+            // We encode the identity body; the origin must not code it.
+            parts.headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        } else if offers_hsync {
+            remove_hsync_coding(&mut parts.headers);
+        }
+        add_via(&mut parts.headers, &self.config.via_name);
+        parts.headers.insert(
+            header::HOST,
+            HeaderValue::from_str(self.origin_authority.as_str())
+                .expect("an authority is a valid header value"),
+        );
+        parts.uri = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.origin_authority.clone())
+            .path_and_query(target)
+            .build()
+            .expect("scheme, authority and path are valid");
+        let method = parts.method.clone();
+        let uri = parts.uri.clone();
+        let outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
+
+        let response =
+            match tokio::time::timeout(self.config.origin_timeout, self.client.request(outbound))
+                .await
+            {
+                Err(_) => {
+                    return Self::error(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        format!(
+                            "origin sent no response head within {:?}",
+                            self.config.origin_timeout
+                        ),
+                    );
+                }
+                Ok(Err(error)) => {
+                    return Self::error(
+                        StatusCode::BAD_GATEWAY,
+                        format!("origin unreachable: {error}"),
+                    );
+                }
+                Ok(Ok(response)) => response,
+            };
+        let (mut parts, body) = response.into_parts();
+        // The protocol version belongs to each hop: ours is HTTP/1.1
+        // whatever the origin speaks (an HTTP/1.0 origin must not make us
+        // answer 1.0 and lose chunked framing).
+        parts.version = http::Version::HTTP_11;
+        if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
+            return Self::error(StatusCode::BAD_GATEWAY, format!("origin response: {error}"));
+        }
+        add_via(&mut parts.headers, &self.config.via_name);
+
+        let content_length = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let coded = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let no_transform = parts
+            .headers
+            .get_all(header::CACHE_CONTROL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|d| d.trim().eq_ignore_ascii_case("no-transform"));
+        let encode = encodable
+            && parts.status == StatusCode::OK
+            && !coded
+            && !no_transform
+            && content_length.is_none_or(|len| len <= self.config.max_encode_len);
+
+        if !encode {
+            tracing::info!(%method, %uri, status = parts.status.as_u16(), mode = "pass", bytes = ?content_length, "request");
+            return Response::from_parts(parts, body.map_err(BodyError::from).boxed());
+        }
+
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static(HSYNC_CODING),
+        );
+        parts.headers.append(
+            header::VARY,
+            HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
+        );
+        weaken_etag(&mut parts.headers);
+        if let Some(name) = basis_name {
+            parts.headers.insert(HSYNC_BASIS, name);
+        }
+        parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
+        let encoder = Encoder::new(signature.as_deref(), content_length, self.config.encoder);
+        tracing::debug!(basis = ?encoder.basis_use(), "encoding");
+        let body = encode_body(body, encoder, method, uri);
+        Response::from_parts(parts, body)
+    }
+
+    /// What we advertise: version and the signature size we accept.
+    fn hsync_accept(&self) -> HeaderValue {
+        HeaderValue::from_str(&format!(
+            "v=1, max-signature={}",
+            self.config.max_signature_bytes
+        ))
+        .expect("digits and ASCII")
+    }
+}
+
+impl Handler for Accelerator {
+    fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send {
+        self.proxy(request)
+    }
+}
+
+/// Removes the hsync token from `Accept-Encoding` (we will not encode, so
+/// the origin should not see an offer it cannot honour).
+fn remove_hsync_coding(headers: &mut http::HeaderMap) {
+    let offers: Vec<String> = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|item| {
+            let coding = item.split(';').next().unwrap_or("").trim();
+            !coding.is_empty() && !coding.eq_ignore_ascii_case(HSYNC_CODING)
+        })
+        .map(str::to_owned)
+        .collect();
+    headers.remove(header::ACCEPT_ENCODING);
+    if !offers.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&offers.join(", "))
+    {
+        headers.insert(header::ACCEPT_ENCODING, value);
+    }
+}
+
+/// Frames in flight between the origin reader, the encoder thread and the
+/// client: small, so that backpressure reaches the origin quickly.
+const CHANNEL_DEPTH: usize = 4;
+
+/// Streams the origin body through the encoder on a blocking thread.
+fn encode_body(origin: Incoming, mut encoder: Encoder, method: Method, uri: Uri) -> ProxyBody {
+    let (to_encoder, mut from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
+    let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    tokio::spawn(async move {
+        let mut origin = origin;
+        while let Some(frame) = origin.frame().await {
+            let item = match frame {
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => Ok(data),
+                    Err(_trailers) => continue,
+                },
+                Err(error) => Err(BodyError::from(error)),
+            };
+            let failed = item.is_err();
+            if to_encoder.send(item).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let send = |out: &mut Vec<u8>| {
+            if out.is_empty() {
+                return true;
+            }
+            let frame = Frame::data(Bytes::from(std::mem::take(out)));
+            to_client.blocking_send(Ok(frame)).is_ok()
+        };
+        while let Some(item) = from_origin.blocking_recv() {
+            let chunk = match item {
+                Ok(chunk) => chunk,
+                Err(error) => {
+                    // The client must see a cut stream, never a clean end.
+                    tracing::warn!(%method, %uri, %error, "origin body failed; aborting the stream");
+                    let _ = to_client.blocking_send(Err(error));
+                    return;
+                }
+            };
+            if let Err(error) = encoder.push(&chunk, &mut out) {
+                let _ = to_client.blocking_send(Err(error.into()));
+                return;
+            }
+            if !send(&mut out) {
+                return;
+            }
+        }
+        match encoder.finish(&mut out) {
+            Ok(summary) => {
+                if send(&mut out) {
+                    tracing::info!(
+                        %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
+                        body = summary.body_len, stream = summary.stream_bytes,
+                        copied = summary.copied_bytes, "request"
+                    );
+                }
+            }
+            Err(error) => {
+                let _ = to_client.blocking_send(Err(error.into()));
+            }
+        }
+    });
+    StreamBody::new(ReceiverStream(from_encoder)).boxed()
+}
+
+/// A `Stream` over an mpsc receiver (tokio-stream's, without the crate).
+struct ReceiverStream<T>(mpsc::Receiver<T>);
+
+impl<T> futures_core::Stream for ReceiverStream<T> {
+    type Item = T;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}

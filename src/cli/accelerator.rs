@@ -1,0 +1,98 @@
+//! `rproxy accelerator`: flags → [`AcceleratorConfig`], then serve.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use http::HeaderValue;
+
+use super::UsageError;
+use crate::accelerator::{Accelerator, AcceleratorConfig};
+use crate::hsync::EncoderOptions;
+use crate::server::{ConnectionLimits, serve};
+
+/// Flags of `rproxy accelerator`.
+#[derive(Debug, Args)]
+pub struct AcceleratorArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub listen: SocketAddr,
+    /// The origin web server, http://host[:port].
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub origin: String,
+    /// Our name in Via (letters, digits, '.', ':', '_', '-'); default: the
+    /// listen address.
+    #[arg(long)]
+    pub via_name: Option<String>,
+    /// Largest origin body to encode (bytes); larger ones pass through.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub max_encode_len: u64,
+    /// Largest basis signature accepted from a client (bytes, decoded);
+    /// advertised in Hsync-Accept.
+    #[arg(long, default_value_t = 24 << 10)]
+    pub max_signature: usize,
+    /// Seconds to connect to the origin.
+    #[arg(long, default_value_t = 4)]
+    pub connect_timeout: u64,
+    /// Seconds for the origin's response head (504 after).
+    #[arg(long, default_value_t = 30)]
+    pub origin_timeout: u64,
+    /// Seconds a client has to send a request head (408 after).
+    #[arg(long, default_value_t = 10)]
+    pub header_read_timeout: u64,
+}
+
+/// Checks a Via pseudonym: a header value that cannot carry CR/LF or
+/// separators (P-24).
+pub(super) fn via_name(name: Option<&str>, listen: SocketAddr) -> Result<HeaderValue, UsageError> {
+    let name = name.map_or_else(|| listen.to_string(), str::to_owned);
+    let valid = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".:_-[]".contains(&b));
+    if !valid {
+        return Err(UsageError(format!(
+            "--via-name {name:?}: use letters, digits, '.', ':', '_' or '-' (at most 255)"
+        )));
+    }
+    Ok(HeaderValue::from_str(&name).expect("checked above"))
+}
+
+/// Runs the accelerator until the process is stopped.
+///
+/// # Errors
+/// A bad flag ([`UsageError`]) or a listener that cannot bind.
+pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
+    let config = AcceleratorConfig {
+        origin: args
+            .origin
+            .parse()
+            .map_err(|_| UsageError(format!("--origin {}: not a URL", args.origin)))?,
+        via_name: via_name(args.via_name.as_deref(), args.listen)?,
+        encoder: EncoderOptions::default(),
+        max_encode_len: args.max_encode_len,
+        max_signature_bytes: args.max_signature,
+        connect_timeout: Duration::from_secs(args.connect_timeout),
+        origin_timeout: Duration::from_secs(args.origin_timeout),
+    };
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(args.header_read_timeout),
+        ..ConnectionLimits::default()
+    };
+    let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        tracing::info!(listen = %args.listen, origin = %args.origin, "accelerator ready");
+        serve(listener, Arc::new(accelerator), limits, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+        Ok(())
+    })
+}

@@ -1,0 +1,230 @@
+//! HTTP details both proxies share, as pure functions over header maps: the
+//! hsync header names and their byte-sequence values, `Accept-Encoding`
+//! negotiation, hop-by-hop stripping and `Via`.
+//!
+//! Leaves out everything with I/O (see `server` and the roles).
+
+use base64::Engine;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// `Hsync-Basis`: `:<base64 blake3 of the basis body>:` (RFC 8941 byte
+/// sequence), sent by the client and echoed by the accelerator.
+pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
+/// `Hsync-Signature`: `:<base64 basis signature>:`, possibly truncated.
+pub const HSYNC_SIGNATURE: HeaderName = HeaderName::from_static("hsync-signature");
+/// `Hsync-Accept`: what the accelerator supports.
+pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
+/// The content coding token.
+pub const HSYNC_CODING: &str = "hsync";
+
+/// Decodes an RFC 8941 byte sequence (`:base64:`) of at most `max` decoded
+/// bytes. A value cut inside a base64 quantum (a header budget truncated
+/// it) keeps its whole quanta: a truncated signature is still usable.
+pub fn parse_byte_sequence(value: &HeaderValue, max: usize) -> Option<Vec<u8>> {
+    let text = value.to_str().ok()?.trim();
+    let inner = text.strip_prefix(':')?;
+    let inner = inner.strip_suffix(':').unwrap_or(inner);
+    // Check the size before decoding anything (3 bytes per 4 characters).
+    if inner.len() / 4 * 3 > max + 3 {
+        return None;
+    }
+    let whole = &inner[..inner.len() / 4 * 4];
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(whole)
+        .ok()?;
+    (bytes.len() <= max).then_some(bytes)
+}
+
+/// Encodes bytes as an RFC 8941 byte sequence header value.
+pub fn byte_sequence(bytes: &[u8]) -> HeaderValue {
+    let text = format!(
+        ":{}:",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    );
+    HeaderValue::from_str(&text).expect("base64 and colons are valid header characters")
+}
+
+/// Whether `Accept-Encoding` offers the hsync coding (with q > 0).
+pub fn accepts_hsync(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            coding.eq_ignore_ascii_case(HSYNC_CODING)
+                && !parts.any(|p| {
+                    p.strip_prefix("q=")
+                        .is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q <= 0.0))
+                })
+        })
+}
+
+/// The hop-by-hop headers of RFC 9110 §7.6.1, plus `Proxy-Connection`
+/// (sent by old clients) and the proxy-authentication pair, which belong
+/// to one hop.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Headers that `Connection` must not name: stripping them would let a
+/// client remove framing or integrity information (P-14).
+const PROTECTED: [&str; 4] = ["content-length", "host", "content-digest", "repr-digest"];
+
+/// Why a message's headers cannot be forwarded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HeaderError {
+    /// `Connection` names a header that must stay.
+    #[error("Connection names {name}, which a proxy must not strip")]
+    ProtectedConnectionOption {
+        /// The header it named.
+        name: String,
+    },
+}
+
+/// Removes hop-by-hop headers and those that `Connection` names.
+///
+/// # Errors
+/// [`HeaderError::ProtectedConnectionOption`] when `Connection` names
+/// Content-Length, Host or a digest header.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Result<(), HeaderError> {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    if let Some(name) = named.iter().find(|n| PROTECTED.contains(&n.as_str())) {
+        return Err(HeaderError::ProtectedConnectionOption { name: name.clone() });
+    }
+    for name in named {
+        if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    Ok(())
+}
+
+/// Appends `1.1 <name>` to `Via`.
+pub fn add_via(headers: &mut HeaderMap, name: &HeaderValue) {
+    let mut value = b"1.1 ".to_vec();
+    value.extend_from_slice(name.as_bytes());
+    let value = HeaderValue::from_bytes(&value).expect("built from a valid header value");
+    headers.append(header::VIA, value);
+}
+
+/// Makes a strong `ETag` weak (a coded body is not byte-identical to the
+/// representation the strong validator names).
+pub fn weaken_etag(headers: &mut HeaderMap) {
+    if let Some(etag) = headers.get(header::ETAG)
+        && !etag.as_bytes().starts_with(b"W/")
+    {
+        let mut weak = b"W/".to_vec();
+        weak.extend_from_slice(etag.as_bytes());
+        if let Ok(weak) = HeaderValue::from_bytes(&weak) {
+            headers.insert(header::ETAG, weak);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn byte_sequences_round_trip_and_keep_whole_quanta_when_cut() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let value = byte_sequence(&bytes);
+        assert_eq!(parse_byte_sequence(&value, 1000).unwrap(), bytes);
+        assert_eq!(parse_byte_sequence(&value, 255), None, "over the cap");
+        let cut = HeaderValue::from_str(&value.to_str().unwrap()[..101]).unwrap();
+        assert_eq!(parse_byte_sequence(&cut, 1000).unwrap(), bytes[..75]);
+        for bad in ["", "abc", ":!!!!:", ":"] {
+            let parsed = parse_byte_sequence(&HeaderValue::from_str(bad).unwrap(), 1000);
+            assert!(parsed.is_none_or(|b| b.is_empty()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn accept_encoding_offers_hsync_unless_q_is_zero() {
+        assert!(accepts_hsync(&map(&[("accept-encoding", "hsync, gzip")])));
+        assert!(accepts_hsync(&map(&[
+            ("accept-encoding", "gzip"),
+            ("accept-encoding", "HSync;q=0.5")
+        ])));
+        assert!(!accepts_hsync(&map(&[(
+            "accept-encoding",
+            "hsync;q=0, gzip"
+        )])));
+        assert!(!accepts_hsync(&map(&[("accept-encoding", "hsyncx")])));
+        assert!(!accepts_hsync(&map(&[])));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_connection_options_are_stripped() {
+        let mut headers = map(&[
+            ("connection", "close, X-Foo"),
+            ("x-foo", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic eDp5"),
+            ("authorization", "Bearer end-to-end"),
+            ("x-bar", "kept"),
+        ]);
+        strip_hop_by_hop(&mut headers).unwrap();
+        let left: Vec<_> = headers.keys().map(|k| k.as_str().to_string()).collect();
+        assert_eq!(left, ["authorization", "x-bar"]);
+    }
+
+    #[test]
+    fn connection_may_not_name_framing_or_integrity_headers() {
+        for name in ["Content-Length", "host", "Content-Digest"] {
+            let mut headers = map(&[("connection", name), ("content-length", "5")]);
+            assert!(strip_hop_by_hop(&mut headers).is_err(), "{name}");
+        }
+    }
+
+    #[test]
+    fn via_appends_and_etag_weakens_once() {
+        let mut headers = map(&[("via", "1.0 other"), ("etag", "\"abc\"")]);
+        add_via(&mut headers, &HeaderValue::from_static("accel:8081"));
+        let via: Vec<_> = headers
+            .get_all("via")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(via, ["1.0 other", "1.1 accel:8081"]);
+        weaken_etag(&mut headers);
+        weaken_etag(&mut headers);
+        assert_eq!(headers["etag"], "W/\"abc\"");
+    }
+}

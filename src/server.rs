@@ -1,0 +1,106 @@
+//! The accept loop and per-connection HTTP/1.1 serving both roles share.
+//! Per-connection code takes any `AsyncRead + AsyncWrite` (TCP now; inetd's
+//! stdin/stdout later), and a role is a [`Handler`].
+//!
+//! Leaves out TLS, HTTP/2, connection caps and auth (issue 4).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tracing::Instrument;
+
+/// The error type of response bodies: whatever stopped the stream.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type both roles answer with.
+pub type ProxyBody = BoxBody<Bytes, BodyError>;
+
+/// A role: turns a request into a response. Errors become responses inside
+/// the handler; an error in the body stream aborts the connection so a
+/// client never mistakes a cut body for a whole one.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one request.
+    fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send;
+}
+
+/// Limits of the HTTP/1.1 connection layer.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Time a client has to send a whole request head (408 after it).
+    pub header_read_timeout: Duration,
+    /// Largest request head buffered (bytes).
+    pub max_head_bytes: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_head_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Serves one connection until the peer is done.
+pub async fn serve_connection<H, I>(io: I, handler: Arc<H>, limits: ConnectionLimits)
+where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(handler.handle(request).await) }
+    });
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_head_bytes.max(8192))
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "connection ended with an error");
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown` resolves, serving
+/// each on its own task.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let handler = handler.clone();
+                    tokio::spawn(
+                        serve_connection(stream, handler, limits)
+                            .instrument(tracing::info_span!("conn", %peer)),
+                    );
+                }
+                Err(error) => {
+                    // EMFILE and friends: back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The accelerator over real sockets: a scripted origin on 127.0.0.1:0, the
+//! accelerator in front of it, and requests as the client proxy (or an
+//! unaware client) sends them. Checks bytes, headers, the encode/pass
+//! decision of DESIGN.md, and that refused requests never reach the origin
+//! (P-12, P-14, P-15, P-22, A-7, D-S5).
+
+mod support;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::hsync::{DecodeLimits, Decoder, EncoderOptions};
+use rproxy::http::byte_sequence;
+use rproxy::server::{ConnectionLimits, serve};
+use support::{accelerator_signature, pseudo_text};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The scripted origin: fixed routes, and a count of requests it saw.
+struct Origin {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+}
+
+fn body_v1() -> Vec<u8> {
+    pseudo_text(1, 200_000)
+}
+
+fn body_v2() -> Vec<u8> {
+    let mut body = body_v1();
+    body.splice(
+        100_000..100_000,
+        b"/* a change in release 2 */".iter().copied(),
+    );
+    body
+}
+
+async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    let mut response = Response::new(Full::new(Bytes::new()));
+    match path.as_str() {
+        "/v2.js" => {
+            *response.body_mut() = Full::new(Bytes::from(body_v2()));
+            response
+                .headers_mut()
+                .insert("etag", HeaderValue::from_static("\"v2\""));
+        }
+        "/gz" => {
+            *response.body_mut() = Full::new(Bytes::from_static(b"not really gzip"));
+            response
+                .headers_mut()
+                .insert("content-encoding", HeaderValue::from_static("gzip"));
+        }
+        "/no-transform" => {
+            *response.body_mut() = Full::new(Bytes::from(body_v2()));
+            response
+                .headers_mut()
+                .insert("cache-control", HeaderValue::from_static("no-transform"));
+        }
+        "/echo" => {
+            // The request headers as the origin saw them, one per line.
+            let mut text = String::new();
+            for (name, value) in request.headers() {
+                text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+            }
+            *response.body_mut() = Full::new(Bytes::from(text));
+        }
+        _ => *response.status_mut() = StatusCode::NOT_FOUND,
+    }
+    response
+}
+
+async fn start_origin() -> Origin {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok::<_, std::convert::Infallible>(origin_response(request).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Origin { addr, requests }
+}
+
+fn config(origin: SocketAddr) -> AcceleratorConfig {
+    AcceleratorConfig {
+        origin: format!("http://{origin}").parse().unwrap(),
+        via_name: HeaderValue::from_static("accel-test"),
+        encoder: EncoderOptions {
+            zstd_level: 3,
+            ..EncoderOptions::default()
+        },
+        max_encode_len: 1 << 30,
+        max_signature_bytes: 24 << 10,
+        connect_timeout: Duration::from_secs(2),
+        origin_timeout: Duration::from_secs(5),
+    }
+}
+
+async fn start_accelerator(config: AcceleratorConfig) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accelerator = Arc::new(Accelerator::new(config).unwrap());
+    tokio::spawn(serve(
+        listener,
+        accelerator,
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// Sends one request over a fresh connection; returns status, headers and
+/// the whole body.
+async fn fetch(
+    addr: SocketAddr,
+    request: Request<Empty<Bytes>>,
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let response = sender.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
+
+fn get(path: &str, headers: &[(&str, HeaderValue)]) -> Request<Empty<Bytes>> {
+    let mut request = Request::get(path).header("host", "origin.test");
+    for (name, value) in headers {
+        request = request.header(*name, value.clone());
+    }
+    request.body(Empty::new()).unwrap()
+}
+
+fn offer(basis: &[u8]) -> Vec<(&'static str, HeaderValue)> {
+    vec![
+        ("accept-encoding", HeaderValue::from_static("hsync, gzip")),
+        (
+            "hsync-signature",
+            byte_sequence(&accelerator_signature(basis)),
+        ),
+        ("hsync-basis", byte_sequence(blake3::hash(basis).as_bytes())),
+    ]
+}
+
+#[tokio::test]
+async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let basis = body_v1();
+    let (status, headers, stream) = fetch(accel, get("/v2.js", &offer(&basis))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "hsync");
+    assert!(headers.get("content-length").is_none());
+    assert_eq!(headers["etag"], "W/\"v2\"");
+    assert_eq!(
+        headers["hsync-basis"],
+        byte_sequence(blake3::hash(&basis).as_bytes())
+    );
+    assert!(headers["vary"].to_str().unwrap().contains("Hsync-Basis"));
+    assert!(
+        headers["hsync-accept"]
+            .to_str()
+            .unwrap()
+            .contains("max-signature=")
+    );
+    assert!(headers["via"].to_str().unwrap().ends_with("1.1 accel-test"));
+    let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
+    let mut body = Vec::new();
+    decoder.push(&stream, &mut body).unwrap();
+    decoder.finish().unwrap();
+    assert!(body == body_v2());
+    assert!(
+        stream.len() < body.len() / 10,
+        "stream {} for body {}",
+        stream.len(),
+        body.len()
+    );
+}
+
+#[tokio::test]
+async fn an_offer_without_a_basis_gets_a_from_scratch_stream() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let headers = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let (status, response, stream) = fetch(accel, get("/v2.js", &headers)).await;
+    assert_eq!(
+        (status, &response["content-encoding"]),
+        (StatusCode::OK, &HeaderValue::from_static("hsync"))
+    );
+    let mut decoder = Decoder::new(&[][..], DecodeLimits::default());
+    let mut body = Vec::new();
+    decoder.push(&stream, &mut body).unwrap();
+    let decoded = decoder.finish().unwrap();
+    assert!(body == body_v2());
+    // The stream carries the new body's signature for next time.
+    assert!(decoded.signature.len() > 12);
+}
+
+#[tokio::test]
+async fn requests_that_must_not_be_coded_pass_through_untouched() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let basis = body_v1();
+    // No offer; an offer with Range; HEAD; an origin that coded its body;
+    // an origin that forbids transforms; an error status.
+    let mut with_range = offer(&basis);
+    with_range.push(("range", HeaderValue::from_static("bytes=0-99")));
+    type Case = (Request<Empty<Bytes>>, StatusCode, Option<&'static str>);
+    let cases: Vec<Case> = vec![
+        (get("/v2.js", &[]), StatusCode::OK, None),
+        (get("/v2.js", &with_range), StatusCode::OK, None),
+        (get("/gz", &offer(&basis)), StatusCode::OK, Some("gzip")),
+        (get("/no-transform", &offer(&basis)), StatusCode::OK, None),
+        (get("/missing", &offer(&basis)), StatusCode::NOT_FOUND, None),
+    ];
+    for (request, want_status, want_coding) in cases {
+        let uri = request.uri().clone();
+        let (status, headers, body) = fetch(accel, request).await;
+        assert_eq!(status, want_status, "{uri}");
+        assert_eq!(
+            headers.get("content-encoding").map(|v| v.to_str().unwrap()),
+            want_coding,
+            "{uri}"
+        );
+        if uri.path() == "/v2.js" || uri.path() == "/no-transform" {
+            assert!(body == body_v2(), "{uri}: body changed");
+            assert_eq!(headers["content-length"], body.len().to_string().as_str());
+        }
+    }
+    let head = Request::head("/v2.js")
+        .header("host", "x")
+        .header("accept-encoding", "hsync")
+        .body(Empty::new())
+        .unwrap();
+    let (status, headers, body) = fetch(accel, head).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("content-encoding").is_none() && body.is_empty());
+}
+
+/// What the origin saw, as a map of header name to values.
+async fn origin_saw(
+    accel: SocketAddr,
+    headers: &[(&str, HeaderValue)],
+) -> HashMap<String, Vec<String>> {
+    // An encodable request gets the echo hsync-coded against `body_v1`.
+    let (_, response, mut body) = fetch(accel, get("/echo", headers)).await;
+    if response
+        .get("content-encoding")
+        .is_some_and(|v| v == "hsync")
+    {
+        let basis = body_v1();
+        let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
+        let mut decoded = Vec::new();
+        decoder.push(&body, &mut decoded).unwrap();
+        decoder.finish().unwrap();
+        body = decoded;
+    }
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    for line in String::from_utf8(body).unwrap().lines() {
+        let (name, value) = line.split_once(": ").unwrap();
+        seen.entry(name.to_owned())
+            .or_default()
+            .push(value.to_owned());
+    }
+    seen
+}
+
+#[tokio::test]
+async fn p14_the_origin_sees_no_hop_by_hop_or_hsync_headers() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let mut headers = offer(&body_v1());
+    headers.extend([
+        ("connection", HeaderValue::from_static("keep-alive, X-Foo")),
+        ("x-foo", HeaderValue::from_static("secret")),
+        (
+            "proxy-authorization",
+            HeaderValue::from_static("Basic dTpw"),
+        ),
+        ("te", HeaderValue::from_static("trailers")),
+        (
+            "authorization",
+            HeaderValue::from_static("Bearer end-to-end"),
+        ),
+    ]);
+    let seen = origin_saw(accel, &headers).await;
+    for gone in [
+        "connection",
+        "x-foo",
+        "proxy-authorization",
+        "te",
+        "hsync-signature",
+        "hsync-basis",
+    ] {
+        assert!(
+            !seen.contains_key(gone),
+            "{gone} reached the origin: {seen:?}"
+        );
+    }
+    assert_eq!(seen["authorization"], ["Bearer end-to-end"]);
+    // An encodable request asks the origin for identity.
+    assert_eq!(seen["accept-encoding"], ["identity"]);
+    assert_eq!(seen["via"], ["1.1 accel-test"]);
+    assert_eq!(seen["host"], [origin.addr.to_string()]);
+}
+
+#[tokio::test]
+async fn a_declined_offer_is_removed_from_accept_encoding() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let headers = [
+        (
+            "accept-encoding",
+            HeaderValue::from_static("hsync, gzip;q=0.5"),
+        ),
+        ("range", HeaderValue::from_static("bytes=0-1")),
+    ];
+    let seen = origin_saw(accel, &headers).await;
+    assert_eq!(seen["accept-encoding"], ["gzip;q=0.5"]);
+}
+
+/// Writes a raw request and returns the status line.
+async fn raw_status(addr: SocketAddr, request: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = vec![0; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&response[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn p12_a7_foreign_targets_and_connect_are_refused_without_an_origin_request() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    for request in [
+        "GET http://169.254.169.254/latest/meta-data HTTP/1.1\r\nHost: 169.254.169.254\r\n\r\n",
+        "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n",
+        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    ] {
+        let status = raw_status(accel, request).await;
+        assert!(status.starts_with("HTTP/1.1 400"), "{request:?} → {status}");
+    }
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    // Absolute-form for our own origin is fine.
+    let ours = format!(
+        "GET http://{}/v2.js HTTP/1.1\r\nHost: {}\r\n\r\n",
+        origin.addr, origin.addr
+    );
+    assert!(raw_status(accel, &ours).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn p15_a_request_that_already_passed_us_is_a_loop() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let headers = [(
+        "via",
+        HeaderValue::from_static("1.1 client, 1.1 accel-test"),
+    )];
+    let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+    assert_eq!(status, StatusCode::LOOP_DETECTED);
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn p22_an_unreachable_origin_is_a_502_at_once() {
+    // A port that was just free: nothing listens there.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let accel = start_accelerator(config(closed)).await;
+    let started = std::time::Instant::now();
+    let (status, _, body) = fetch(accel, get("/v2.js", &offer(&body_v1()))).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert!(String::from_utf8_lossy(&body).contains("origin unreachable"));
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn an_origin_with_a_path_or_tls_is_refused_at_start() {
+    for origin in [
+        "https://127.0.0.1:1",
+        "http://127.0.0.1:1/sub",
+        "127.0.0.1:1",
+    ] {
+        let mut config = config("127.0.0.1:1".parse().unwrap());
+        config.origin = origin.parse().unwrap();
+        assert!(Accelerator::new(config).is_err(), "{origin}");
+    }
+}
