@@ -372,14 +372,12 @@ fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         Some(PendingFile::create(&args.output)?)
     };
     let mut stdout = io::stdout().lock();
-    let mut body = Vec::new();
+    // Window by window: a few stream bytes may rebuild gigabytes.
     let result = for_each_chunk(input, |chunk| {
-        decoder.push(chunk, &mut body)?;
-        match &mut pending {
-            Some(file) => file.file.write_all(&body)?,
-            None => stdout.write_all(&body)?,
-        }
-        body.clear();
+        decoder.push_to(chunk, |window| match &mut pending {
+            Some(file) => file.file.write_all(window),
+            None => stdout.write_all(window),
+        })?;
         Ok(())
     })
     .and_then(|()| decoder.finish().map_err(anyhow::Error::from));

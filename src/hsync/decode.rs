@@ -177,10 +177,19 @@ pub enum DecodeError {
         /// The I/O error.
         reason: String,
     },
+    /// The caller's sink refused a window (`push_to`).
+    #[error("writing the rebuilt body failed: {reason}")]
+    Output {
+        /// The sink's error.
+        reason: String,
+    },
     /// `push` after an error.
     #[error("decoder used after an error")]
     Failed,
 }
+
+/// Where `push_to` hands each rebuilt window.
+type WindowSink<'a> = Option<&'a mut dyn FnMut(&[u8]) -> std::io::Result<()>>;
 
 /// Caps for one decode.
 #[derive(Debug, Clone, Copy)]
@@ -246,6 +255,8 @@ pub struct Decoder<B> {
     verified: Option<Decoded>,
     failed: bool,
     literal_buf: Vec<u8>,
+    /// The window handed to `push_to`'s sink.
+    window_out: Vec<u8>,
     /// The body's last bytes (`ZstdWindow` only).
     context: Vec<u8>,
     /// A window's copied bytes, its basis slice, and the reference prefix
@@ -272,6 +283,7 @@ impl<B: Basis> Decoder<B> {
             verified: None,
             failed: false,
             literal_buf: Vec::new(),
+            window_out: Vec::new(),
             context: Vec::new(),
             copied: Vec::new(),
             basis_part: Vec::new(),
@@ -302,18 +314,47 @@ impl<B: Basis> Decoder<B> {
     /// # Errors
     /// Any [`DecodeError`]; after one, the decoder refuses further input.
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
+        self.push_inner(input, out, None)
+    }
+
+    /// Feeds the next bytes of the stream, handing each rebuilt window to
+    /// `sink` as soon as it is rebuilt: memory stays bounded by one window
+    /// however much body a few stream bytes rebuild (a 24 KB stream can
+    /// rebuild an unchanged 1 GiB body). The same caveat as for
+    /// [`push`](Self::push): nothing is final before `finish` succeeds.
+    ///
+    /// # Errors
+    /// Any [`DecodeError`]; [`DecodeError::Output`] when `sink` fails.
+    pub fn push_to(
+        &mut self,
+        input: &[u8],
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<(), DecodeError> {
+        let mut window = std::mem::take(&mut self.window_out);
+        window.clear();
+        let result = self.push_inner(input, &mut window, Some(&mut sink));
+        self.window_out = window;
+        result
+    }
+
+    fn push_inner(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        mut sink: WindowSink<'_>,
+    ) -> Result<(), DecodeError> {
         if self.failed {
             return Err(DecodeError::Failed);
         }
         let result = if self.pending.is_empty() {
             // Fast path: parse straight from the caller's bytes.
-            self.consume(input, out).map(|used| {
+            self.consume(input, out, &mut sink).map(|used| {
                 self.pending.extend_from_slice(&input[used..]);
             })
         } else {
             let mut pending = std::mem::take(&mut self.pending);
             pending.extend_from_slice(input);
-            let result = self.consume(&pending, out);
+            let result = self.consume(&pending, out, &mut sink);
             if let Ok(used) = result {
                 pending.drain(..used);
                 self.pending = pending;
@@ -327,7 +368,12 @@ impl<B: Basis> Decoder<B> {
     }
 
     /// Parses as many whole items as `buf` holds; returns bytes consumed.
-    fn consume(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<usize, DecodeError> {
+    fn consume(
+        &mut self,
+        buf: &[u8],
+        out: &mut Vec<u8>,
+        sink: &mut WindowSink<'_>,
+    ) -> Result<usize, DecodeError> {
         let mut used = 0;
         loop {
             let rest = &buf[used..];
@@ -350,7 +396,13 @@ impl<B: Basis> Decoder<B> {
             };
             match frame {
                 Frame::Delta { commands, literals } => {
-                    self.apply_window(header, commands, literals, out)?
+                    self.apply_window(header, commands, literals, out)?;
+                    if let Some(sink) = sink.as_mut() {
+                        sink(out).map_err(|e| DecodeError::Output {
+                            reason: e.to_string(),
+                        })?;
+                        out.clear();
+                    }
                 }
                 Frame::Sig { entries } => self.receive_entries(entries)?,
                 Frame::End { len, digest } => self.end(len, digest)?,

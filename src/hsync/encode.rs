@@ -473,6 +473,10 @@ impl Encoder {
 /// decoder accepts, and a bounded buffer on both ends.
 const STREAM_WINDOW_LOG: u32 = 23;
 
+/// The high zstd level is used only when a window's prefix is at most this
+/// many times its literal bytes.
+const HIGH_LEVEL_PREFIX_RATIO: usize = 32;
+
 /// Blocks per window at least, so signatures hash in SIMD lanes.
 const SIMD_BLOCKS: usize = 8;
 
@@ -556,7 +560,12 @@ impl LiteralCompressor {
                 // The zstd window must reach from the literals back to the
                 // start of the prefix.
                 let span = (prefix.len() + data.len()) as u64;
-                let level = if *budget >= span {
+                // The high level's cost is mostly indexing the prefix: only
+                // worth it when the literals are not a sliver of it (an
+                // unchanged 1 MiB body spent 370 ms at level 19 on 64
+                // literal bytes).
+                let worth_it = data.len().saturating_mul(HIGH_LEVEL_PREFIX_RATIO) >= prefix.len();
+                let level = if worth_it && *budget >= span {
                     *budget -= span;
                     *level
                 } else {
