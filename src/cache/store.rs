@@ -776,6 +776,63 @@ impl Inner {
     /// Walks the root and fills the index (see [`CacheStore::open`]).
     fn rebuild(&self) -> RebuildReport {
         let mut report = RebuildReport::default();
+        let found = self.walk(&mut report);
+        let mut valid = Vec::new();
+        for (stem, files) in found {
+            let Some((meta_path, meta_len, mtime)) = &files.meta else {
+                // Orphans: a crash between the renames, or before the meta.
+                for (p, _) in files.body.iter().chain(&files.sig) {
+                    match remove_if_exists(p) {
+                        Ok(()) => report.deleted += 1,
+                        Err(e) => warn!(path = %p.display(), error = %e, "cannot delete orphan"),
+                    }
+                }
+                continue;
+            };
+            let all: Vec<&Path> = std::iter::once(meta_path.as_path())
+                .chain(files.body.iter().map(|(p, _)| p.as_path()))
+                .chain(files.sig.iter().map(|(p, _)| p.as_path()))
+                .collect();
+            match check_found(&stem, &files) {
+                Ok(meta) => {
+                    let bytes = disk_bytes(meta.body_len)
+                        + disk_bytes(meta.sig_len)
+                        + disk_bytes(*meta_len);
+                    valid.push((*mtime, meta, bytes));
+                }
+                Err(Check::Unreadable(e)) => {
+                    warn!(path = %meta_path.display(), error = %e, "skipping unreadable cache entry");
+                    report.skipped += 1;
+                }
+                Err(Check::Invalid(reason)) => {
+                    warn!(path = %meta_path.display(), %reason, "invalid cache entry; quarantined");
+                    let bytes = files
+                        .body
+                        .iter()
+                        .chain(&files.sig)
+                        .map(|(_, l)| disk_bytes(*l))
+                        .sum::<u64>()
+                        + disk_bytes(*meta_len);
+                    self.quarantine_files(&mut self.lock(), &all, bytes);
+                    report.quarantined += 1;
+                }
+            }
+        }
+
+        // Oldest metadata first, so it is the first to be evicted.
+        valid.sort_by_key(|(mtime, meta, _)| (*mtime, meta.stored_at));
+        let mut st = self.lock();
+        for (_, meta, bytes) in valid {
+            let entry = IndexEntry::from_meta(&meta).expect("checked metadata is valid");
+            st.insert(entry.key.hash(), entry, bytes);
+        }
+        report
+    }
+
+    /// Lists the regular files named like entry files, grouped by entry
+    /// (`<dir>/<hash>`), with lstat lengths. Follows no symlinks; skips and
+    /// logs what it cannot read and what is not a regular file.
+    fn walk(&self, report: &mut RebuildReport) -> HashMap<PathBuf, Found> {
         let mut found: HashMap<PathBuf, Found> = HashMap::new();
         let walk = WalkDir::new(&self.root)
             .min_depth(1)
@@ -828,56 +885,7 @@ impl Inner {
             }
         }
 
-        let mut valid = Vec::new();
-        for (stem, files) in found {
-            let Some((meta_path, meta_len, mtime)) = &files.meta else {
-                // Orphans: a crash between the renames, or before the meta.
-                for (p, _) in files.body.iter().chain(&files.sig) {
-                    match remove_if_exists(p) {
-                        Ok(()) => report.deleted += 1,
-                        Err(e) => warn!(path = %p.display(), error = %e, "cannot delete orphan"),
-                    }
-                }
-                continue;
-            };
-            let all: Vec<&Path> = std::iter::once(meta_path.as_path())
-                .chain(files.body.iter().map(|(p, _)| p.as_path()))
-                .chain(files.sig.iter().map(|(p, _)| p.as_path()))
-                .collect();
-            match check_found(&stem, &files) {
-                Ok(meta) => {
-                    let bytes = disk_bytes(meta.body_len)
-                        + disk_bytes(meta.sig_len)
-                        + disk_bytes(*meta_len);
-                    valid.push((*mtime, meta, bytes));
-                }
-                Err(Check::Unreadable(e)) => {
-                    warn!(path = %meta_path.display(), error = %e, "skipping unreadable cache entry");
-                    report.skipped += 1;
-                }
-                Err(Check::Invalid(reason)) => {
-                    warn!(path = %meta_path.display(), %reason, "invalid cache entry; quarantined");
-                    let bytes = files
-                        .body
-                        .iter()
-                        .chain(&files.sig)
-                        .map(|(_, l)| disk_bytes(*l))
-                        .sum::<u64>()
-                        + disk_bytes(*meta_len);
-                    self.quarantine_files(&mut self.lock(), &all, bytes);
-                    report.quarantined += 1;
-                }
-            }
-        }
-
-        // Oldest metadata first, so it is the first to be evicted.
-        valid.sort_by_key(|(mtime, meta, _)| (*mtime, meta.stored_at));
-        let mut st = self.lock();
-        for (_, meta, bytes) in valid {
-            let entry = IndexEntry::from_meta(&meta).expect("checked metadata is valid");
-            st.insert(entry.key.hash(), entry, bytes);
-        }
-        report
+        found
     }
 }
 
