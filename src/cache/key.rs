@@ -282,7 +282,7 @@ impl CacheKey {
 
     /// The blake3 hash of the whole key (URL and Vary'd values): the entry's
     /// file name and its identity in the index.
-    pub fn hash(&self) -> blake3::Hash {
+    pub fn digest(&self) -> blake3::Hash {
         let mut h = blake3::Hasher::new();
         h.update(self.url.as_bytes());
         for (name, value) in &self.vary {
@@ -334,7 +334,7 @@ impl CacheKey {
     /// under the root whatever the URL (C-P1).
     pub fn entry_path(&self) -> PathBuf {
         let mut p = PathBuf::from(self.authority_dir());
-        p.push(self.hash().to_hex().as_str());
+        p.push(self.digest().to_hex().as_str());
         p
     }
 }
@@ -630,8 +630,8 @@ mod tests {
             .with_vary("Accept-Encoding", b" gzip ")
             .unwrap();
         let br = base.clone().with_vary("accept-encoding", b"br").unwrap();
-        assert_ne!(gz.hash(), br.hash());
-        assert_ne!(gz.hash(), base.hash());
+        assert_ne!(gz.digest(), br.digest());
+        assert_ne!(gz.digest(), base.digest());
         assert_eq!(gz.vary(), &[("accept-encoding".into(), "gzip".into())]);
         // Order of with_vary calls does not matter.
         let ab = base
@@ -647,7 +647,7 @@ mod tests {
         assert_eq!(ab.unwrap(), ba.unwrap());
         // A newline in a value cannot forge a second header.
         let forged = base.clone().with_vary("a", b"1\nb: 2").unwrap();
-        assert_ne!(forged.hash(), ab_hash(&base));
+        assert_ne!(forged.digest(), ab_hash(&base));
         assert!(base.clone().with_vary("bad name", b"x").is_err());
     }
 
@@ -656,7 +656,7 @@ mod tests {
             .with_vary("a", b"1")
             .and_then(|k| k.with_vary("b", b"2"))
             .unwrap()
-            .hash()
+            .digest()
     }
 
     #[test]

@@ -340,7 +340,7 @@ impl CacheStore {
     /// quarantined and logged (C-E3, C-P2). Partial entries are returned too;
     /// look at `meta.completeness` before serving one.
     pub fn get(&self, key: &CacheKey) -> Option<Entry> {
-        let hash = key.hash();
+        let hash = key.digest();
         let paths = EntryPaths::new(&self.inner.root, key);
         let (seen, files) = {
             let mut st = self.inner.lock();
@@ -368,19 +368,19 @@ impl CacheStore {
     /// LRU order.
     pub fn lookup(&self, key: &CacheKey) -> Option<IndexEntry> {
         let st = self.inner.lock();
-        st.slots.get(&key.hash()).map(|s| s.entry.clone())
+        st.slots.get(&key.digest()).map(|s| s.entry.clone())
     }
 
     /// Marks `key`'s entry as just used (for example as a basis). Returns
     /// whether it exists.
     pub fn touch(&self, key: &CacheKey) -> bool {
-        self.inner.lock().touch(&key.hash())
+        self.inner.lock().touch(&key.digest())
     }
 
     /// Removes `key`'s entry. Returns whether there was one.
     pub fn remove(&self, key: &CacheKey) -> bool {
         let mut st = self.inner.lock();
-        let hash = key.hash();
+        let hash = key.digest();
         if st.slots.contains_key(&hash) {
             self.inner.evict_locked(&mut st, &hash);
             true
@@ -518,7 +518,7 @@ impl EntryWriter {
             return Err(self.failed_error());
         }
         let partial = entry.completeness == Completeness::Partial;
-        let hash = self.key.hash();
+        let hash = self.key.digest();
         if partial && self.complete_entry_exists(&hash) {
             return Err(self.complete_exists_error());
         }
@@ -722,7 +722,7 @@ impl Inner {
     /// Moves `key`'s files to quarantine if the index still holds the entry
     /// that was checked (`seen` is its body digest).
     fn quarantine_entry(&self, key: &CacheKey, seen: blake3::Hash) {
-        let hash = key.hash();
+        let hash = key.digest();
         let mut st = self.lock();
         if st.slots.get(&hash).map(|s| s.entry.body_blake3) != Some(seen) {
             return;
@@ -824,7 +824,7 @@ impl Inner {
         let mut st = self.lock();
         for (_, meta, bytes) in valid {
             let entry = IndexEntry::from_meta(&meta).expect("checked metadata is valid");
-            st.insert(entry.key.hash(), entry, bytes);
+            st.insert(entry.key.digest(), entry, bytes);
         }
         report
     }
