@@ -154,6 +154,9 @@ pub struct EntryWriter {
     other_tmp: Vec<PathBuf>,
     failed: bool,
     committed: bool,
+    /// Whether a complete entry for the key existed when writing began: a
+    /// partial entry is refused then, even if the budget evicted it since.
+    complete_at_begin: bool,
 }
 
 #[derive(Default)]
@@ -317,7 +320,14 @@ impl CacheStore {
     /// [`CacheError::Io`] when the temp file cannot be created.
     pub fn begin(&self, key: &CacheKey) -> Result<EntryWriter, CacheError> {
         let (body_tmp, file) = create_temp(&self.inner.tmp, "body")?;
+        let complete_at_begin = self
+            .inner
+            .lock()
+            .slots
+            .get(&key.digest())
+            .is_some_and(is_complete);
         Ok(EntryWriter {
+            complete_at_begin,
             store: Arc::clone(&self.inner),
             key: key.clone(),
             body_tmp,
@@ -519,7 +529,7 @@ impl EntryWriter {
         }
         let partial = entry.completeness == Completeness::Partial;
         let hash = self.key.digest();
-        if partial && self.complete_entry_exists(&hash) {
+        if partial && (self.complete_at_begin || self.complete_entry_exists(&hash)) {
             return Err(self.complete_exists_error());
         }
 
@@ -602,7 +612,8 @@ impl EntryWriter {
     }
 
     fn reserve(&mut self, bytes: u64) -> Result<(), CacheError> {
-        self.store.reserve(bytes, self.reserved)?;
+        self.store
+            .reserve(bytes, self.reserved, &self.key.digest())?;
         self.reserved += bytes;
         Ok(())
     }
@@ -677,8 +688,9 @@ impl Inner {
     }
 
     /// Reserves `bytes` on top of the `held` bytes the caller already has,
-    /// evicting least recently used entries as needed.
-    fn reserve(&self, bytes: u64, held: u64) -> Result<(), CacheError> {
+    /// evicting least recently used entries as needed; the writer's own
+    /// key (`own`) goes last, since a partial write must not displace it.
+    fn reserve(&self, bytes: u64, held: u64, own: &blake3::Hash) -> Result<(), CacheError> {
         if bytes == 0 {
             return Ok(());
         }
@@ -696,7 +708,13 @@ impl Inner {
             return Err(over());
         }
         while st.committed + st.reserved + bytes > self.budget {
-            let Some((_, &victim)) = st.lru.iter().next() else {
+            let victim = st
+                .lru
+                .values()
+                .find(|hash| *hash != own)
+                .or_else(|| st.lru.values().next())
+                .copied();
+            let Some(victim) = victim else {
                 return Err(over());
             };
             self.evict_locked(&mut st, &victim);
