@@ -377,6 +377,15 @@ impl Encoder {
                     parsed.push((command, range));
                 })
                 .expect("fast_rsync writes well-formed deltas");
+                // The body's tail may be exactly the basis's short last block.
+                if is_last
+                    && let Some(&(DeltaCommand::Literal { len }, _)) = parsed.last()
+                    && let Some(offset) =
+                        basis.last_block_offset(&self.window[covered - len as usize..covered])
+                {
+                    parsed.pop();
+                    parsed.push((DeltaCommand::Copy { offset, len }, 0..0));
+                }
                 if !is_last && let Some((DeltaCommand::Literal { len }, range)) = parsed.last_mut()
                 {
                     let hold = (*len).min(u64::from(basis.params().block_size) - 1);

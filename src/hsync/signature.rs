@@ -148,6 +148,8 @@ pub struct BasisSignature {
     params: SignatureParams,
     blocks: usize,
     truncated: bool,
+    /// The last entry, which describes the basis's (often short) last block.
+    last_entry: Vec<u8>,
 }
 
 impl std::fmt::Debug for BasisSignature {
@@ -203,7 +205,12 @@ impl BasisSignature {
                 max: limits.max_basis_len,
             });
         }
-        let whole = bytes[..SIGNATURE_HEADER_LEN + blocks * params.entry_len()].to_vec();
+        let end = SIGNATURE_HEADER_LEN + blocks * params.entry_len();
+        let last_entry = bytes[end
+            .saturating_sub(params.entry_len())
+            .max(SIGNATURE_HEADER_LEN)..end]
+            .to_vec();
+        let whole = bytes[..end].to_vec();
         let signature = Signature::deserialize(whole)
             .expect("magic, lengths and entry alignment were checked above");
         Ok(BasisSignature {
@@ -211,7 +218,22 @@ impl BasisSignature {
             params,
             blocks,
             truncated,
+            last_entry,
         })
+    }
+
+    /// The basis offset of its last block when `tail` (shorter than a
+    /// block) is exactly that block. `fast_rsync::diff` matches whole
+    /// blocks only, so without this an unchanged body would send the
+    /// basis's short last block as a literal.
+    pub(crate) fn last_block_offset(&self, tail: &[u8]) -> Option<u64> {
+        let block_size = self.params.block_size as usize;
+        if tail.is_empty() || tail.len() >= block_size || self.last_entry.is_empty() {
+            return None;
+        }
+        let signature = Signature::calculate(tail, self.params.options());
+        (signature.serialized()[SIGNATURE_HEADER_LEN..] == self.last_entry[..])
+            .then(|| (self.blocks as u64 - 1) * block_size as u64)
     }
 
     /// The signature's block size and strong-sum length.
