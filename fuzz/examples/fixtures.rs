@@ -53,6 +53,7 @@ fn main() {
     edited.drain(50_000..52_000);
     edited.extend_from_slice(b"and a new tail");
     std::fs::write(dir.join("edited.bin"), &edited).unwrap();
+    codec_2_and_3_seeds(basis, &edited);
     let mut reordered = basis[32 << 10..].to_vec();
     reordered.extend_from_slice(&basis[..32 << 10]);
     for (name, new, signed) in [
@@ -102,6 +103,119 @@ fn main() {
     wide.extend_from_slice(&0u64.to_be_bytes());
     wide.extend_from_slice(&(1u64 << 40).to_be_bytes());
     write("err-copy-huge", &wide, b"");
+}
+
+/// `decoder` seeds of codec 2 (`ZstdWindow`, against the basis's
+/// signature) and codec 3 (`ZstdBasis`, encoded with the basis body
+/// itself); the `make-seeds.sh` ones predate both and are codec 1. Then the
+/// `known_basis` inputs (field layout in `fuzz_targets/known_basis.rs`).
+fn codec_2_and_3_seeds(basis: &[u8], edited: &[u8]) {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let decoder = corpus.join("decoder");
+    std::fs::create_dir_all(&decoder).unwrap();
+    let mut builder = SignatureBuilder::new(SignatureParams {
+        block_size: 1024,
+        strong_len: 8,
+    });
+    builder.update(basis);
+    builder.finish();
+    let signature = builder.to_signature_bytes();
+    for (name, split, window_bytes) in [
+        ("window-edited-split256", 255u8, None),
+        ("window-edited-window4k-split100", 99, Some(4096)),
+    ] {
+        let mut options = EncoderOptions::default();
+        assert_eq!(options.codec, LiteralCodec::ZstdWindow);
+        if let Some(window_bytes) = window_bytes {
+            options.window_bytes = window_bytes;
+        }
+        let mut encoder = Encoder::new(Some(&signature), Some(edited.len() as u64), options);
+        let mut seed = vec![split];
+        encoder.push(edited, &mut seed).unwrap();
+        encoder.finish(&mut seed).unwrap();
+        std::fs::write(decoder.join(name), seed).unwrap();
+    }
+    for (name, split, window_bytes) in [
+        ("known-edited-split256", 255u8, None),
+        ("known-edited-split7", 6, None),
+        ("known-edited-window4k-split100", 99, Some(4096)),
+    ] {
+        let mut options = EncoderOptions::default();
+        if let Some(window_bytes) = window_bytes {
+            options.window_bytes = window_bytes;
+        }
+        let mut encoder =
+            Encoder::with_basis_body(Box::new(basis.to_vec()), Some(edited.len() as u64), options);
+        let mut seed = vec![split];
+        encoder.push(edited, &mut seed).unwrap();
+        encoder.finish(&mut seed).unwrap();
+        std::fs::write(decoder.join(name), seed).unwrap();
+    }
+
+    let known = corpus.join("known_basis");
+    std::fs::create_dir_all(&known).unwrap();
+    let edit = |kind: u8, a: u16, b: u16| {
+        let mut e = vec![kind];
+        e.extend_from_slice(&a.to_be_bytes());
+        e.extend_from_slice(&b.to_be_bytes());
+        e
+    };
+    let tail = |window: u8, sizes: [u16; 4], wrong_at: u32, xor: u8| {
+        let mut t = vec![window];
+        for size in sizes {
+            t.extend_from_slice(&size.to_be_bytes());
+        }
+        t.extend_from_slice(&wrong_at.to_be_bytes());
+        t.push(xor);
+        t
+    };
+    let mut seeds: Vec<(&str, Vec<u8>)> = Vec::new();
+    // Unedited basis, body with an insertion, a deletion and a flipped byte.
+    let mut s = vec![0, 0, 3];
+    s.extend(edit(2, 30_000, 20));
+    s.extend_from_slice(b"an inserted sentence");
+    s.extend(edit(1, 10_000, 300));
+    s.extend(edit(5, 50_000, 7));
+    s.extend(tail(7, [4095, 999, 99, 6], 30_123, 1));
+    seeds.push(("edited-body", s));
+    // Basis and body both edited, a moved and a duplicated stretch.
+    let mut s = vec![0, 2];
+    s.extend(edit(6, 1000, 0));
+    s.extend(edit(4, 20_000, 2000));
+    s.extend_from_slice(&5000u16.to_be_bytes());
+    s.push(2);
+    s.extend(edit(3, 40_000, 3000));
+    s.extend_from_slice(&100u16.to_be_bytes());
+    s.extend(edit(0, 60_000, 0));
+    s.extend(tail(31, [8191, 1, 8191, 8191], 7, 0x80));
+    seeds.push(("edited-basis-and-body", s));
+    // A small slice of the text as the basis, an empty body.
+    let mut s = vec![0, 1];
+    s.extend(edit(7, 123, 700));
+    s.push(1);
+    s.extend(edit(0, 0, 0));
+    s.extend(tail(0, [63, 63, 0, 0], 5, 0x20));
+    seeds.push(("small-basis-empty-body", s));
+    // A wrong Content-Length (1 MiB: 1 MiB blocks, one window).
+    let mut s = vec![1, 0, 1];
+    s.extend(edit(5, 33_333, 1));
+    s.push(0);
+    s.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    s.extend_from_slice(&[0x10, 0, 0x01, 0, 0x02, 0, 0x00, 0x40, 0, 0, 0x80, 0, 9]);
+    seeds.push(("wrong-content-length", s));
+    // Large: 1.25 MiB basis, a 64 KiB stretch of it with edits.
+    let mut s = vec![2, 1];
+    s.extend(edit(5, 40_000, 3));
+    s.extend_from_slice(&30_000u16.to_be_bytes());
+    s.push(2);
+    s.extend(edit(2, 1000, 12));
+    s.extend_from_slice(b"hello, world");
+    s.extend(edit(1, 50_000, 100));
+    s.extend(tail(1, [8191, 8191, 1000, 4000], 700_000, 1));
+    seeds.push(("large-basis", s));
+    for (name, seed) in seeds {
+        std::fs::write(known.join(name), seed).unwrap();
+    }
 }
 
 /// The commands and plain literals of the first DELTA frame the encoder

@@ -42,3 +42,39 @@ pub fn body() -> &'static [u8] {
         body
     })
 }
+
+/// Length of the `known_basis` target's text.
+pub const TEXT_LEN: usize = 64 << 10;
+
+/// The fixed 64 KiB text of `known_basis`: words, markup, numbers and
+/// newlines from a fixed seed, the kind of body codec 3 compresses against
+/// (zstd finds the basis text in it; pseudo-random bytes would not).
+pub fn text() -> &'static [u8] {
+    static TEXT: OnceLock<Vec<u8>> = OnceLock::new();
+    TEXT.get_or_init(|| {
+        const WORDS: &[&str] = &[
+            "function", "return", "var", "const", "the", "proxy", "cache", "delta",
+            "window", "<div class=\"row\">", "</div>", "if", "else", "{", "}", "(", ");",
+            "=>", "null", "signature", "block", "copy", "literal", "// comment", "import",
+            "export", "hsync", "zstd",
+        ];
+        let random = pseudo_random(0x7465_7874_6b6e_6f77, TEXT_LEN);
+        let mut out = Vec::with_capacity(TEXT_LEN + 32);
+        let mut i = 0;
+        while out.len() < TEXT_LEN {
+            let r = random[i % random.len()];
+            i += 1;
+            out.extend_from_slice(WORDS[usize::from(r) % WORDS.len()].as_bytes());
+            out.push(match r % 11 {
+                0 => b'\n',
+                1 => b'\t',
+                _ => b' ',
+            });
+            if r.is_multiple_of(37) {
+                out.extend_from_slice(format!("{}", u32::from(r) * 7919 + i as u32).as_bytes());
+            }
+        }
+        out.truncate(TEXT_LEN);
+        out
+    })
+}
