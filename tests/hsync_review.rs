@@ -227,7 +227,6 @@ fn r4_tiny_codec_3_windows_cost_in_proportion_to_the_stream() {
 /// same whether the context is full or not (a ring buffer, or compacting
 /// only when the buffer holds 2 × `CONTEXT_LEN`); the test allows 2x.
 #[test]
-#[ignore = "bug R-7: extend_context shifts the full 1 MiB context for every window, even a 1-byte one"]
 fn r7_tiny_windows_cost_the_same_after_a_full_context() {
     fn decode_time(codec: LiteralCodec, fill_context: bool, windows: usize) -> Duration {
         let first = OwnedFrame::Delta {
@@ -277,7 +276,6 @@ fn r7_tiny_windows_cost_the_same_after_a_full_context() {
 /// the bytes are in `out` before the check. Expected: `push_to` hands out
 /// exactly what `rebuilt_len()` counts.
 #[test]
-#[ignore = "bug R-8: push_to counts a window its sink never received when the window's SIG check fails"]
 fn r8_push_to_counts_only_what_its_sink_received() {
     let literal = |bytes: &[u8]| OwnedFrame::Delta {
         commands: commands(&[DeltaCommand::Literal {

@@ -28,7 +28,7 @@ pub trait Basis {
     fn size(&self) -> u64;
 
     /// Appends `len` bytes at `offset` to `out`; the caller checked the
-    /// range against [`len`](Self::len).
+    /// range against [`size`](Self::size).
     ///
     /// # Errors
     /// An I/O error reading the basis.
@@ -257,7 +257,7 @@ pub struct Decoder<B> {
     literal_buf: Vec<u8>,
     /// The window handed to `push_to`'s sink.
     window_out: Vec<u8>,
-    /// The body's last bytes (`ZstdWindow` only).
+    /// The body's last bytes (codecs 2 and 3).
     context: Vec<u8>,
     /// A window's copied bytes, its basis slice, and the reference prefix
     /// built from them (`ZstdWindow`, `ZstdBasis`).
@@ -396,13 +396,20 @@ impl<B: Basis> Decoder<B> {
             };
             match frame {
                 Frame::Delta { commands, literals } => {
-                    self.apply_window(header, commands, literals, out)?;
-                    if let Some(sink) = sink.as_mut() {
+                    let applied = self.apply_window(header, commands, literals, out);
+                    // A window that failed a check after it was rebuilt is
+                    // counted in `rebuilt`: hand it out too, as `push` leaves
+                    // it in `out`, so the prefix and its partial signature
+                    // describe exactly the bytes the caller holds.
+                    if let Some(sink) = sink.as_mut()
+                        && !out.is_empty()
+                    {
                         sink(out).map_err(|e| DecodeError::Output {
                             reason: e.to_string(),
                         })?;
                         out.clear();
                     }
+                    applied?;
                 }
                 Frame::Sig { entries } => self.receive_entries(entries)?,
                 Frame::End { len, digest } => self.end(len, digest)?,

@@ -145,7 +145,7 @@ pub struct Encoder {
     commands: Vec<u8>,
     literal_bytes: Vec<u8>,
     compressed: Vec<u8>,
-    /// The body's last bytes before the window (`ZstdWindow` only).
+    /// The body's last bytes before the window (codecs 2 and 3).
     context: Vec<u8>,
     /// The window's copied bytes, the basis slice, and the reference
     /// prefix built from them (`ZstdWindow`, `ZstdBasis`).

@@ -190,16 +190,20 @@ pub(crate) fn window_prefix(
     }
 }
 
-/// Keeps the last [`CONTEXT_LEN`] bytes of the body in `context` after
-/// `more` of it was rebuilt.
+/// Keeps at least the last [`CONTEXT_LEN`] bytes of the body in `context`
+/// (its tail is what [`window_prefix`] uses) after `more` of it was
+/// rebuilt. It holds up to twice that and shifts only when full, so a
+/// stream of tiny windows does not move 1 MiB per window.
 pub(crate) fn extend_context(context: &mut Vec<u8>, more: &[u8]) {
     if more.len() >= CONTEXT_LEN {
         context.clear();
         context.extend_from_slice(&more[more.len() - CONTEXT_LEN..]);
         return;
     }
-    let excess = (context.len() + more.len()).saturating_sub(CONTEXT_LEN);
-    context.drain(..excess);
+    if context.len() + more.len() > 2 * CONTEXT_LEN {
+        let keep = CONTEXT_LEN - more.len();
+        context.drain(..context.len() - keep);
+    }
     context.extend_from_slice(more);
 }
 
