@@ -19,7 +19,7 @@ pub struct AcceleratorArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub listen: SocketAddr,
-    /// The origin web server, http://host[:port].
+    /// The origin web server, `http://host[:port]`.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub origin: String,
     /// Our name in Via (letters, digits, '.', ':', '_', '-'); default: the
