@@ -10,8 +10,11 @@
 //! a slow client slows the origin read instead of filling memory, and the
 //! first frames leave before the origin has finished.
 //!
-//! Leaves out (for now): keeping served bodies for codec 3, TLS, HTTP/2,
-//! auth and queueing.
+//! Bodies it serves coded are kept in a bounded [`BasisStore`]; a client
+//! that names one of them in `Hsync-Basis` gets codec 3 (compressed
+//! against the body itself), otherwise the rsync stream.
+//!
+//! Leaves out (for now): TLS, HTTP/2, auth and queueing.
 //!
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
@@ -29,7 +32,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 
-use crate::hsync::{Encoder, EncoderOptions};
+use crate::basis_store::BasisStore;
+use crate::hsync::{Basis, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
     parse_byte_sequence, strip_hop_by_hop, weaken_etag,
@@ -53,6 +57,10 @@ pub struct AcceleratorConfig {
     pub connect_timeout: Duration,
     /// Time for the origin's response head.
     pub origin_timeout: Duration,
+    /// Memory for bodies served, kept as future bases (bytes; 0: none).
+    pub basis_store_bytes: usize,
+    /// Largest body kept there (bytes).
+    pub max_stored_body: usize,
 }
 
 /// Why the configuration cannot be used.
@@ -71,6 +79,7 @@ pub struct Accelerator {
     config: AcceleratorConfig,
     origin_authority: Authority,
     client: Client<HttpConnector, ProxyBody>,
+    bodies: Arc<BasisStore>,
 }
 
 impl Accelerator {
@@ -95,7 +104,12 @@ impl Accelerator {
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
+        let bodies = Arc::new(BasisStore::new(
+            config.basis_store_bytes,
+            config.max_stored_body,
+        ));
         Ok(Accelerator {
+            bodies,
             config,
             origin_authority,
             client,
@@ -177,6 +191,10 @@ impl Accelerator {
             .get(HSYNC_SIGNATURE)
             .and_then(|v| parse_byte_sequence(v, self.config.max_signature_bytes));
         let basis_name = parts.headers.get(HSYNC_BASIS).cloned();
+        let basis_digest = basis_name
+            .as_ref()
+            .and_then(|name| parse_byte_sequence(name, 32))
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok());
 
         if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
             return Self::error(StatusCode::BAD_REQUEST, error.to_string());
@@ -280,9 +298,18 @@ impl Accelerator {
             parts.headers.insert(HSYNC_BASIS, name);
         }
         parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
-        let encoder = Encoder::new(signature.as_deref(), content_length, self.config.encoder);
+        // A basis we served and still hold: compress against the body itself.
+        let held = basis_digest
+            .and_then(|digest| self.bodies.get(&digest))
+            .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
+        let encoder = match held {
+            Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
+            None => Encoder::new(signature.as_deref(), content_length, self.config.encoder),
+        };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
-        let body = encode_body(body, encoder, method, uri);
+        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64);
+        let store = keep.then(|| self.bodies.clone());
+        let body = encode_body(body, encoder, store, method, uri);
         Response::from_parts(parts, body)
     }
 
@@ -333,7 +360,15 @@ fn remove_hsync_coding(headers: &mut http::HeaderMap) {
 const CHANNEL_DEPTH: usize = 4;
 
 /// Streams the origin body through the encoder on a blocking thread.
-fn encode_body(origin: Incoming, mut encoder: Encoder, method: Method, uri: Uri) -> ProxyBody {
+/// The body is also collected, up to the store's limit, and kept there once
+/// END's digest is known.
+fn encode_body(
+    origin: Incoming,
+    mut encoder: Encoder,
+    store: Option<Arc<BasisStore>>,
+    method: Method,
+    uri: Uri,
+) -> ProxyBody {
     let (to_encoder, mut from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
     let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
     tokio::spawn(async move {
@@ -354,6 +389,7 @@ fn encode_body(origin: Incoming, mut encoder: Encoder, method: Method, uri: Uri)
     });
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
+        let mut kept: Option<Vec<u8>> = store.as_ref().map(|_| Vec::new());
         let send = |out: &mut Vec<u8>| {
             if out.is_empty() {
                 return true;
@@ -371,6 +407,13 @@ fn encode_body(origin: Incoming, mut encoder: Encoder, method: Method, uri: Uri)
                     return;
                 }
             };
+            if let Some(body) = &mut kept {
+                if body.len() + chunk.len() <= store.as_ref().map_or(0, |s| s.max_body()) {
+                    body.extend_from_slice(&chunk);
+                } else {
+                    kept = None;
+                }
+            }
             if let Err(error) = encoder.push(&chunk, &mut out) {
                 let _ = to_client.blocking_send(Err(error.into()));
                 return;
@@ -381,6 +424,9 @@ fn encode_body(origin: Incoming, mut encoder: Encoder, method: Method, uri: Uri)
         }
         match encoder.finish(&mut out) {
             Ok(summary) => {
+                if let (Some(store), Some(body)) = (&store, kept) {
+                    store.insert(summary.digest, body.into());
+                }
                 if send(&mut out) {
                     tracing::info!(
                         %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,

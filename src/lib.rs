@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod accelerator;
+pub mod basis_store;
 pub mod cache;
 pub mod cli;
 pub mod hsync;

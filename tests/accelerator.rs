@@ -44,6 +44,15 @@ fn body_v2() -> Vec<u8> {
     body
 }
 
+/// Release 3: small edits every 3 KB, each costing rsync a whole block.
+fn body_v3() -> Vec<u8> {
+    let mut body = body_v2();
+    for at in (500..body.len()).step_by(3000) {
+        body[at] = b'#';
+    }
+    body
+}
+
 async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     let mut response = Response::new(Full::new(Bytes::new()));
@@ -54,6 +63,7 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
                 .headers_mut()
                 .insert("etag", HeaderValue::from_static("\"v2\""));
         }
+        "/v3.js" => *response.body_mut() = Full::new(Bytes::from(body_v3())),
         "/gz" => {
             *response.body_mut() = Full::new(Bytes::from_static(b"not really gzip"));
             response
@@ -114,6 +124,8 @@ fn config(origin: SocketAddr) -> AcceleratorConfig {
         max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(5),
+        basis_store_bytes: 16 << 20,
+        max_stored_body: 4 << 20,
     }
 }
 
@@ -199,6 +211,50 @@ async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
         stream.len(),
         body.len()
     );
+}
+
+/// Decodes an hsync stream against `basis`.
+fn decode_stream(basis: &[u8], stream: &[u8]) -> Vec<u8> {
+    let mut decoder = Decoder::new(basis, DecodeLimits::default());
+    let mut body = Vec::new();
+    decoder.push(stream, &mut body).unwrap();
+    decoder.finish().unwrap();
+    body
+}
+
+#[tokio::test]
+async fn a_basis_the_accelerator_served_gets_codec_3() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let without_store = start_accelerator(AcceleratorConfig {
+        basis_store_bytes: 0,
+        ..config(origin.addr)
+    })
+    .await;
+    // The client gets release 2 from scratch; the accelerator keeps it.
+    let offer_none = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let (_, _, stream) = fetch(accel, get("/v2.js", &offer_none)).await;
+    let v2 = decode_stream(&[], &stream);
+    assert!(v2 == body_v2());
+    // Release 3 against it: codec 3 (header byte 5), smaller than rsync.
+    let (status, _, coded) = fetch(accel, get("/v3.js", &offer(&v2))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(coded[5], 3, "literal codec of the stream header");
+    assert!(decode_stream(&v2, &coded) == body_v3());
+    let (_, _, rsync) = fetch(without_store, get("/v3.js", &offer(&v2))).await;
+    assert_eq!(rsync[5], 2);
+    assert!(decode_stream(&v2, &rsync) == body_v3());
+    assert!(
+        coded.len() * 2 < rsync.len(),
+        "codec 3: {} bytes, rsync: {} bytes",
+        coded.len(),
+        rsync.len()
+    );
+    // A basis it never served falls back to rsync.
+    let other = pseudo_text(77, 50_000);
+    let (_, _, stream) = fetch(accel, get("/v3.js", &offer(&other))).await;
+    assert_eq!(stream[5], 2);
+    assert!(decode_stream(&other, &stream) == body_v3());
 }
 
 #[tokio::test]

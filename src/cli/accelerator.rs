@@ -39,6 +39,13 @@ pub struct AcceleratorArgs {
     /// Seconds for the origin's response head (504 after).
     #[arg(long, default_value_t = 30)]
     pub origin_timeout: u64,
+    /// Memory for bodies served, kept so that a client naming one as its
+    /// basis gets a delta against the body itself (bytes; 0 turns it off).
+    #[arg(long, default_value_t = 256 << 20)]
+    pub basis_store: usize,
+    /// Largest body kept there (bytes).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_stored_body: usize,
     /// Seconds a client has to send a request head (408 after).
     #[arg(long, default_value_t = 10)]
     pub header_read_timeout: u64,
@@ -77,6 +84,8 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         max_signature_bytes: args.max_signature,
         connect_timeout: Duration::from_secs(args.connect_timeout),
         origin_timeout: Duration::from_secs(args.origin_timeout),
+        basis_store_bytes: args.basis_store,
+        max_stored_body: args.max_stored_body,
     };
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs(args.header_read_timeout),

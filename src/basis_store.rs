@@ -1,0 +1,138 @@
+//! The accelerator's memory of bodies it served, keyed by blake3: every
+//! basis a client holds came out of an accelerator, and the client names it
+//! in `Hsync-Basis`, so a body still held here lets the encoder compress
+//! against the real basis (codec 3) instead of a 6 KiB signature.
+//!
+//! In memory, bounded by a byte budget, least recently used first out. The
+//! accelerator stays correct without it (a miss falls back to rsync), so
+//! losing it on restart costs only bandwidth.
+//!
+//! Main type: [`BasisStore`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Bodies by blake3, within a byte budget.
+#[derive(Debug)]
+pub struct BasisStore {
+    budget: usize,
+    max_body: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    bodies: HashMap<[u8; 32], (Arc<[u8]>, u64)>,
+    /// Last-use tick → digest; the first is the least recently used.
+    lru: BTreeMap<u64, [u8; 32]>,
+    used: usize,
+    tick: u64,
+}
+
+impl BasisStore {
+    /// A store of at most `budget` bytes, keeping bodies of at most
+    /// `max_body` bytes.
+    pub fn new(budget: usize, max_body: usize) -> Self {
+        BasisStore {
+            budget,
+            max_body: max_body.min(budget),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Largest body kept (bytes); callers stop collecting a body past it.
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent between statements; a panic elsewhere
+        // must not take the store down.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The body whose blake3 is `digest`, if held; counts as a use.
+    pub fn get(&self, digest: &[u8; 32]) -> Option<Arc<[u8]>> {
+        let mut st = self.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        let (body, last) = st.bodies.get_mut(digest)?;
+        let body = body.clone();
+        let old = std::mem::replace(last, tick);
+        st.lru.remove(&old);
+        st.lru.insert(tick, *digest);
+        Some(body)
+    }
+
+    /// Keeps `body` under its blake3 `digest` (the caller computed it while
+    /// streaming), evicting least recently used bodies to make room.
+    /// Bodies over [`max_body`](Self::max_body) are not kept.
+    pub fn insert(&self, digest: [u8; 32], body: Arc<[u8]>) {
+        if body.len() > self.max_body {
+            return;
+        }
+        let mut st = self.lock();
+        if st.bodies.contains_key(&digest) {
+            return;
+        }
+        while st.used + body.len() > self.budget {
+            let Some((_, victim)) = st.lru.pop_first() else {
+                return;
+            };
+            if let Some((old, _)) = st.bodies.remove(&victim) {
+                st.used -= old.len();
+            }
+        }
+        st.tick += 1;
+        let tick = st.tick;
+        st.used += body.len();
+        st.lru.insert(tick, digest);
+        st.bodies.insert(digest, (body, tick));
+    }
+
+    /// Bytes held.
+    pub fn used(&self) -> usize {
+        self.lock().used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(byte: u8, len: usize) -> ([u8; 32], Arc<[u8]>) {
+        let body: Arc<[u8]> = vec![byte; len].into();
+        (*blake3::hash(&body).as_bytes(), body)
+    }
+
+    #[test]
+    fn keeps_bodies_within_budget_evicting_the_least_recently_used() {
+        let store = BasisStore::new(300, 200);
+        let (a, body_a) = body(1, 100);
+        let (b, body_b) = body(2, 100);
+        let (c, body_c) = body(3, 100);
+        store.insert(a, body_a.clone());
+        store.insert(b, body_b);
+        assert_eq!(store.get(&a).as_deref(), Some(&body_a[..]));
+        store.insert(c, body_c.clone());
+        assert_eq!(store.used(), 300);
+        let (d, body_d) = body(4, 100);
+        store.insert(d, body_d);
+        // b was the least recently used.
+        assert!(store.get(&b).is_none());
+        assert!(store.get(&a).is_some() && store.get(&c).is_some() && store.get(&d).is_some());
+        assert_eq!(store.used(), 300);
+    }
+
+    #[test]
+    fn bodies_over_the_limit_are_not_kept_and_evict_nothing() {
+        let store = BasisStore::new(300, 200);
+        let (a, body_a) = body(1, 100);
+        store.insert(a, body_a);
+        let (big, body_big) = body(9, 201);
+        store.insert(big, body_big);
+        assert!(store.get(&big).is_none());
+        assert!(store.get(&a).is_some());
+        assert_eq!(store.used(), 100);
+    }
+}
