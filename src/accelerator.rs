@@ -19,6 +19,7 @@
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,7 +34,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 
 use crate::basis_store::BasisStore;
-use crate::hsync::{Basis, Encoder, EncoderOptions};
+use crate::hsync::{Basis, BasisUse, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
     parse_byte_sequence, strip_hop_by_hop, weaken_etag,
@@ -74,12 +75,50 @@ pub enum ConfigError {
     },
 }
 
+/// The path where each proxy answers with its counters as JSON (it shadows
+/// the same path at the origin).
+pub const STATS_PATH: &str = "/.rproxy/stats";
+
+/// Counters for `GET /.rproxy/stats`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    requests: AtomicU64,
+    coded: AtomicU64,
+    coded_against_body: AtomicU64,
+    passed: AtomicU64,
+    refused: AtomicU64,
+    body_bytes: AtomicU64,
+    stream_bytes: AtomicU64,
+}
+
+impl Stats {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters as a JSON object.
+    pub fn to_json(&self) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "{{\"requests\":{},\"coded\":{},\"coded_against_body\":{},\"passed\":{},\"refused\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{}}}\n",
+            get(&self.requests),
+            get(&self.coded),
+            get(&self.coded_against_body),
+            get(&self.passed),
+            get(&self.refused),
+            get(&self.body_bytes),
+            get(&self.stream_bytes),
+        )
+    }
+}
+
 /// The accelerator role.
 pub struct Accelerator {
     config: AcceleratorConfig,
     origin_authority: Authority,
     client: Client<HttpConnector, ProxyBody>,
     bodies: Arc<BasisStore>,
+    stats: Arc<Stats>,
 }
 
 impl Accelerator {
@@ -109,11 +148,18 @@ impl Accelerator {
             config.max_stored_body,
         ));
         Ok(Accelerator {
+            stats: Arc::default(),
             bodies,
             config,
             origin_authority,
             client,
         })
+    }
+
+    /// Refuses a request with a short plain-text error, counted.
+    fn refuse(&self, status: StatusCode, message: String) -> Response<ProxyBody> {
+        Stats::add(&self.stats.refused, 1);
+        Self::error(status, message)
     }
 
     /// Answers with a short plain-text error.
@@ -168,12 +214,28 @@ impl Accelerator {
     }
 
     async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        Stats::add(&self.stats.requests, 1);
+        if request.method() == Method::GET
+            && request.uri().authority().is_none()
+            && request.uri().path() == STATS_PATH
+        {
+            let mut response = Response::new(
+                Full::new(Bytes::from(self.stats.to_json()))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            );
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
         let target = match self.origin_target(&request) {
             Ok(target) => target,
-            Err(message) => return Self::error(StatusCode::BAD_REQUEST, message),
+            Err(message) => return self.refuse(StatusCode::BAD_REQUEST, message),
         };
         if self.is_loop(&request) {
-            return Self::error(
+            return self.refuse(
                 StatusCode::LOOP_DETECTED,
                 format!(
                     "request already passed {}",
@@ -197,7 +259,7 @@ impl Accelerator {
             .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok());
 
         if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
-            return Self::error(StatusCode::BAD_REQUEST, error.to_string());
+            return self.refuse(StatusCode::BAD_REQUEST, error.to_string());
         }
         parts.headers.remove(HSYNC_SIGNATURE);
         parts.headers.remove(HSYNC_BASIS);
@@ -231,7 +293,7 @@ impl Accelerator {
                 .await
             {
                 Err(_) => {
-                    return Self::error(
+                    return self.refuse(
                         StatusCode::GATEWAY_TIMEOUT,
                         format!(
                             "origin sent no response head within {:?}",
@@ -240,7 +302,7 @@ impl Accelerator {
                     );
                 }
                 Ok(Err(error)) => {
-                    return Self::error(
+                    return self.refuse(
                         StatusCode::BAD_GATEWAY,
                         format!("origin unreachable: {error}"),
                     );
@@ -253,7 +315,7 @@ impl Accelerator {
         // answer 1.0 and lose chunked framing).
         parts.version = http::Version::HTTP_11;
         if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
-            return Self::error(StatusCode::BAD_GATEWAY, format!("origin response: {error}"));
+            return self.refuse(StatusCode::BAD_GATEWAY, format!("origin response: {error}"));
         }
         add_via(&mut parts.headers, &self.config.via_name);
 
@@ -280,6 +342,7 @@ impl Accelerator {
             && content_length.is_none_or(|len| len <= self.config.max_encode_len);
 
         if !encode {
+            Stats::add(&self.stats.passed, 1);
             tracing::info!(%method, %uri, status = parts.status.as_u16(), mode = "pass", bytes = ?content_length, "request");
             return Response::from_parts(parts, body.map_err(BodyError::from).boxed());
         }
@@ -309,7 +372,11 @@ impl Accelerator {
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64);
         let store = keep.then(|| self.bodies.clone());
-        let body = encode_body(body, encoder, store, method, uri);
+        Stats::add(&self.stats.coded, 1);
+        if encoder.basis_use() == &BasisUse::Body {
+            Stats::add(&self.stats.coded_against_body, 1);
+        }
+        let body = encode_body(body, encoder, store, self.stats.clone(), method, uri);
         Response::from_parts(parts, body)
     }
 
@@ -366,6 +433,7 @@ fn encode_body(
     origin: Incoming,
     mut encoder: Encoder,
     store: Option<Arc<BasisStore>>,
+    stats: Arc<Stats>,
     method: Method,
     uri: Uri,
 ) -> ProxyBody {
@@ -424,6 +492,8 @@ fn encode_body(
         }
         match encoder.finish(&mut out) {
             Ok(summary) => {
+                Stats::add(&stats.body_bytes, summary.body_len);
+                Stats::add(&stats.stream_bytes, summary.stream_bytes);
                 if let (Some(store), Some(body)) = (&store, kept) {
                     store.insert(summary.digest, body.into());
                 }

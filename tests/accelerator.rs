@@ -478,3 +478,36 @@ fn an_origin_with_a_path_or_tls_is_refused_at_start() {
         assert!(Accelerator::new(config).is_err(), "{origin}");
     }
 }
+
+#[tokio::test]
+async fn stats_count_coded_passed_and_refused_requests() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let basis = body_v1();
+    let (_, _, stream) = fetch(accel, get("/v2.js", &offer(&basis))).await;
+    fetch(accel, get("/v2.js", &[])).await;
+    fetch(
+        accel,
+        get(
+            "/v2.js",
+            &[("via", HeaderValue::from_static("1.1 accel-test"))],
+        ),
+    )
+    .await;
+    let (status, headers, body) = fetch(accel, get("/.rproxy/stats", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/json");
+    let json = String::from_utf8(body).unwrap();
+    for expected in [
+        "\"requests\":4".to_string(),
+        "\"coded\":1".to_string(),
+        "\"passed\":1".to_string(),
+        "\"refused\":1".to_string(),
+        format!("\"coded_body_bytes\":{}", body_v2().len()),
+        format!("\"coded_stream_bytes\":{}", stream.len()),
+    ] {
+        assert!(json.contains(&expected), "{expected} not in {json}");
+    }
+    // The stats request never reaches the origin.
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
+}
