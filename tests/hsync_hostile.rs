@@ -15,8 +15,8 @@ use rproxy::hsync::{
     SignatureError, SignatureLimits,
 };
 use support::{
-    OwnedFrame, Rng, accelerator_signature, blake3_of, build_stream, decode, encode,
-    encode_against, options, pseudo_text, random_bytes, reference_signature, split_stream,
+    OwnedFrame, Rng, accelerator_signature, blake3_of, build_stream, commands, decode, encode,
+    encode_against, header, options, pseudo_text, random_bytes, reference_signature, split_stream,
 };
 
 const ALL_CODECS: [LiteralCodec; 3] = [
@@ -24,22 +24,6 @@ const ALL_CODECS: [LiteralCodec; 3] = [
     LiteralCodec::Zstd,
     LiteralCodec::ZstdWindow,
 ];
-
-fn header(codec: LiteralCodec) -> Header {
-    Header {
-        block_size: 1024,
-        strong_len: 8,
-        codec,
-    }
-}
-
-fn commands(list: &[DeltaCommand]) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for command in list {
-        command.write(&mut bytes);
-    }
-    bytes
-}
 
 /// A DELTA frame with uncompressed literals.
 fn delta(list: &[DeltaCommand], literals: &[u8]) -> OwnedFrame {

@@ -22,21 +22,6 @@ fn fast(window_bytes: usize) -> EncoderOptions {
     }
 }
 
-fn encode_with_body(basis: &[u8], new: &[u8], options: EncoderOptions, sizes: &[usize]) -> Vec<u8> {
-    let mut encoder =
-        Encoder::with_basis_body(Box::new(basis.to_vec()), Some(new.len() as u64), options);
-    let mut stream = Vec::new();
-    for piece in pieces(new, sizes) {
-        encoder
-            .push(piece, &mut stream)
-            .expect("encoding cannot fail");
-    }
-    let summary = encoder.finish(&mut stream).expect("encoding cannot fail");
-    assert_eq!(summary.basis, BasisUse::Body);
-    assert_eq!(summary.stream_bytes, stream.len() as u64);
-    stream
-}
-
 #[test]
 fn small_edit_round_trips_and_costs_less_than_the_rsync_stream() {
     let basis = pseudo_text(1, 300_000);

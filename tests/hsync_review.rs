@@ -12,25 +12,9 @@ use std::time::{Duration, Instant};
 
 use rproxy::hsync::{
     BASIS_LOOKBEHIND, BASIS_SPAN, BasisUse, DecodeError, DecodeLimits, Decoder, DeltaCommand,
-    EncodeError, Encoder, EncoderOptions, FileBasis, Header, LiteralCodec, MAX_PREFIX_LEN,
+    EncodeError, Encoder, EncoderOptions, FileBasis, LiteralCodec, MAX_PREFIX_LEN,
 };
 use support::*;
-
-fn header(codec: LiteralCodec) -> Header {
-    Header {
-        block_size: 1024,
-        strong_len: 8,
-        codec,
-    }
-}
-
-fn commands(list: &[DeltaCommand]) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for command in list {
-        command.write(&mut bytes);
-    }
-    bytes
-}
 
 fn fast(window_bytes: usize, codec: LiteralCodec) -> EncoderOptions {
     EncoderOptions {
@@ -40,17 +24,6 @@ fn fast(window_bytes: usize, codec: LiteralCodec) -> EncoderOptions {
         basis_zstd_level: 3,
         ..EncoderOptions::default()
     }
-}
-
-fn encode_with_body(basis: &[u8], new: &[u8], options: EncoderOptions, sizes: &[usize]) -> Vec<u8> {
-    let mut encoder =
-        Encoder::with_basis_body(Box::new(basis.to_vec()), Some(new.len() as u64), options);
-    let mut stream = Vec::new();
-    for piece in pieces(new, sizes) {
-        encoder.push(piece, &mut stream).unwrap();
-    }
-    encoder.finish(&mut stream).unwrap();
-    stream
 }
 
 // ---------------------------------------------------------------------------

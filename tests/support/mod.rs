@@ -11,9 +11,9 @@ use std::io::Read;
 use proptest::prelude::*;
 
 use rproxy::hsync::{
-    Basis, DEFAULT_STRONG_LEN, DecodeError, DecodeLimits, Decoded, Decoder, EncodeSummary, Encoder,
-    EncoderOptions, Frame, HEADER_LEN, Header, LiteralCodec, SignatureBuilder, SignatureParams,
-    choose_block_size, parse_commands,
+    Basis, BasisUse, DEFAULT_STRONG_LEN, DecodeError, DecodeLimits, Decoded, Decoder, DeltaCommand,
+    EncodeSummary, Encoder, EncoderOptions, Frame, HEADER_LEN, Header, LiteralCodec,
+    SignatureBuilder, SignatureParams, choose_block_size, parse_commands,
 };
 
 /// A small deterministic PRNG (splitmix64): tests stay reproducible from a
@@ -191,6 +191,46 @@ pub fn encode(
     let summary = encoder.finish(&mut stream).expect("encoding cannot fail");
     assert_eq!(summary.stream_bytes, stream.len() as u64, "{summary:?}");
     (stream, summary)
+}
+
+/// Encodes `new` with the basis body itself (codec 3), pushing it in pieces
+/// cut by `sizes`; `options.codec` must compress.
+pub fn encode_with_body(
+    basis: &[u8],
+    new: &[u8],
+    options: EncoderOptions,
+    sizes: &[usize],
+) -> Vec<u8> {
+    let mut encoder =
+        Encoder::with_basis_body(Box::new(basis.to_vec()), Some(new.len() as u64), options);
+    let mut stream = Vec::new();
+    for piece in pieces(new, sizes) {
+        encoder
+            .push(piece, &mut stream)
+            .expect("encoding cannot fail");
+    }
+    let summary = encoder.finish(&mut stream).expect("encoding cannot fail");
+    assert_eq!(summary.basis, BasisUse::Body);
+    assert_eq!(summary.stream_bytes, stream.len() as u64);
+    stream
+}
+
+/// The stream header tests build frames under: 1 KiB blocks, 8-byte sums.
+pub fn header(codec: LiteralCodec) -> Header {
+    Header {
+        block_size: 1024,
+        strong_len: 8,
+        codec,
+    }
+}
+
+/// Delta command bytes for `list`.
+pub fn commands(list: &[DeltaCommand]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for command in list {
+        command.write(&mut bytes);
+    }
+    bytes
 }
 
 /// Encodes `new` against the accelerator-style signature of `basis`, in one
