@@ -37,7 +37,7 @@ use crate::basis_store::BasisStore;
 use crate::hsync::{Basis, BasisUse, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
-    parse_byte_sequence, strip_hop_by_hop, weaken_etag,
+    parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
 use crate::server::{BodyError, Handler, ProxyBody};
 
@@ -396,29 +396,6 @@ impl Handler for Accelerator {
         request: Request<Incoming>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.proxy(request)
-    }
-}
-
-/// Removes the hsync token from `Accept-Encoding` (we will not encode, so
-/// the origin should not see an offer it cannot honour).
-fn remove_hsync_coding(headers: &mut http::HeaderMap) {
-    let offers: Vec<String> = headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|item| {
-            let coding = item.split(';').next().unwrap_or("").trim();
-            !coding.is_empty() && !coding.eq_ignore_ascii_case(HSYNC_CODING)
-        })
-        .map(str::to_owned)
-        .collect();
-    headers.remove(header::ACCEPT_ENCODING);
-    if !offers.is_empty()
-        && let Ok(value) = HeaderValue::from_str(&offers.join(", "))
-    {
-        headers.insert(header::ACCEPT_ENCODING, value);
     }
 }
 

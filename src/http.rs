@@ -44,22 +44,49 @@ pub fn byte_sequence(bytes: &[u8]) -> HeaderValue {
     HeaderValue::from_str(&text).expect("base64 and colons are valid header characters")
 }
 
-/// Whether `Accept-Encoding` offers the hsync coding (with q > 0).
-pub fn accepts_hsync(headers: &HeaderMap) -> bool {
+/// The items of every `Accept-Encoding` field, trimmed, empty ones left out.
+fn accept_encoding_items(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::ACCEPT_ENCODING)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|item| {
-            let mut parts = item.split(';').map(str::trim);
-            let coding = parts.next().unwrap_or("");
-            coding.eq_ignore_ascii_case(HSYNC_CODING)
-                && !parts.any(|p| {
-                    p.strip_prefix("q=")
-                        .is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q <= 0.0))
-                })
-        })
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+}
+
+/// Whether an `Accept-Encoding` item names the hsync coding.
+fn is_hsync_item(item: &str) -> bool {
+    item.split(';')
+        .next()
+        .is_some_and(|coding| coding.trim().eq_ignore_ascii_case(HSYNC_CODING))
+}
+
+/// Whether `Accept-Encoding` offers the hsync coding (with q > 0).
+pub fn accepts_hsync(headers: &HeaderMap) -> bool {
+    accept_encoding_items(headers).any(|item| {
+        is_hsync_item(item)
+            && !item.split(';').skip(1).any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q <= 0.0))
+            })
+    })
+}
+
+/// Removes the hsync offer from `Accept-Encoding`, for a request we will
+/// not encode: the origin should not see an offer it cannot honour.
+pub fn remove_hsync_coding(headers: &mut HeaderMap) {
+    let others: Vec<&str> = accept_encoding_items(headers)
+        .filter(|item| !is_hsync_item(item))
+        .collect();
+    let value = (!others.is_empty())
+        .then(|| HeaderValue::from_str(&others.join(", ")).ok())
+        .flatten();
+    headers.remove(header::ACCEPT_ENCODING);
+    if let Some(value) = value {
+        headers.insert(header::ACCEPT_ENCODING, value);
+    }
 }
 
 /// The hop-by-hop headers of RFC 9110 §7.6.1, plus `Proxy-Connection`
@@ -184,6 +211,19 @@ mod tests {
         )])));
         assert!(!accepts_hsync(&map(&[("accept-encoding", "hsyncx")])));
         assert!(!accepts_hsync(&map(&[])));
+    }
+
+    #[test]
+    fn a_declined_hsync_offer_leaves_the_other_codings() {
+        let mut headers = map(&[
+            ("accept-encoding", "hsync, gzip;q=0.5"),
+            ("accept-encoding", "br"),
+        ]);
+        remove_hsync_coding(&mut headers);
+        assert_eq!(headers["accept-encoding"], "gzip;q=0.5, br");
+        let mut only = map(&[("accept-encoding", "HSYNC")]);
+        remove_hsync_coding(&mut only);
+        assert!(only.get("accept-encoding").is_none());
     }
 
     #[test]

@@ -326,11 +326,6 @@ impl SignatureBuilder {
         &self.entries
     }
 
-    /// Bytes of the body seen so far that are not in a completed block.
-    pub fn pending_len(&self) -> usize {
-        self.pending.len()
-    }
-
     /// Ends the body: the short last block, if any, gets its entry.
     pub fn finish(&mut self) {
         if !self.finished && !self.pending.is_empty() {
