@@ -399,6 +399,66 @@ impl CacheStore {
         }
     }
 
+    /// Replaces the stored headers and time of an entry, as a 304 refreshes
+    /// them (RFC 9111 §4.3.4), without rewriting its body. `meta` is the
+    /// entry's metadata as read on the hit with `headers` and `stored_at`
+    /// changed; it applies only if the index still holds that body (same
+    /// digest), so a refresh never lands on a newer entry. Crash-safe like
+    /// a commit: temp file, fsync, rename over the old metadata, fsync the
+    /// directory. Returns whether the entry was updated.
+    ///
+    /// # Errors
+    ///
+    /// [`CacheError::Io`] when writing fails (the old metadata stays), and
+    /// [`CacheError::OverBudget`] when the larger metadata does not fit.
+    pub fn update_meta(&self, meta: &EntryMeta) -> Result<bool, CacheError> {
+        let (Ok(key), Ok(body_digest)) = (meta.key(), meta.body_digest()) else {
+            return Ok(false);
+        };
+        let hash = key.digest();
+        let paths = EntryPaths::new(&self.inner.root, &key);
+        let json = meta.to_json();
+        let (tmp, mut file) = create_temp(&self.inner.tmp, "meta")?;
+        let written = file
+            .write_all(&json)
+            .and_then(|()| file.sync_all())
+            .map_err(CacheError::io(&tmp));
+        drop(file);
+        let result = written.and_then(|()| {
+            let mut st = self.inner.lock();
+            let Some(slot) = st.slots.get_mut(&hash) else {
+                return Ok(false);
+            };
+            if slot.entry.body_blake3 != body_digest || slot.entry.body_len != meta.body_len {
+                return Ok(false);
+            }
+            let old_meta = fs::symlink_metadata(&paths.meta)
+                .map(|m| disk_bytes(m.len()))
+                .unwrap_or(0);
+            let grow = disk_bytes(json.len() as u64).saturating_sub(old_meta);
+            if grow > 0 && st.committed + st.reserved + grow > self.inner.budget {
+                return Err(CacheError::OverBudget {
+                    needed: grow,
+                    budget: self.inner.budget,
+                });
+            }
+            fs::rename(&tmp, &paths.meta).map_err(CacheError::io(&paths.meta))?;
+            let st = &mut *st;
+            let slot = st.slots.get_mut(&hash).expect("checked above");
+            let new_bytes =
+                slot.disk_bytes - old_meta.min(slot.disk_bytes) + disk_bytes(json.len() as u64);
+            st.committed = st.committed - slot.disk_bytes + new_bytes;
+            slot.disk_bytes = new_bytes;
+            slot.entry.stored_at = meta.stored_at;
+            Ok(true)
+        });
+        let _ = remove_if_exists(&tmp);
+        if result.as_ref().is_ok_and(|updated| *updated) {
+            fsync_dir(&paths.dir)?;
+        }
+        result
+    }
+
     /// All entries with the same scheme and authority as `key`: the input of
     /// [`select_basis`].
     pub fn candidates(&self, key: &CacheKey) -> Vec<IndexEntry> {

@@ -2,6 +2,8 @@
 //! proxies' roles will hang off the same [`Cli`].
 
 pub mod accelerator;
+pub mod client;
+pub mod demo;
 pub mod hsync;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +27,14 @@ pub enum Command {
     /// Reverse proxy in front of an origin: answers clients that offer
     /// hsync with a delta stream, passes everything else through.
     Accelerator(accelerator::AcceleratorArgs),
+    /// Caching forward proxy and gateway near the users: sends the
+    /// signature of the best cached basis upstream, rebuilds and verifies
+    /// the delta, and caches the result.
+    Client(client::ClientArgs),
+    /// The whole pipeline on loopback: an origin serving a folder, an
+    /// accelerator, a client proxy; fetches an older then a newer release
+    /// through them and reports the bytes saved.
+    Demo(demo::DemoArgs),
 }
 
 /// A bad flag or configuration: the process exits with 64.
@@ -40,5 +50,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Hsync(command) => hsync::run(command),
         Command::Accelerator(args) => accelerator::run(args),
+        Command::Client(args) => client::run(args),
+        Command::Demo(args) => demo::run(args),
     }
 }

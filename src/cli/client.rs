@@ -1,0 +1,165 @@
+//! `rproxy client`: flags → [`ClientConfig`], open the cache, then serve.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::UsageError;
+use super::accelerator::via_name;
+use crate::cache::{CacheScope, CacheStore};
+use crate::client_proxy::{ClientConfig, ClientProxy};
+use crate::server::{ConnectionLimits, serve};
+
+/// Flags of `rproxy client`.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// Address to listen on. User agents use it as their HTTP proxy
+    /// (`curl -x`, `http_proxy=`), or as the site itself (gateway).
+    #[arg(long, default_value = "127.0.0.1:8082")]
+    pub listen: SocketAddr,
+    /// The upstream, `http://host[:port]`: the accelerator (any HTTP server
+    /// works too; then this is an ordinary caching proxy).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub upstream: String,
+    /// Cache directory (created if missing; safe to delete).
+    #[arg(long, default_value = "cache/client")]
+    pub cache: PathBuf,
+    /// Cache size budget: bytes, or with a K, M or G suffix. Least recently
+    /// used entries are evicted to stay within it.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// The cache serves one user only: responses marked private, or to
+    /// requests with credentials, are stored and used as bases.
+    #[arg(long)]
+    pub private: bool,
+    /// Our name in Via (letters, digits, '.', ':', '_', '-'); default: the
+    /// listen address.
+    #[arg(long)]
+    pub via_name: Option<String>,
+    /// Basis signature bytes sent while the upstream's Hsync-Accept is not
+    /// known yet (decoded; 4608 is 6 KiB of header).
+    #[arg(long, default_value_t = 4608)]
+    pub signature_bytes: usize,
+    /// Basis signature bytes never exceeded, whatever the upstream
+    /// advertises.
+    #[arg(long, default_value_t = 24 << 10)]
+    pub max_signature: usize,
+    /// Largest body rebuilt from a delta: bytes, or with a K, M or G suffix.
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    pub max_object: u64,
+    /// Seconds to connect upstream.
+    #[arg(long, default_value_t = 4)]
+    pub connect_timeout: u64,
+    /// Seconds for the upstream's response head (504 after).
+    #[arg(long, default_value_t = 30)]
+    pub upstream_timeout: u64,
+    /// Seconds a request waits for an identical one already in flight
+    /// before fetching on its own.
+    #[arg(long, default_value_t = 5)]
+    pub lock_timeout: u64,
+    /// Seconds a client has to send a request head (408 after).
+    #[arg(long, default_value_t = 10)]
+    pub header_read_timeout: u64,
+    /// Listen on a non-loopback address although nobody has to
+    /// authenticate: an open proxy anyone who reaches it can use.
+    #[arg(long)]
+    pub allow_open: bool,
+}
+
+/// Parses `1234`, `64K`, `512M`, `1G` (binary multiples).
+pub(super) fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&text[..i], 10),
+        Some((i, 'm' | 'M')) => (&text[..i], 20),
+        Some((i, 'g' | 'G')) => (&text[..i], 30),
+        _ => (text, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (like 1048576, 512M or 1G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text} is too large"))
+}
+
+impl ClientArgs {
+    /// The validated configuration.
+    ///
+    /// # Errors
+    /// A [`UsageError`] saying which flag is wrong.
+    pub fn config(&self) -> Result<ClientConfig, UsageError> {
+        if !self.listen.ip().is_loopback() && !self.allow_open {
+            return Err(UsageError(format!(
+                "--listen {}: not a loopback address, and nobody has to authenticate; \
+                 add --allow-open to run an open proxy there",
+                self.listen
+            )));
+        }
+        Ok(ClientConfig {
+            upstream: self
+                .upstream
+                .parse()
+                .map_err(|_| UsageError(format!("--upstream {}: not a URL", self.upstream)))?,
+            via_name: via_name(self.via_name.as_deref(), self.listen)?,
+            scope: if self.private {
+                CacheScope::Private
+            } else {
+                CacheScope::Shared
+            },
+            default_signature_bytes: self.signature_bytes.min(self.max_signature),
+            max_signature_bytes: self.max_signature,
+            connect_timeout: Duration::from_secs(self.connect_timeout),
+            upstream_timeout: Duration::from_secs(self.upstream_timeout),
+            lock_timeout: Duration::from_secs(self.lock_timeout),
+            max_object_bytes: self.max_object,
+        })
+    }
+}
+
+/// Runs the client proxy until the process is stopped.
+///
+/// # Errors
+/// A bad flag ([`UsageError`]), a cache directory that cannot be opened or
+/// a listener that cannot bind.
+pub fn run(args: ClientArgs) -> anyhow::Result<()> {
+    let config = args.config()?;
+    let store = CacheStore::open(&args.cache, args.cache_size)
+        .with_context(|| format!("cannot open the cache in {}", args.cache.display()))?;
+    let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(args.header_read_timeout),
+        ..ConnectionLimits::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        tracing::info!(listen = %args.listen, upstream = %args.upstream, cache = %args.cache.display(), "client proxy ready");
+        serve(listener, Arc::new(proxy), limits, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("1234"), Ok(1234));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("1T").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999G").is_err());
+    }
+}

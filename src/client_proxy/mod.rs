@@ -1,0 +1,1335 @@
+//! The client proxy: a caching forward proxy (absolute-form requests, as
+//! `curl -x` and `http_proxy=` send them) and gateway (origin-form requests)
+//! whose upstream is the accelerator — or any plain HTTP server, which makes
+//! it an ordinary caching proxy.
+//!
+//! A GET goes through two questions, kept apart as DESIGN.md says:
+//! *may a stored response be served without asking upstream?* (RFC 9111
+//! freshness, [`crate::freshness`]) and, when not, *which cached body is
+//! the basis?* The exact URL's entry (fresh or stale, complete or partial)
+//! is the best basis; otherwise the longest-prefix entry of the same
+//! origin ([`crate::cache::select_basis`]). The request goes upstream with
+//! the hsync offer and, for a stale entry, its validators, so a changed
+//! body comes back as a delta and an unchanged one as a 304 in the same
+//! round trip. The answer is rebuilt and checked while it streams to the
+//! user agent ([`transfer`]) and committed only after every check passed.
+//! Identical concurrent misses share one fetch ([`coalesce`]).
+//!
+//! Everything else (HEAD misses, other methods, uncacheable answers) passes
+//! through, streaming; a successful unsafe method invalidates the entry
+//! (RFC 9111 §4.4).
+//!
+//! Leaves out: TLS, HTTP/2 and authentication (issue 4), the admission
+//! queue (issue 5), CONNECT tunnels (501).
+//!
+//! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
+
+pub mod coalesce;
+pub mod transfer;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::uri::{Authority, Scheme};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+
+use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
+use crate::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
+use crate::hsync::{DecodeLimits, FileBasis};
+use crate::http::{
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
+    strip_hop_by_hop,
+};
+use crate::server::{BodyError, Handler, ProxyBody};
+use coalesce::{InFlight, Role};
+use transfer::{CachedBody, ClientBasis, Coding, OriginDigest, Relay, Report, StoreTarget, full};
+use upstream::Upstream;
+
+/// The path where the proxy answers with its counters as JSON.
+pub const STATS_PATH: &str = "/.rproxy/stats";
+
+/// The name this cache gives itself in `Cache-Status` (RFC 9211).
+pub const CACHE_NAME: &str = "rproxy";
+
+/// Client proxy settings, validated.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The upstream, `http://host[:port]`: the accelerator, or any server.
+    pub upstream: Uri,
+    /// Our name in `Via`.
+    pub via_name: HeaderValue,
+    /// Whether several users share this cache (the default) or it is one
+    /// user's private cache (then `private` responses are stored and used
+    /// as bases).
+    pub scope: CacheScope,
+    /// Signature bytes sent upstream while the upstream's `Hsync-Accept`
+    /// is unknown (decoded; 4,608 is 6 KiB of header).
+    pub default_signature_bytes: usize,
+    /// Signature bytes never exceeded, whatever the upstream advertises.
+    pub max_signature_bytes: usize,
+    /// Time to connect upstream.
+    pub connect_timeout: Duration,
+    /// Time for the upstream's response head (504 after).
+    pub upstream_timeout: Duration,
+    /// Longest a request waits for an identical one in flight.
+    pub lock_timeout: Duration,
+    /// Largest body rebuilt from an hsync stream (bytes).
+    pub max_object_bytes: u64,
+}
+
+/// Why the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The upstream URL is not `http://host[:port]`.
+    #[error("upstream {upstream} must be http://host[:port] (no path, no TLS yet)")]
+    BadUpstream {
+        /// The URL given.
+        upstream: String,
+    },
+}
+
+/// Counters for `GET /.rproxy/stats`.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    requests: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    revalidated: AtomicU64,
+    coalesced: AtomicU64,
+    deltas: AtomicU64,
+    passed: AtomicU64,
+    stored: AtomicU64,
+    partial_stored: AtomicU64,
+    digest_failures: AtomicU64,
+    upstream_errors: AtomicU64,
+    signature_bytes: AtomicU64,
+    upstream_bytes: AtomicU64,
+    downstream_bytes: AtomicU64,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatsSnapshot {
+    /// Requests received.
+    pub requests: u64,
+    /// Answered from the cache (fresh, or revalidated with a 304).
+    pub hits: u64,
+    /// Forwarded upstream for a body.
+    pub misses: u64,
+    /// Stale entries revalidated upstream.
+    pub revalidated: u64,
+    /// Requests that waited for an identical one and were served from its
+    /// entry.
+    pub coalesced: u64,
+    /// Responses that came as hsync streams.
+    pub deltas: u64,
+    /// Requests passed through uncached.
+    pub passed: u64,
+    /// Entries committed.
+    pub stored: u64,
+    /// Partial entries committed after an interrupted transfer.
+    pub partial_stored: u64,
+    /// Transfers that failed a digest or stream check.
+    pub digest_failures: u64,
+    /// Upstream unreachable or silent.
+    pub upstream_errors: u64,
+    /// Bytes of basis signatures sent upstream (decoded).
+    pub signature_bytes: u64,
+    /// Body bytes received from upstream (coded, as on the link).
+    pub upstream_bytes: u64,
+    /// Body bytes sent to user agents.
+    pub downstream_bytes: u64,
+}
+
+impl ClientStats {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            requests: get(&self.requests),
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            revalidated: get(&self.revalidated),
+            coalesced: get(&self.coalesced),
+            deltas: get(&self.deltas),
+            passed: get(&self.passed),
+            stored: get(&self.stored),
+            partial_stored: get(&self.partial_stored),
+            digest_failures: get(&self.digest_failures),
+            upstream_errors: get(&self.upstream_errors),
+            signature_bytes: get(&self.signature_bytes),
+            upstream_bytes: get(&self.upstream_bytes),
+            downstream_bytes: get(&self.downstream_bytes),
+        }
+    }
+
+    /// The counters as a JSON object.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.snapshot()).expect("plain integers serialise") + "\n"
+    }
+}
+
+/// Where a request is going.
+struct Target {
+    /// The absolute URL (the cache key's source).
+    url: Uri,
+    /// Absolute-form request (forward proxy), else gateway.
+    forward: bool,
+}
+
+/// The basis sent upstream.
+struct BasisOffer {
+    key: CacheKey,
+    /// The body's descriptor, kept open so the decoder reads the bytes the
+    /// signature describes even if the entry is replaced meanwhile (D-A7).
+    body: std::fs::File,
+    /// `Hsync-Basis`.
+    name: HeaderValue,
+    /// `Hsync-Signature`, cut to the budget.
+    signature: HeaderValue,
+    /// Its length, decoded.
+    signature_len: usize,
+}
+
+/// The client proxy role.
+pub struct ClientProxy {
+    config: ClientConfig,
+    upstream_authority: Authority,
+    store: CacheStore,
+    upstream: Upstream,
+    in_flight: InFlight,
+    stats: Arc<ClientStats>,
+}
+
+impl ClientProxy {
+    /// Builds the proxy over an opened cache.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadUpstream`] for anything but `http://host[:port]`.
+    pub fn new(config: ClientConfig, store: CacheStore) -> Result<ClientProxy, ConfigError> {
+        let bad = || ConfigError::BadUpstream {
+            upstream: config.upstream.to_string(),
+        };
+        if config.upstream.scheme() != Some(&Scheme::HTTP)
+            || config
+                .upstream
+                .path_and_query()
+                .is_some_and(|p| p.as_str() != "/")
+        {
+            return Err(bad());
+        }
+        let upstream_authority = config.upstream.authority().cloned().ok_or_else(bad)?;
+        Ok(ClientProxy {
+            upstream: Upstream::new(upstream_authority.clone(), config.connect_timeout),
+            in_flight: InFlight::new(config.lock_timeout),
+            stats: Arc::default(),
+            upstream_authority,
+            store,
+            config,
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &ClientStats {
+        &self.stats
+    }
+
+    /// The cache.
+    pub fn store(&self) -> &CacheStore {
+        &self.store
+    }
+
+    fn is_shared(&self) -> bool {
+        self.config.scope == CacheScope::Shared
+    }
+
+    /// The absolute URL of a request, or why it cannot be served (P-12).
+    fn target(&self, request: &Request<Incoming>) -> Result<Target, String> {
+        let uri = request.uri();
+        if uri.authority().is_some() {
+            if uri.scheme() != Some(&Scheme::HTTP) {
+                return Err(format!("only http:// URLs can be proxied, not {uri}"));
+            }
+            if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+                return Err("a URL with userinfo is refused".into());
+            }
+            let path = uri.path_and_query().map_or("/", |p| p.as_str());
+            let url = Uri::builder()
+                .scheme(Scheme::HTTP)
+                .authority(uri.authority().expect("checked").clone())
+                .path_and_query(path)
+                .build()
+                .map_err(|e| format!("bad URL {uri}: {e}"))?;
+            return Ok(Target { url, forward: true });
+        }
+        match uri.path_and_query() {
+            Some(path) if path.as_str().starts_with('/') => {
+                let url = Uri::builder()
+                    .scheme(Scheme::HTTP)
+                    .authority(self.upstream_authority.clone())
+                    .path_and_query(path.clone())
+                    .build()
+                    .map_err(|e| format!("bad target {uri}: {e}"))?;
+                Ok(Target {
+                    url,
+                    forward: false,
+                })
+            }
+            _ => Err(format!("request target {uri} is neither a path nor a URL")),
+        }
+    }
+
+    fn is_loop(&self, headers: &HeaderMap) -> bool {
+        let ours = self.config.via_name.as_bytes();
+        headers.get_all(header::VIA).iter().any(|via| {
+            via.as_bytes()
+                .split(|&b| b == b',')
+                .any(|hop| hop.trim_ascii().split(|&b| b == b' ').nth(1) == Some(ours))
+        })
+    }
+
+    async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let started = Instant::now();
+        ClientStats::add(&self.stats.requests, 1);
+        if request.method() == Method::GET
+            && request.uri().authority().is_none()
+            && request.uri().path() == STATS_PATH
+        {
+            let mut response = Response::new(full(self.stats.to_json()));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
+        if request.method() == Method::CONNECT {
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                "this proxy does not tunnel (CONNECT); use http:// URLs".into(),
+            );
+        }
+        let target = match self.target(&request) {
+            Ok(target) => target,
+            Err(message) => return error(StatusCode::BAD_REQUEST, message),
+        };
+        if self.is_loop(request.headers()) {
+            return error(
+                StatusCode::LOOP_DETECTED,
+                format!(
+                    "request already passed {}",
+                    self.config.via_name.to_str().unwrap_or("us")
+                ),
+            );
+        }
+        let key = match CacheKey::parse(&target.url.to_string()) {
+            Ok(key) => key,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot cache {}: {e}", target.url),
+                );
+            }
+        };
+        let (mut parts, body) = request.into_parts();
+        if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
+            return error(StatusCode::BAD_REQUEST, e.to_string());
+        }
+        // Hsync headers from the user agent are never ours to trust.
+        for name in [HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_ACCEPT] {
+            parts.headers.remove(name);
+        }
+        let method = parts.method.clone();
+        let url = target.url.to_string();
+        let response = match method {
+            Method::GET | Method::HEAD => self.clone().cacheable(parts, body, target, key).await,
+            _ => self.clone().pass_unsafe(parts, body, target, key).await,
+        };
+        let outcome = response
+            .headers()
+            .get(CACHE_STATUS)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        tracing::info!(
+            %method, %url,
+            status = response.status().as_u16(), cache = %outcome,
+            ms = started.elapsed().as_secs_f64() * 1e3, "request"
+        );
+        response
+    }
+
+    /// GET and HEAD: from the cache when fresh, else upstream.
+    async fn cacheable(
+        self: Arc<Self>,
+        parts: Parts,
+        body: Incoming,
+        target: Target,
+        key: CacheKey,
+    ) -> Response<ProxyBody> {
+        let request_cc = CacheControl::parse(&parts.headers);
+        let mut stale = match self.lookup(&key, &parts).await {
+            Lookup::Fresh(response) => return response,
+            Lookup::Stale(entry) => Some(entry),
+            Lookup::Miss => None,
+        };
+        if request_cc.only_if_cached {
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "only-if-cached, and no fresh entry is stored".into(),
+            );
+        }
+        if parts.method == Method::HEAD {
+            return self.pass(parts, body, target).await;
+        }
+        let leader = match self.in_flight.join(key.digest()) {
+            Role::Leader(leader) => Some(leader),
+            Role::Follower(follower) => {
+                let led = follower.wait().await;
+                match self.lookup(&key, &parts).await {
+                    Lookup::Fresh(mut response) if led => {
+                        ClientStats::add(&self.stats.coalesced, 1);
+                        let collapsed = CacheStatus {
+                            collapsed: true,
+                            ..CacheStatus::hit()
+                        };
+                        response.headers_mut().insert(
+                            CACHE_STATUS,
+                            freshness::cache_status(CACHE_NAME, &collapsed),
+                        );
+                        return response;
+                    }
+                    Lookup::Fresh(response) => return response,
+                    Lookup::Stale(entry) => stale = Some(entry),
+                    Lookup::Miss => stale = None,
+                }
+                None
+            }
+        };
+        self.fetch(parts, target, key, stale, leader).await
+    }
+
+    /// The stored response for a request: fresh (already a response),
+    /// stale (the entry, to revalidate and to use as basis), or none.
+    async fn lookup(&self, key: &CacheKey, parts: &Parts) -> Lookup {
+        let store = self.store.clone();
+        let key = key.clone();
+        let headers = parts.headers.clone();
+        let found = tokio::task::spawn_blocking(move || find_entry(&store, &key, &headers))
+            .await
+            .ok()
+            .flatten();
+        let Some(entry) = found else {
+            return Lookup::Miss;
+        };
+        if entry.meta.completeness != Completeness::Complete {
+            return Lookup::Stale(entry);
+        }
+        let stored = stored_headers(&entry);
+        let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
+        let now = unix_now();
+        let age = freshness::current_age(&stored, entry.meta.stored_at, entry.meta.stored_at, now);
+        let lifetime =
+            freshness::freshness_lifetime(status, &stored, entry.meta.stored_at, self.is_shared());
+        match freshness::reuse(&parts.headers, &stored, age, lifetime, self.is_shared()) {
+            Reuse::Serve => {
+                match self
+                    .respond_from_entry(entry, stored, age, parts, CacheStatus::hit())
+                    .await
+                {
+                    Ok(response) => {
+                        ClientStats::add(&self.stats.hits, 1);
+                        Lookup::Fresh(response)
+                    }
+                    Err(()) => Lookup::Miss,
+                }
+            }
+            Reuse::Revalidate => Lookup::Stale(entry),
+        }
+    }
+
+    /// Serves a stored entry: 304 when the user agent's own validators
+    /// match, headers only for HEAD, else the body (checked; `Err` when it
+    /// failed its digest and was quarantined, so the caller goes upstream).
+    async fn respond_from_entry(
+        &self,
+        entry: Entry,
+        mut headers: HeaderMap,
+        age: u64,
+        parts: &Parts,
+        outcome: CacheStatus,
+    ) -> Result<Response<ProxyBody>, ()> {
+        headers.insert(header::AGE, HeaderValue::from(age));
+        headers.insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
+        add_via(&mut headers, &self.config.via_name);
+        let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
+        if status == StatusCode::OK && not_modified_for(&parts.headers, &headers) {
+            return Ok(respond(StatusCode::NOT_MODIFIED, headers, empty()));
+        }
+        headers.insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from(entry.meta.body_len),
+        );
+        if parts.method == Method::HEAD {
+            return Ok(respond(status, headers, empty()));
+        }
+        let len = entry.meta.body_len;
+        let digest = entry.meta.body_digest().map_err(|_| ())?;
+        let store = self.store.clone();
+        let key = entry.meta.key().map_err(|_| ())?;
+        let on_mismatch = move || {
+            tracing::warn!(url = %key, "cached body failed its digest; dropped");
+            store.remove(&key);
+        };
+        let body = tokio::task::spawn_blocking(move || {
+            transfer::serve_cached(entry.body, len, digest, on_mismatch)
+        })
+        .await
+        .map_err(|_| ())?
+        .map_err(|_| ())?
+        .ok_or(())?;
+        let body = match body {
+            CachedBody::Whole(bytes) => {
+                ClientStats::add(&self.stats.downstream_bytes, bytes.len() as u64);
+                full(bytes)
+            }
+            CachedBody::Stream(body) => {
+                ClientStats::add(&self.stats.downstream_bytes, len);
+                body
+            }
+        };
+        Ok(respond(status, headers, body))
+    }
+
+    /// Picks the basis for `key`: the stale or partial entry of the same
+    /// URL, else the longest-prefix entry of the same origin.
+    async fn choose_basis(&self, key: &CacheKey, same_url: Option<&Entry>) -> Option<BasisOffer> {
+        let budget = self.signature_budget();
+        if let Some(entry) = same_url {
+            return basis_offer(entry, budget);
+        }
+        let store = self.store.clone();
+        let key = key.clone();
+        let scope = self.config.scope;
+        tokio::task::spawn_blocking(move || {
+            let candidate = store.basis(&key, scope)?;
+            let entry = store.get(&candidate.key)?;
+            basis_offer(&entry, budget)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Signature bytes to send: what the upstream advertised, within our
+    /// own cap, else the default.
+    fn signature_budget(&self) -> usize {
+        self.upstream
+            .advertised()
+            .map_or(self.config.default_signature_bytes, |advertised| {
+                advertised
+                    .max_signature
+                    .min(self.config.max_signature_bytes)
+            })
+    }
+
+    /// Fetches a GET upstream with the hsync offer (and validators for a
+    /// stale entry), and relays the answer.
+    async fn fetch(
+        self: Arc<Self>,
+        parts: Parts,
+        target: Target,
+        key: CacheKey,
+        stale: Option<Entry>,
+        leader: Option<coalesce::Leader>,
+    ) -> Response<ProxyBody> {
+        let basis = self.choose_basis(&key, stale.as_ref()).await;
+        let stale_complete =
+            stale.filter(|e| e.meta.completeness == Completeness::Complete && e.meta.status == 200);
+        let mut headers = parts.headers.clone();
+        let revalidating = stale_complete.is_some();
+        if let Some(entry) = &stale_complete {
+            // We answer the user agent's own conditions from the entry.
+            for name in CONDITIONAL_HEADERS {
+                headers.remove(name);
+            }
+            headers.extend(freshness::conditional_headers(&stored_headers(entry)));
+        }
+        offer_hsync(&mut headers);
+        if let Some(offer) = &basis {
+            ClientStats::add(&self.stats.signature_bytes, offer.signature_len as u64);
+            headers.insert(HSYNC_BASIS, offer.name.clone());
+            headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
+        }
+        let outbound = self.outbound(&parts, headers, &target, empty());
+        let now = unix_now();
+        let response = match self.send(outbound, &target).await {
+            Ok(response) => response,
+            Err((status, message)) => {
+                if let Some(entry) = stale_complete
+                    && let Some(response) = self.serve_stale_on_error(entry, &parts, None).await
+                {
+                    return response;
+                }
+                return error(status, message);
+            }
+        };
+        let (mut rparts, rbody) = response.into_parts();
+        rparts.version = http::Version::HTTP_11;
+        if let Err(e) = strip_hop_by_hop(&mut rparts.headers) {
+            return error(StatusCode::BAD_GATEWAY, format!("upstream response: {e}"));
+        }
+
+        if rparts.status == StatusCode::NOT_MODIFIED
+            && let Some(entry) = stale_complete
+        {
+            return self.refreshed(entry, &rparts.headers, &parts, now).await;
+        }
+        if rparts.status.is_server_error()
+            && let Some(entry) = stale_complete
+            && let Some(response) = self
+                .serve_stale_on_error(entry, &parts, Some(rparts.status))
+                .await
+        {
+            return response;
+        }
+        let hsync = is_hsync(&rparts.headers);
+        if hsync {
+            let sent = basis.as_ref().map(|b| &b.name);
+            if rparts.headers.get(HSYNC_BASIS) != sent {
+                ClientStats::add(&self.stats.digest_failures, 1);
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream coded against a basis we did not offer".into(),
+                );
+            }
+            ClientStats::add(&self.stats.deltas, 1);
+            rparts.headers.remove(header::CONTENT_ENCODING);
+            rparts.headers.remove(header::CONTENT_LENGTH);
+            rparts.headers.remove(HSYNC_BASIS);
+            rparts.headers.remove(HSYNC_ACCEPT);
+            strip_vary(&mut rparts.headers, &["accept-encoding", "hsync-basis"]);
+        }
+        ClientStats::add(&self.stats.misses, 1);
+        if revalidating {
+            ClientStats::add(&self.stats.revalidated, 1);
+        }
+        let outcome = if revalidating {
+            CacheStatus {
+                fwd_status: Some(rparts.status),
+                ..CacheStatus::forwarded(Forward::Stale)
+            }
+        } else {
+            CacheStatus::forwarded(Forward::Miss)
+        };
+        let storable = match freshness::storability(
+            &parts.method,
+            &parts.headers,
+            rparts.status,
+            &rparts.headers,
+            self.is_shared(),
+        ) {
+            Storability::Storable if rparts.status == StatusCode::OK => true,
+            Storability::Storable => false,
+            Storability::NotStorable(reason) => {
+                tracing::debug!(url = %key, reason, "not storable");
+                false
+            }
+        };
+        if !hsync && !storable {
+            drop(leader);
+            ClientStats::add(&self.stats.passed, 1);
+            rparts
+                .headers
+                .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
+            add_via(&mut rparts.headers, &self.config.via_name);
+            return Response::from_parts(rparts, rbody.map_err(BodyError::from).boxed());
+        }
+
+        let store_target = if storable {
+            self.begin_entry(&key, &parts.headers, &rparts, now, hsync)
+                .await
+        } else {
+            None
+        };
+        let coding = if hsync {
+            let (basis_file, basis_key) = match basis {
+                Some(offer) => match FileBasis::new(offer.body) {
+                    Ok(file) => (ClientBasis::File(file), Some(offer.key)),
+                    Err(e) => {
+                        return error(
+                            StatusCode::BAD_GATEWAY,
+                            format!("cannot read the basis: {e}"),
+                        );
+                    }
+                },
+                None => (ClientBasis::None, None),
+            };
+            Coding::Hsync {
+                basis: basis_file,
+                basis_key,
+                limits: DecodeLimits {
+                    max_output: self.config.max_object_bytes,
+                    ..DecodeLimits::default()
+                },
+            }
+        } else {
+            Coding::Plain {
+                expected_len: content_length(&rparts.headers),
+            }
+        };
+        let mut origin_digests = OriginDigest::parse_all(&rparts.headers, "content-digest");
+        if hsync || !rparts.headers.contains_key(header::CONTENT_ENCODING) {
+            origin_digests.extend(OriginDigest::parse_all(&rparts.headers, "repr-digest"));
+        }
+        rparts
+            .headers
+            .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
+        add_via(&mut rparts.headers, &self.config.via_name);
+        let stats = self.stats.clone();
+        let url = key.to_string();
+        let body = transfer::relay(
+            rbody,
+            Relay {
+                coding,
+                store: store_target,
+                origin_digests,
+            },
+            move |report: Report| {
+                record(&stats, &url, hsync, &report);
+                drop(leader);
+            },
+        );
+        Response::from_parts(rparts, body)
+    }
+
+    /// Opens a cache entry for a storable response: the key with its Vary'd
+    /// request values, the headers to replay.
+    async fn begin_entry(
+        &self,
+        key: &CacheKey,
+        request: &HeaderMap,
+        response: &http::response::Parts,
+        now: u64,
+        identity: bool,
+    ) -> Option<StoreTarget> {
+        let mut key = key.clone();
+        let names = vary_names(&response.headers, identity);
+        let plain = key.clone();
+        for name in &names {
+            key = key.with_vary(name, &request_value(request, name)).ok()?;
+        }
+        let private = !self.is_shared()
+            || request.contains_key(header::AUTHORIZATION)
+            || response.headers.contains_key(header::SET_COOKIE)
+            || CacheControl::parse(&response.headers).private;
+        let entry = NewEntry {
+            status: response.status.as_u16(),
+            headers: headers_to_store(&response.headers),
+            stored_at: now,
+            completeness: Completeness::Partial,
+            shareable_as_basis: !private,
+        };
+        let store = self.store.clone();
+        let expected = content_length(&response.headers);
+        tokio::task::spawn_blocking(move || {
+            if !names.is_empty() {
+                // A Vary'd response replaces an unkeyed one for the URL.
+                store.remove(&plain);
+            }
+            let mut writer = store.begin(&key).ok()?;
+            if let Some(len) = expected {
+                writer.expect_body_len(len).ok()?;
+            }
+            Some(StoreTarget {
+                store,
+                writer,
+                entry,
+            })
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// A 304 answered our validators: refresh the stored headers and serve
+    /// the entry.
+    async fn refreshed(
+        &self,
+        entry: Entry,
+        not_modified: &HeaderMap,
+        parts: &Parts,
+        now: u64,
+    ) -> Response<ProxyBody> {
+        ClientStats::add(&self.stats.revalidated, 1);
+        let merged = freshness::merge_not_modified(&stored_headers(&entry), not_modified);
+        let mut meta = entry.meta.clone();
+        meta.headers = headers_to_store(&merged);
+        meta.stored_at = now;
+        let store = self.store.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(error) = store.update_meta(&meta) {
+                tracing::warn!(url = %meta.url, %error, "cannot refresh the stored headers");
+            }
+        })
+        .await;
+        let age = freshness::current_age(&merged, now, now, now);
+        match self
+            .respond_from_entry(
+                entry,
+                merged,
+                age,
+                parts,
+                CacheStatus {
+                    fwd_status: Some(StatusCode::NOT_MODIFIED),
+                    ..CacheStatus::forwarded(Forward::Stale)
+                },
+            )
+            .await
+        {
+            Ok(response) => {
+                ClientStats::add(&self.stats.hits, 1);
+                response
+            }
+            Err(()) => error(
+                StatusCode::BAD_GATEWAY,
+                "the stored body failed its check after a 304; retry".into(),
+            ),
+        }
+    }
+
+    /// Upstream failed: serve the stale entry if RFC 5861 allows it.
+    async fn serve_stale_on_error(
+        &self,
+        entry: Entry,
+        parts: &Parts,
+        upstream_status: Option<StatusCode>,
+    ) -> Option<Response<ProxyBody>> {
+        let stored = stored_headers(&entry);
+        let status = StatusCode::from_u16(entry.meta.status).ok()?;
+        let now = unix_now();
+        let age = freshness::current_age(&stored, entry.meta.stored_at, entry.meta.stored_at, now);
+        let lifetime =
+            freshness::freshness_lifetime(status, &stored, entry.meta.stored_at, self.is_shared());
+        if !freshness::may_serve_stale_on_error(
+            &parts.headers,
+            &stored,
+            age,
+            lifetime,
+            self.is_shared(),
+        ) {
+            return None;
+        }
+        let ttl = lifetime as i64 - age as i64;
+        self.respond_from_entry(
+            entry,
+            stored,
+            age,
+            parts,
+            CacheStatus::stale_on_error(upstream_status, ttl),
+        )
+        .await
+        .ok()
+    }
+
+    /// HEAD misses: passed through as they are.
+    async fn pass(&self, parts: Parts, body: Incoming, target: Target) -> Response<ProxyBody> {
+        ClientStats::add(&self.stats.passed, 1);
+        let headers = parts.headers.clone();
+        let outbound = self.outbound(
+            &parts,
+            headers,
+            &target,
+            body.map_err(BodyError::from).boxed(),
+        );
+        match self.send(outbound, &target).await {
+            Ok(response) => self.relay_plain(response, CacheStatus::forwarded(Forward::Miss)),
+            Err((status, message)) => error(status, message),
+        }
+    }
+
+    /// Methods other than GET and HEAD: through, and a success invalidates
+    /// the stored entry (RFC 9111 §4.4, P-23).
+    async fn pass_unsafe(
+        self: Arc<Self>,
+        parts: Parts,
+        body: Incoming,
+        target: Target,
+        key: CacheKey,
+    ) -> Response<ProxyBody> {
+        ClientStats::add(&self.stats.passed, 1);
+        let headers = parts.headers.clone();
+        let outbound = self.outbound(
+            &parts,
+            headers,
+            &target,
+            body.map_err(BodyError::from).boxed(),
+        );
+        let response = match self.send(outbound, &target).await {
+            Ok(response) => response,
+            Err((status, message)) => return error(status, message),
+        };
+        if freshness::invalidates(&parts.method, response.status()) {
+            let store = self.store.clone();
+            let _ = tokio::task::spawn_blocking(move || invalidate(&store, &key)).await;
+        }
+        self.relay_plain(response, CacheStatus::forwarded(Forward::Method))
+    }
+
+    fn relay_plain(
+        &self,
+        response: Response<Incoming>,
+        outcome: CacheStatus,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = response.into_parts();
+        parts.version = http::Version::HTTP_11;
+        if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
+            return error(StatusCode::BAD_GATEWAY, format!("upstream response: {e}"));
+        }
+        parts
+            .headers
+            .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
+        add_via(&mut parts.headers, &self.config.via_name);
+        Response::from_parts(parts, body.map_err(BodyError::from).boxed())
+    }
+
+    /// The request as it goes upstream.
+    fn outbound(
+        &self,
+        parts: &Parts,
+        mut headers: HeaderMap,
+        target: &Target,
+        body: ProxyBody,
+    ) -> Request<ProxyBody> {
+        add_via(&mut headers, &self.config.via_name);
+        let authority = target.url.authority().expect("targets are absolute");
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header"),
+        );
+        let mut request = Request::new(body);
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = target.url.clone();
+        if !target.forward {
+            // Gateway requests go to the upstream itself.
+            *request.uri_mut() = Uri::builder()
+                .scheme(Scheme::HTTP)
+                .authority(self.upstream_authority.clone())
+                .path_and_query(target.url.path_and_query().expect("absolute").clone())
+                .build()
+                .expect("scheme, authority and path are valid");
+        }
+        *request.headers_mut() = headers;
+        request
+    }
+
+    /// Sends a request upstream within the time limit; `Err` is the status
+    /// and message for the user agent.
+    async fn send(
+        &self,
+        request: Request<ProxyBody>,
+        target: &Target,
+    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+        let sent = self.upstream.send(request, target.forward);
+        match tokio::time::timeout(self.config.upstream_timeout, sent).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => {
+                ClientStats::add(&self.stats.upstream_errors, 1);
+                Err((
+                    StatusCode::BAD_GATEWAY,
+                    format!("upstream {} unreachable: {e}", self.upstream_authority),
+                ))
+            }
+            Err(_) => {
+                ClientStats::add(&self.stats.upstream_errors, 1);
+                Err((
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!(
+                        "upstream {} sent no response head within {:?}",
+                        self.upstream_authority, self.config.upstream_timeout
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+impl Handler for ClientProxy {
+    fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send {
+        self.proxy(request)
+    }
+}
+
+enum Lookup {
+    Fresh(Response<ProxyBody>),
+    Stale(Entry),
+    Miss,
+}
+
+/// `Cache-Status` (RFC 9211).
+pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// Request headers that make a request conditional.
+const CONDITIONAL_HEADERS: [HeaderName; 5] = [
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_MATCH,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+];
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The entry stored for a request: the URL's unkeyed entry, else one whose
+/// Vary'd request values match this request's.
+fn find_entry(store: &CacheStore, key: &CacheKey, request: &HeaderMap) -> Option<Entry> {
+    if store.lookup(key).is_some() {
+        return store.get(key);
+    }
+    store
+        .candidates(key)
+        .into_iter()
+        .filter(|c| c.key.url() == key.url() && !c.key.vary().is_empty())
+        .find(|c| {
+            let mut wanted = key.clone();
+            for (name, _) in c.key.vary() {
+                match wanted.with_vary(name, &request_value(request, name)) {
+                    Ok(k) => wanted = k,
+                    Err(_) => return false,
+                }
+            }
+            wanted == c.key
+        })
+        .and_then(|c| store.get(&c.key))
+}
+
+/// Removes every entry of the URL (all its Vary'd variants).
+fn invalidate(store: &CacheStore, key: &CacheKey) {
+    for candidate in store.candidates(key) {
+        if candidate.key.url() == key.url() {
+            store.remove(&candidate.key);
+            tracing::debug!(url = %candidate.key, "invalidated by an unsafe method");
+        }
+    }
+}
+
+/// A request header's combined value (empty when absent).
+fn request_value(headers: &HeaderMap, name: &str) -> Vec<u8> {
+    let mut value = Vec::new();
+    for (i, v) in headers.get_all(name).iter().enumerate() {
+        if i > 0 {
+            value.extend_from_slice(b", ");
+        }
+        value.extend_from_slice(v.as_bytes());
+    }
+    value
+}
+
+/// The request headers a response varies on, lower-case. A body we store
+/// as identity does not vary on the codings offered, so `Accept-Encoding`
+/// (and the hsync basis) are left out then.
+fn vary_names(response: &HeaderMap, identity: bool) -> Vec<String> {
+    let identity = identity || !response.contains_key(header::CONTENT_ENCODING);
+    let mut names: Vec<String> = response
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .filter(|n| !(identity && (n == "accept-encoding" || n == "hsync-basis")))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Removes `names` from `Vary`, dropping the header when nothing is left.
+fn strip_vary(headers: &mut HeaderMap, names: &[&str]) {
+    let kept: Vec<String> = headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !names.iter().any(|x| n.eq_ignore_ascii_case(x)))
+        .map(str::to_owned)
+        .collect();
+    headers.remove(header::VARY);
+    if let Ok(value) = HeaderValue::from_str(&kept.join(", "))
+        && !kept.is_empty()
+    {
+        headers.insert(header::VARY, value);
+    }
+}
+
+/// Adds the hsync coding first to `Accept-Encoding`.
+fn offer_hsync(headers: &mut HeaderMap) {
+    let others: Vec<String> = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .filter(|c| {
+            !c.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case(HSYNC_CODING))
+        })
+        .map(str::to_owned)
+        .collect();
+    let value = std::iter::once(HSYNC_CODING.to_owned())
+        .chain(others)
+        .collect::<Vec<_>>()
+        .join(", ");
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static(HSYNC_CODING)),
+    );
+}
+
+fn is_hsync(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(HSYNC_CODING.as_bytes()))
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The headers an entry replays.
+fn stored_headers(entry: &Entry) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in &entry.meta.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers
+}
+
+/// End-to-end response headers worth storing: not framing (the store knows
+/// the length), not ours, not `Age`-free of meaning.
+fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            !matches!(
+                name.as_str(),
+                "content-length" | "transfer-encoding" | "cache-status" | "via"
+            ) && **name != HSYNC_BASIS
+                && **name != HSYNC_ACCEPT
+        })
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Whether the user agent's own validators match the stored response (RFC
+/// 9110 §13.1.2 and §13.1.3; If-None-Match wins when both are present).
+fn not_modified_for(request: &HeaderMap, stored: &HeaderMap) -> bool {
+    if let Some(condition) = request.get(header::IF_NONE_MATCH) {
+        let Some(etag) = stored.get(header::ETAG).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let opaque = |tag: &str| tag.trim().trim_start_matches("W/").to_owned();
+        return condition.to_str().is_ok_and(|list| {
+            list.split(',')
+                .any(|tag| tag.trim() == "*" || opaque(tag) == opaque(etag))
+        });
+    }
+    match (
+        request
+            .get(header::IF_MODIFIED_SINCE)
+            .and_then(freshness::parse_http_date),
+        stored
+            .get(header::LAST_MODIFIED)
+            .and_then(freshness::parse_http_date),
+    ) {
+        (Some(since), Some(modified)) => modified <= since,
+        _ => false,
+    }
+}
+
+/// The `Hsync-Basis` and cut `Hsync-Signature` for an entry, or `None` when
+/// it has no usable signature.
+fn basis_offer(entry: &Entry, budget: usize) -> Option<BasisOffer> {
+    let signature = cut_signature(&entry.signature, budget)?;
+    let digest = entry.meta.body_digest().ok()?;
+    Some(BasisOffer {
+        key: entry.meta.key().ok()?,
+        body: entry.body.try_clone().ok()?,
+        name: byte_sequence(digest.as_bytes()),
+        signature: byte_sequence(signature),
+        signature_len: signature.len(),
+    })
+}
+
+/// The signature cut to `budget` bytes at an entry boundary (the
+/// accelerator uses the blocks it gets); `None` when not even the header
+/// and one entry fit, or the signature is malformed.
+fn cut_signature(signature: &[u8], budget: usize) -> Option<&[u8]> {
+    const HEADER: usize = crate::hsync::SIGNATURE_HEADER_LEN;
+    let strong_len = u32::from_be_bytes(signature.get(8..12)?.try_into().ok()?) as usize;
+    if !(8..=32).contains(&strong_len) {
+        return None;
+    }
+    let entry_len = 4 + strong_len;
+    let room = budget.min(signature.len()).checked_sub(HEADER)?;
+    let entries = room / entry_len;
+    (entries > 0).then(|| &signature[..HEADER + entries * entry_len])
+}
+
+fn record(stats: &ClientStats, url: &str, hsync: bool, report: &Report) {
+    ClientStats::add(&stats.upstream_bytes, report.upstream_bytes);
+    ClientStats::add(&stats.downstream_bytes, report.body_bytes);
+    match &report.outcome {
+        transfer::Outcome::Complete { stored: true } => ClientStats::add(&stats.stored, 1),
+        transfer::Outcome::Interrupted {
+            partial_stored: true,
+        } => ClientStats::add(&stats.partial_stored, 1),
+        transfer::Outcome::Corrupt { .. } => ClientStats::add(&stats.digest_failures, 1),
+        _ => {}
+    }
+    tracing::info!(
+        url, mode = if hsync { "hsync" } else { "plain" },
+        upstream_bytes = report.upstream_bytes, body_bytes = report.body_bytes,
+        outcome = ?report.outcome, "transfer"
+    );
+}
+
+fn empty() -> ProxyBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn respond(status: StatusCode, headers: HeaderMap, body: ProxyBody) -> Response<ProxyBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// A short plain-text error.
+fn error(status: StatusCode, message: String) -> Response<ProxyBody> {
+    tracing::info!(status = status.as_u16(), %message, "refused");
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    respond(status, headers, full(message + "\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_cut_at_entry_boundaries() {
+        let mut sig = vec![0x72, 0x73, 0x01, 0x36, 0, 0, 4, 0, 0, 0, 0, 8];
+        sig.extend(std::iter::repeat_n(7u8, 12 * 10));
+        assert_eq!(cut_signature(&sig, 1000).unwrap().len(), sig.len());
+        assert_eq!(cut_signature(&sig, 12 + 12 * 3 + 5).unwrap().len(), 12 + 36);
+        assert_eq!(cut_signature(&sig, 20), None, "not one entry");
+        assert_eq!(cut_signature(&sig[..10], 1000), None, "no header");
+    }
+
+    #[test]
+    fn identity_bodies_do_not_vary_on_accept_encoding() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            header::VARY,
+            HeaderValue::from_static("Accept-Encoding, Cookie"),
+        );
+        headers.append(
+            header::VARY,
+            HeaderValue::from_static("hsync-basis, accept-language"),
+        );
+        assert_eq!(vary_names(&headers, true), ["accept-language", "cookie"]);
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert_eq!(
+            vary_names(&headers, false),
+            [
+                "accept-encoding",
+                "accept-language",
+                "cookie",
+                "hsync-basis"
+            ]
+        );
+        strip_vary(&mut headers, &["accept-encoding", "hsync-basis"]);
+        assert_eq!(headers[header::VARY], "Cookie, accept-language");
+    }
+
+    #[test]
+    fn the_hsync_offer_goes_first_and_once() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("gzip, HSYNC;q=0.1, br"),
+        );
+        offer_hsync(&mut headers);
+        assert_eq!(headers[header::ACCEPT_ENCODING], "hsync, gzip, br");
+        let mut none = HeaderMap::new();
+        offer_hsync(&mut none);
+        assert_eq!(none[header::ACCEPT_ENCODING], "hsync");
+    }
+
+    #[test]
+    fn user_agent_validators_are_answered_from_the_entry() {
+        let mut stored = HeaderMap::new();
+        stored.insert(header::ETAG, HeaderValue::from_static("W/\"v2\""));
+        stored.insert(
+            header::LAST_MODIFIED,
+            HeaderValue::from_static("Tue, 01 Jan 2030 00:00:00 GMT"),
+        );
+        let mut request = HeaderMap::new();
+        request.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"v1\", \"v2\""),
+        );
+        assert!(not_modified_for(&request, &stored));
+        request.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"v1\""));
+        assert!(!not_modified_for(&request, &stored));
+        let mut since = HeaderMap::new();
+        since.insert(
+            header::IF_MODIFIED_SINCE,
+            HeaderValue::from_static("Wed, 02 Jan 2030 00:00:00 GMT"),
+        );
+        assert!(not_modified_for(&since, &stored));
+        since.insert(
+            header::IF_MODIFIED_SINCE,
+            HeaderValue::from_static("Mon, 31 Dec 2029 00:00:00 GMT"),
+        );
+        assert!(!not_modified_for(&since, &stored));
+    }
+}

@@ -1,0 +1,604 @@
+//! Relaying a body from upstream to the user agent while writing it to the
+//! cache: an hsync stream is rebuilt against the basis on the way, any
+//! other body passes as it is and gets its signature computed here.
+//!
+//! A reader task takes the upstream body frame by frame into a small
+//! channel; a blocking thread decodes, hashes, writes the cache entry and
+//! hands each window to the user agent's channel. Both channels are
+//! bounded, so a slow user agent slows the upstream read instead of
+//! filling memory. The user agent's response ends cleanly only after every
+//! check passed (END's length and blake3, the origin's `Content-Digest` or
+//! `Repr-Digest`); on a failed check it is aborted, the entry is not
+//! committed, and the basis that produced the wrong bytes is dropped
+//! (D-A4, D-A5). An interrupted transfer leaves a partial entry — the
+//! prefix and its signature — so the next fetch resumes from it.
+//!
+//! Also here: streaming a cached body to the user agent with its digest
+//! checked on the way (C-E3).
+//!
+//! Main items: [`relay`], [`Relay`], [`Outcome`], [`serve_cached`].
+
+use std::fs::File;
+use std::io::Read;
+
+use base64::Engine;
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use sha2::Digest;
+use tokio::sync::mpsc;
+
+use crate::cache::{CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
+use crate::hsync::{
+    Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
+    SignatureParams, choose_block_size,
+};
+use crate::server::{BodyError, ProxyBody};
+
+/// Chunks in flight on each side of the blocking thread.
+const CHANNEL_DEPTH: usize = 4;
+
+/// Bodies up to this size are read and checked whole before a cached
+/// response starts; larger ones are checked while they stream.
+pub const SMALL_BODY: u64 = 1 << 20;
+
+/// Read size for cached bodies.
+const READ_CHUNK: usize = 64 << 10;
+
+/// The basis a stream is rebuilt against: nothing, or the cached body file
+/// whose signature was sent (its open descriptor, so an entry replaced in
+/// the meantime does not change the bytes under the decoder; D-A7).
+pub enum ClientBasis {
+    /// A from-scratch stream.
+    None,
+    /// A cached body.
+    File(FileBasis),
+}
+
+impl Basis for ClientBasis {
+    fn size(&self) -> u64 {
+        match self {
+            ClientBasis::None => 0,
+            ClientBasis::File(file) => file.size(),
+        }
+    }
+
+    fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+        match self {
+            ClientBasis::None => Err(std::io::Error::other("copy from an empty basis")),
+            ClientBasis::File(file) => file.append_range(offset, len, out),
+        }
+    }
+}
+
+/// How the upstream body is coded.
+pub enum Coding {
+    /// An hsync/1 stream, rebuilt against `basis`; `basis_key` names the
+    /// cache entry it came from, dropped if the stream fails its checks.
+    Hsync {
+        /// The basis.
+        basis: ClientBasis,
+        /// Its cache key.
+        basis_key: Option<CacheKey>,
+        /// Caps for the decoder.
+        limits: DecodeLimits,
+    },
+    /// The body as it is; `expected_len` from Content-Length.
+    Plain {
+        /// The announced length.
+        expected_len: Option<u64>,
+    },
+}
+
+/// Where the body goes besides the user agent.
+pub struct StoreTarget {
+    /// The cache.
+    pub store: CacheStore,
+    /// The open entry.
+    pub writer: EntryWriter,
+    /// What to commit with it (completeness is set here).
+    pub entry: NewEntry,
+}
+
+/// One relay: its coding, the optional cache write and the digests to
+/// check.
+pub struct Relay {
+    /// How the body is coded.
+    pub coding: Coding,
+    /// The cache write, if the response is storable.
+    pub store: Option<StoreTarget>,
+    /// Digests the origin sent for the bytes the user agent gets.
+    pub origin_digests: Vec<OriginDigest>,
+}
+
+/// How a relay ended, for stats, logs and coalesced waiters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check passed; `stored` says whether the entry was committed.
+    Complete {
+        /// Committed to the cache.
+        stored: bool,
+    },
+    /// Upstream stopped early; `partial_stored` when the prefix was kept.
+    Interrupted {
+        /// A partial entry was committed.
+        partial_stored: bool,
+    },
+    /// A check failed: nothing stored, the basis dropped.
+    Corrupt {
+        /// What failed.
+        reason: String,
+    },
+    /// The user agent left and nothing was being stored.
+    Abandoned,
+}
+
+/// What a relay reports when it ends.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Bytes received from upstream (the coded body).
+    pub upstream_bytes: u64,
+    /// Bytes of body handed to the user agent.
+    pub body_bytes: u64,
+}
+
+/// A digest from `Content-Digest` or `Repr-Digest` (RFC 9530) that we can
+/// check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginDigest {
+    /// `sha-256`.
+    Sha256(Vec<u8>),
+    /// `sha-512`.
+    Sha512(Vec<u8>),
+}
+
+impl OriginDigest {
+    /// The digests of a header value like `sha-256=:…:, sha-512=:…:`;
+    /// algorithms we do not know are ignored (nothing to check), a known
+    /// one with an unreadable value is kept as an empty digest, which then
+    /// fails (a header the origin botched is not silently skipped).
+    pub fn parse_all(headers: &HeaderMap, name: &str) -> Vec<OriginDigest> {
+        let mut digests = Vec::new();
+        for value in headers.get_all(name) {
+            let Ok(text) = value.to_str() else { continue };
+            for item in text.split(',') {
+                let Some((algorithm, value)) = item.split_once('=') else {
+                    continue;
+                };
+                let bytes = value
+                    .trim()
+                    .strip_prefix(':')
+                    .and_then(|v| v.strip_suffix(':'))
+                    .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+                    .unwrap_or_default();
+                match algorithm.trim().to_ascii_lowercase().as_str() {
+                    "sha-256" => digests.push(OriginDigest::Sha256(bytes)),
+                    "sha-512" => digests.push(OriginDigest::Sha512(bytes)),
+                    _ => {}
+                }
+            }
+        }
+        digests
+    }
+}
+
+/// Hashers for the origin's digests.
+#[derive(Default)]
+struct DigestCheck {
+    sha256: Option<(sha2::Sha256, Vec<u8>)>,
+    sha512: Option<(sha2::Sha512, Vec<u8>)>,
+}
+
+impl DigestCheck {
+    fn new(digests: &[OriginDigest]) -> DigestCheck {
+        let mut check = DigestCheck::default();
+        for digest in digests {
+            match digest {
+                OriginDigest::Sha256(d) => check.sha256 = Some((sha2::Sha256::new(), d.clone())),
+                OriginDigest::Sha512(d) => check.sha512 = Some((sha2::Sha512::new(), d.clone())),
+            }
+        }
+        check
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        if let Some((hasher, _)) = &mut self.sha256 {
+            hasher.update(data);
+        }
+        if let Some((hasher, _)) = &mut self.sha512 {
+            hasher.update(data);
+        }
+    }
+
+    /// `Err` names the digest that did not match.
+    fn verify(self) -> Result<(), String> {
+        if let Some((hasher, expected)) = self.sha256
+            && hasher.finalize().as_slice() != expected.as_slice()
+        {
+            return Err("origin sha-256 digest mismatch".into());
+        }
+        if let Some((hasher, expected)) = self.sha512
+            && hasher.finalize().as_slice() != expected.as_slice()
+        {
+            return Err("origin sha-512 digest mismatch".into());
+        }
+        Ok(())
+    }
+}
+
+/// Streams `upstream` to the user agent per `relay`, and calls `done` once
+/// with the report when the relay is over (also when the user agent left).
+pub fn relay(
+    upstream: Incoming,
+    relay: Relay,
+    done: impl FnOnce(Report) + Send + 'static,
+) -> ProxyBody {
+    let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
+    let (to_agent, from_worker) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    tokio::spawn(read_upstream(upstream, to_worker));
+    tokio::task::spawn_blocking(move || {
+        let mut worker = Worker::new(relay, to_agent);
+        let report = worker.run(from_upstream);
+        done(report);
+        // Only now does the user agent's body end: by then the stats and
+        // any waiting followers know how the transfer went.
+        drop(worker);
+    });
+    StreamBody::new(ReceiverStream(from_worker)).boxed()
+}
+
+async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<Bytes, BodyError>>) {
+    while let Some(frame) = upstream.frame().await {
+        let item = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => Ok(data),
+                Err(_trailers) => continue,
+            },
+            Err(error) => Err(BodyError::from(error)),
+        };
+        let failed = item.is_err();
+        if to_worker.send(item).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The blocking side of a relay.
+struct Worker {
+    coding: Coding,
+    store: Option<StoreTarget>,
+    digests: DigestCheck,
+    to_agent: mpsc::Sender<Result<Frame<Bytes>, BodyError>>,
+    agent_gone: bool,
+    upstream_bytes: u64,
+    body_bytes: u64,
+}
+
+/// Why the worker stopped before the end of the upstream body.
+enum Stop {
+    /// Upstream failed (reset, cut): keep a partial entry.
+    Interrupted(String),
+    /// The bytes are wrong: store nothing, drop the basis.
+    Corrupt(String),
+    /// Nobody wants the rest.
+    Abandoned,
+}
+
+impl Worker {
+    fn new(relay: Relay, to_agent: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) -> Worker {
+        Worker {
+            digests: DigestCheck::new(&relay.origin_digests),
+            coding: relay.coding,
+            store: relay.store,
+            to_agent,
+            agent_gone: false,
+            upstream_bytes: 0,
+            body_bytes: 0,
+        }
+    }
+
+    fn run(&mut self, mut from_upstream: mpsc::Receiver<Result<Bytes, BodyError>>) -> Report {
+        let coding = std::mem::replace(&mut self.coding, Coding::Plain { expected_len: None });
+        let outcome = match coding {
+            Coding::Hsync {
+                basis,
+                basis_key,
+                limits,
+            } => {
+                let mut decoder = Decoder::new(basis, limits);
+                let result = self.pump(&mut from_upstream, |worker, chunk| {
+                    decoder
+                        .push_to(chunk, |window| worker.emit(window))
+                        .map_err(|error| match error {
+                            DecodeError::Output { .. } => Stop::Abandoned,
+                            other => Stop::Corrupt(format!("hsync stream: {other}")),
+                        })
+                });
+                // A clean end without END is a cut, as an aborted body is.
+                let result = result.and_then(|()| {
+                    decoder.finish().map_err(|e| match e {
+                        DecodeError::Truncated { .. } => Stop::Interrupted(e.to_string()),
+                        other => Stop::Corrupt(format!("hsync stream: {other}")),
+                    })
+                });
+                match result {
+                    Ok(decoded) => self.complete(decoded.signature),
+                    Err(stop) => {
+                        let partial = decoder.into_partial();
+                        self.stopped(stop, partial.signature, basis_key.as_ref())
+                    }
+                }
+            }
+            Coding::Plain { expected_len } => {
+                let block = choose_block_size(
+                    expected_len.unwrap_or(0),
+                    EncoderOptions::default().max_signature_bytes,
+                    EncoderOptions::default().min_block_size,
+                );
+                let mut signature = SignatureBuilder::new(SignatureParams {
+                    block_size: block,
+                    strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+                });
+                let result = self.pump(&mut from_upstream, |worker, chunk| {
+                    if worker.store.is_some() {
+                        signature.update(chunk);
+                    }
+                    worker.emit(chunk).map_err(|_| Stop::Abandoned)
+                });
+                let result = result.and_then(|()| match expected_len {
+                    Some(len) if len != self.body_bytes => Err(Stop::Interrupted(format!(
+                        "body of {} bytes where Content-Length said {len}",
+                        self.body_bytes
+                    ))),
+                    _ => Ok(()),
+                });
+                signature.finish();
+                let signature = signature.to_signature_bytes();
+                match result {
+                    Ok(()) => self.complete(signature),
+                    Err(stop) => self.stopped(stop, Some(signature), None),
+                }
+            }
+        };
+        Report {
+            outcome,
+            upstream_bytes: self.upstream_bytes,
+            body_bytes: self.body_bytes,
+        }
+    }
+
+    /// Feeds every upstream chunk to `step` until the body ends or a step
+    /// stops it.
+    fn pump(
+        &mut self,
+        from_upstream: &mut mpsc::Receiver<Result<Bytes, BodyError>>,
+        mut step: impl FnMut(&mut Worker, &[u8]) -> Result<(), Stop>,
+    ) -> Result<(), Stop> {
+        while let Some(item) = from_upstream.blocking_recv() {
+            let chunk = item.map_err(|e| Stop::Interrupted(format!("upstream body: {e}")))?;
+            self.upstream_bytes += chunk.len() as u64;
+            step(self, &chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Hands rebuilt bytes to the cache writer, the digest check and the
+    /// user agent. Fails only when nobody wants them any more.
+    fn emit(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.body_bytes += data.len() as u64;
+        self.digests.update(data);
+        if let Some(target) = &mut self.store
+            && let Err(error) = target.writer.write_body(data)
+        {
+            // Full disk or over budget: the user agent still gets its
+            // bytes (C-E1); the entry is just not kept.
+            tracing::warn!(url = %target.store.root().display(), %error, "cache write failed; not storing this response");
+            self.store = None;
+        }
+        if !self.agent_gone {
+            let frame = Frame::data(Bytes::copy_from_slice(data));
+            if self.to_agent.blocking_send(Ok(frame)).is_err() {
+                self.agent_gone = true;
+            }
+        }
+        if self.agent_gone && self.store.is_none() {
+            return Err(std::io::Error::other("user agent gone"));
+        }
+        Ok(())
+    }
+
+    /// Every byte arrived: check the origin's digests, commit, end cleanly.
+    fn complete(&mut self, signature: Vec<u8>) -> Outcome {
+        let digests = std::mem::take(&mut self.digests);
+        if let Err(reason) = digests.verify() {
+            self.abort_agent(&reason);
+            self.store = None;
+            return Outcome::Corrupt { reason };
+        }
+        let stored = match self.store.take() {
+            Some(mut target) => {
+                target.entry.completeness = Completeness::Complete;
+                match target.writer.commit(target.entry, &signature) {
+                    Ok(()) => true,
+                    Err(error) => {
+                        tracing::warn!(%error, "cache commit failed; response served, not stored");
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
+        // Dropping the sender ends the user agent's body cleanly.
+        Outcome::Complete { stored }
+    }
+
+    /// The relay stopped early.
+    fn stopped(
+        &mut self,
+        stop: Stop,
+        signature: Option<Vec<u8>>,
+        basis_key: Option<&CacheKey>,
+    ) -> Outcome {
+        match stop {
+            Stop::Abandoned => {
+                self.store = None;
+                Outcome::Abandoned
+            }
+            Stop::Corrupt(reason) => {
+                self.abort_agent(&reason);
+                if let Some(target) = self.store.take() {
+                    if let Some(key) = basis_key {
+                        target.store.remove(key);
+                        tracing::warn!(basis = %key, %reason, "dropped the basis of a stream that failed its checks");
+                    }
+                    target.writer.abort();
+                }
+                Outcome::Corrupt { reason }
+            }
+            Stop::Interrupted(reason) => {
+                self.abort_agent(&reason);
+                let partial_stored = match (self.store.take(), signature) {
+                    (Some(mut target), Some(signature)) if self.body_bytes > 0 => {
+                        target.entry.completeness = Completeness::Partial;
+                        target.writer.commit(target.entry, &signature).is_ok()
+                    }
+                    _ => false,
+                };
+                Outcome::Interrupted { partial_stored }
+            }
+        }
+    }
+
+    /// Ends the user agent's body with an error, so it is never mistaken
+    /// for a whole one.
+    fn abort_agent(&mut self, reason: &str) {
+        tracing::warn!(%reason, "aborting the response");
+        if !self.agent_gone {
+            let _ = self
+                .to_agent
+                .blocking_send(Err(BodyError::from(reason.to_owned())));
+        }
+    }
+}
+
+/// A cached body, ready to serve: read whole and checked when small,
+/// streamed with the check at the end otherwise.
+pub enum CachedBody {
+    /// Checked already.
+    Whole(Bytes),
+    /// Checked while streaming.
+    Stream(ProxyBody),
+}
+
+/// Reads a cached body. Small bodies are read and hashed first: a body that
+/// fails its digest is `None` (the caller quarantines it and goes
+/// upstream, C-E3). Larger ones stream from the open file, hashed on the
+/// way, and the response is aborted at the end if the digest differs.
+pub fn serve_cached(
+    mut body: File,
+    len: u64,
+    digest: blake3::Hash,
+    on_mismatch: impl FnOnce() + Send + 'static,
+) -> std::io::Result<Option<CachedBody>> {
+    if len <= SMALL_BODY {
+        let mut bytes = Vec::with_capacity(len as usize);
+        (&mut body).take(len + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 != len || blake3::hash(&bytes) != digest {
+            on_mismatch();
+            return Ok(None);
+        }
+        return Ok(Some(CachedBody::Whole(Bytes::from(bytes))));
+    }
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    tokio::task::spawn_blocking(move || {
+        let mut hasher = blake3::Hasher::new();
+        let mut sent = 0u64;
+        loop {
+            let mut chunk = vec![0; READ_CHUNK];
+            let n = match body.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(error) => {
+                    let _ = tx.blocking_send(Err(BodyError::from(error)));
+                    return;
+                }
+            };
+            chunk.truncate(n);
+            hasher.update(&chunk);
+            sent += n as u64;
+            if sent > len
+                || tx
+                    .blocking_send(Ok(Frame::data(Bytes::from(chunk))))
+                    .is_err()
+            {
+                break;
+            }
+        }
+        if sent != len || hasher.finalize() != digest {
+            on_mismatch();
+            let _ = tx.blocking_send(Err(BodyError::from("cached body failed its digest")));
+        }
+    });
+    Ok(Some(CachedBody::Stream(
+        StreamBody::new(ReceiverStream(rx)).boxed(),
+    )))
+}
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// A `Stream` over an mpsc receiver.
+struct ReceiverStream<T>(mpsc::Receiver<T>);
+
+impl<T> futures_core::Stream for ReceiverStream<T> {
+    type Item = T;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origin_digests_are_read_and_unknown_algorithms_skipped() {
+        let mut headers = HeaderMap::new();
+        let sha = sha2::Sha256::digest(b"hello");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(sha);
+        headers.insert(
+            "content-digest",
+            format!("md5=:abc:, sha-256=:{b64}:").parse().unwrap(),
+        );
+        let digests = OriginDigest::parse_all(&headers, "content-digest");
+        assert_eq!(digests, vec![OriginDigest::Sha256(sha.to_vec())]);
+        let mut check = DigestCheck::new(&digests);
+        check.update(b"hel");
+        check.update(b"lo");
+        assert!(check.verify().is_ok());
+        let mut wrong = DigestCheck::new(&digests);
+        wrong.update(b"hello!");
+        assert!(wrong.verify().is_err());
+    }
+
+    #[test]
+    fn a_botched_known_digest_fails_rather_than_being_skipped() {
+        let mut headers = HeaderMap::new();
+        headers.insert("repr-digest", "sha-256=not-base64".parse().unwrap());
+        let digests = OriginDigest::parse_all(&headers, "repr-digest");
+        let mut check = DigestCheck::new(&digests);
+        check.update(b"anything");
+        assert!(check.verify().is_err());
+    }
+}
