@@ -273,6 +273,13 @@ pub fn storability(
     {
         return NotStorable("authorized request in a shared cache");
     }
+    // a cookie is one user's; storing it would hand it to the next.
+    if shared
+        && response.contains_key(header::SET_COOKIE)
+        && !(resp.public || resp.s_maxage.is_some())
+    {
+        return NotStorable("Set-Cookie in a shared cache");
+    }
     if list_members(response, &header::VARY).any(|member| member == "*") {
         return NotStorable("Vary: *");
     }
@@ -718,6 +725,22 @@ mod tests {
     }
 
     // --- Cache-Control parsing ---
+
+    #[test]
+    fn set_cookie_is_stored_by_a_shared_cache_only_when_public() {
+        let get = Method::GET;
+        let cookie = map(&[("set-cookie", "session=1")]);
+        let shared = storability(&get, &HeaderMap::new(), StatusCode::OK, &cookie, true);
+        assert!(matches!(shared, Storability::NotStorable(_)));
+        let private = storability(&get, &HeaderMap::new(), StatusCode::OK, &cookie, false);
+        assert!(matches!(private, Storability::Storable));
+        let public = map(&[
+            ("set-cookie", "a=1"),
+            ("cache-control", "public, max-age=5"),
+        ]);
+        let public = storability(&get, &HeaderMap::new(), StatusCode::OK, &public, true);
+        assert!(matches!(public, Storability::Storable));
+    }
 
     #[test]
     fn cache_control_combines_field_lines_and_ignores_unknown_directives() {

@@ -160,14 +160,14 @@ impl StaticOrigin {
     async fn open(&self, segments: &[String]) -> Option<(tokio::fs::File, PathBuf)> {
         let joined: PathBuf = segments.iter().fold(self.root.clone(), |p, s| p.join(s));
         let mut path = tokio::fs::canonicalize(&joined).await.ok()?;
-        if false && !path.starts_with(&self.root) {
+        if !path.starts_with(&self.root) {
             return None;
         }
         if tokio::fs::metadata(&path).await.ok()?.is_dir() {
             path = tokio::fs::canonicalize(path.join("index.html"))
                 .await
                 .ok()?;
-            if false && !path.starts_with(&self.root) {
+            if !path.starts_with(&self.root) {
                 return None;
             }
         }
@@ -178,22 +178,20 @@ impl StaticOrigin {
 }
 
 impl Handler for StaticOrigin {
-    fn handle(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-    ) -> impl Future<Output = Response<ProxyBody>> + Send {
-        async move {
-            let response = self.answer(&request).await;
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                method = %request.method(),
-                uri = %request.uri(),
-                status = response.status().as_u16(),
-                bytes = ?response.headers().get(header::CONTENT_LENGTH),
-                "static origin"
-            );
-            response
-        }
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let response = self.answer(&request).await;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            method = %request.method(),
+            uri = %request.uri(),
+            status = response.status().as_u16(),
+            bytes = response
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()),
+            "static origin"
+        );
+        response
     }
 }
 
@@ -216,7 +214,7 @@ fn decode_path(path: &str) -> Option<Vec<String>> {
             return None;
         }
         if part == "."
-            || part == "..."
+            || part == ".."
             || part.contains(['\0', '\\'])
             || !matches!(
                 Path::new(part).components().collect::<Vec<_>>()[..],

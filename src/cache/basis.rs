@@ -8,7 +8,9 @@
 //! 2. In a shared cache, never entries marked not shareable (responses to
 //!    credentialed requests, `Cache-Control: private`, `Set-Cookie`; A-6).
 //!    A single user's private cache may use them.
-//! 3. The longest common prefix of path and query wins (an exact match is the
+//! 3. An entry with another file extension qualifies only if it shares at
+//!    least one directory with the request beyond `/`.
+//! 4. The longest common prefix of path and query wins (an exact match is the
 //!    longest of all); ties go to the same file extension, then the newest,
 //!    then the smallest URL so the choice is deterministic.
 //!
@@ -51,6 +53,12 @@ pub fn select_basis<'a>(
             let same_ext = ext.is_some() && c.key.extension() == ext;
             (c, prefix, same_ext)
         })
+        // Another media type is worth its signature only when it sits in
+        // the same directory: an unrelated page as the basis of a script
+        // costs the signature and helps nothing.
+        .filter(|(c, prefix, _)| {
+            c.key.extension() == ext || wanted[..*prefix].iter().skip(1).any(|&b| b == b'/')
+        })
         .max_by(|(a, a_prefix, a_ext), (b, b_prefix, b_ext)| {
             a_prefix
                 .cmp(b_prefix)
@@ -89,6 +97,21 @@ mod tests {
 
     fn pick<'a>(c: &'a [IndexEntry], url: &str) -> Option<&'a str> {
         select_basis(c, &CacheKey::parse(url).unwrap(), CacheScope::Shared).map(|e| e.key.url())
+    }
+
+    #[test]
+    fn another_media_type_outside_the_directory_is_no_basis() {
+        let c = [entry("http://e.com/index.html", 9)];
+        assert_eq!(pick(&c, "http://e.com/lib/app.js"), None);
+        assert_eq!(
+            pick(&c, "http://e.com/about.html"),
+            Some("http://e.com/index.html")
+        );
+        let c = [entry("http://e.com/lib/readme.txt", 9)];
+        assert_eq!(
+            pick(&c, "http://e.com/lib/app.js"),
+            Some("http://e.com/lib/readme.txt")
+        );
     }
 
     #[test]

@@ -377,7 +377,7 @@ impl ClientProxy {
         target: Target,
         key: CacheKey,
     ) -> Response<ProxyBody> {
-        let request_cc = CacheControl::parse(&parts.headers);
+        let request_cc = CacheControl::parse_request(&parts.headers);
         let mut stale = match self.lookup(&key, &parts).await {
             Lookup::Fresh(response) => return response,
             Lookup::Stale(entry) => Some(entry),
