@@ -351,10 +351,14 @@ impl ClientProxy {
         }
         let method = parts.method.clone();
         let url = target.url.to_string();
+        parts.extensions.insert(Started(started));
         let response = match method {
             Method::GET | Method::HEAD => self.clone().cacheable(parts, body, target, key).await,
             _ => self.clone().pass_unsafe(parts, body, target, key).await,
         };
+        if response.extensions().get::<LoggedAtEnd>().is_some() {
+            return response;
+        }
         let outcome = response
             .headers()
             .get(CACHE_STATUS)
@@ -662,6 +666,7 @@ impl ClientProxy {
         } else {
             None
         };
+        let basis_url = basis.as_ref().map(|b| b.key.to_string());
         let coding = if hsync {
             let (basis_file, basis_key) = match basis {
                 Some(offer) => match FileBasis::new(offer.body) {
@@ -697,7 +702,18 @@ impl ClientProxy {
             .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
         add_via(&mut rparts.headers, &self.config.via_name);
         let stats = self.stats.clone();
-        let url = key.to_string();
+        let log = RequestLog {
+            url: key.to_string(),
+            status: rparts.status,
+            cache: freshness::cache_status(CACHE_NAME, &outcome),
+            basis: basis_url,
+            hsync,
+            started: parts
+                .extensions
+                .get::<Started>()
+                .map_or_else(Instant::now, |s| s.0),
+        };
+        rparts.extensions.insert(LoggedAtEnd);
         let body = transfer::relay(
             rbody,
             Relay {
@@ -706,7 +722,7 @@ impl ClientProxy {
                 origin_digests,
             },
             move |report: Report| {
-                record(&stats, &url, hsync, &report);
+                record(&stats, &log, &report);
                 drop(leader);
             },
         );
@@ -1044,7 +1060,8 @@ fn request_value(headers: &HeaderMap, name: &str) -> Vec<u8> {
 
 /// The request headers a response varies on, lower-case. A body we store
 /// as identity does not vary on the codings offered, so `Accept-Encoding`
-/// (and the hsync basis) are left out then.
+/// (and the hsync basis) are left out then; a coded body always varies on
+/// `Accept-Encoding`.
 fn vary_names(response: &HeaderMap, identity: bool) -> Vec<String> {
     let identity = identity || !response.contains_key(header::CONTENT_ENCODING);
     let mut names: Vec<String> = response
@@ -1056,6 +1073,11 @@ fn vary_names(response: &HeaderMap, identity: bool) -> Vec<String> {
         .filter(|n| !n.is_empty())
         .filter(|n| !(identity && (n == "accept-encoding" || n == "hsync-basis")))
         .collect();
+    if !identity {
+        // A coded body suits only the codings the request offered, even
+        // when the origin forgot to say `Vary: Accept-Encoding`.
+        names.push("accept-encoding".to_owned());
+    }
     names.sort();
     names.dedup();
     names
@@ -1208,7 +1230,25 @@ fn cut_signature(signature: &[u8], budget: usize) -> Option<&[u8]> {
     (entries > 0).then(|| &signature[..HEADER + entries * entry_len])
 }
 
-fn record(stats: &ClientStats, url: &str, hsync: bool, report: &Report) {
+/// What the one log line of a relayed request says, besides the report.
+struct RequestLog {
+    url: String,
+    status: StatusCode,
+    cache: HeaderValue,
+    basis: Option<String>,
+    hsync: bool,
+    started: Instant,
+}
+
+/// When the request arrived (a request extension).
+#[derive(Clone, Copy)]
+struct Started(Instant);
+
+/// Marks a response whose log line is written when its body ends.
+#[derive(Clone, Copy)]
+struct LoggedAtEnd;
+
+fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
     ClientStats::add(&stats.upstream_bytes, report.upstream_bytes);
     ClientStats::add(&stats.downstream_bytes, report.body_bytes);
     match &report.outcome {
@@ -1220,9 +1260,17 @@ fn record(stats: &ClientStats, url: &str, hsync: bool, report: &Report) {
         _ => {}
     }
     tracing::info!(
-        url, mode = if hsync { "hsync" } else { "plain" },
-        upstream_bytes = report.upstream_bytes, body_bytes = report.body_bytes,
-        outcome = ?report.outcome, "transfer"
+        method = "GET",
+        url = %log.url,
+        status = log.status.as_u16(),
+        cache = log.cache.to_str().unwrap_or(""),
+        coding = if log.hsync { "hsync" } else { "identity" },
+        basis = log.basis.as_deref().unwrap_or("-"),
+        upstream_bytes = report.upstream_bytes,
+        downstream_bytes = report.body_bytes,
+        outcome = ?report.outcome,
+        ms = log.started.elapsed().as_secs_f64() * 1e3,
+        "request"
     );
 }
 
@@ -1277,6 +1325,9 @@ mod tests {
         );
         assert_eq!(vary_names(&headers, true), ["accept-language", "cookie"]);
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        let mut no_vary = HeaderMap::new();
+        no_vary.insert(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
+        assert_eq!(vary_names(&no_vary, false), ["accept-encoding"]);
         assert_eq!(
             vary_names(&headers, false),
             [
