@@ -39,7 +39,7 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
     parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
-use crate::server::{BodyError, Handler, ProxyBody};
+use crate::server::{BodyError, Handler, ProxyBody, counted};
 
 /// Accelerator settings, validated.
 #[derive(Debug, Clone)]
@@ -343,8 +343,14 @@ impl Accelerator {
 
         if !encode {
             Stats::add(&self.stats.passed, 1);
-            tracing::info!(%method, %uri, status = parts.status.as_u16(), mode = "pass", bytes = ?content_length, "request");
-            return Response::from_parts(parts, body.map_err(BodyError::from).boxed());
+            let status = parts.status.as_u16();
+            let body = counted(
+                body.map_err(BodyError::from).boxed(),
+                move |bytes, complete| {
+                    tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
+                },
+            );
+            return Response::from_parts(parts, body);
         }
 
         parts.headers.remove(header::CONTENT_LENGTH);

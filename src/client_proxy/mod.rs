@@ -47,7 +47,7 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
     strip_hop_by_hop,
 };
-use crate::server::{BodyError, Handler, ProxyBody};
+use crate::server::{BodyError, Handler, ProxyBody, counted};
 use coalesce::{InFlight, Role};
 use transfer::{CachedBody, ClientBasis, Coding, OriginDigest, Relay, Report, StoreTarget, full};
 use upstream::Upstream;
@@ -359,18 +359,22 @@ impl ClientProxy {
         if response.extensions().get::<LoggedAtEnd>().is_some() {
             return response;
         }
-        let outcome = response
-            .headers()
+        let (parts, body) = response.into_parts();
+        let status = parts.status.as_u16();
+        let cache = parts
+            .headers
             .get(CACHE_STATUS)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
+            .unwrap_or("-")
             .to_owned();
-        tracing::info!(
-            %method, %url,
-            status = response.status().as_u16(), cache = %outcome,
-            ms = started.elapsed().as_secs_f64() * 1e3, "request"
-        );
-        response
+        // Logged when the body is over, with the bytes that really went.
+        let body = counted(body, move |bytes, complete| {
+            tracing::info!(
+                %method, %url, status, %cache, downstream_bytes = bytes, complete,
+                ms = started.elapsed().as_secs_f64() * 1e3, "request"
+            );
+        });
+        Response::from_parts(parts, body)
     }
 
     /// GET and HEAD: from the cache when fresh, else upstream.
