@@ -49,7 +49,9 @@ impl Advertised {
         let mut version_1 = false;
         let mut max_signature = None;
         for item in text.split([',', ';']) {
-            let (name, value) = item.split_once('=')?;
+            let Some((name, value)) = item.split_once('=') else {
+                continue;
+            };
             match name.trim() {
                 "v" => version_1 |= value.trim() == "1",
                 "max-signature" => max_signature = value.trim().parse().ok(),
@@ -237,5 +239,10 @@ mod tests {
         assert_eq!(parse("v=1"), None);
         assert_eq!(parse("v=1, max-signature=lots"), None);
         assert_eq!(parse("garbage"), None);
+        assert_eq!(
+            parse("v=1, codecs=2;3, max-signature=100, future"),
+            Some(Advertised { max_signature: 100 }),
+            "unknown members are skipped"
+        );
     }
 }
