@@ -524,7 +524,10 @@ impl ClientProxy {
     async fn choose_basis(&self, key: &CacheKey, same_url: Option<&Entry>) -> Option<BasisOffer> {
         let budget = self.signature_budget();
         if let Some(entry) = same_url {
-            return basis_offer(entry, budget);
+            // D-B1: an entry kept for one user (Authorization, Set-Cookie,
+            // private) is never another request's basis, even for its URL.
+            let usable = entry.meta.shareable_as_basis || !self.is_shared();
+            return usable.then(|| basis_offer(entry, budget)).flatten();
         }
         let store = self.store.clone();
         let key = key.clone();
@@ -1170,6 +1173,9 @@ fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
             !matches!(
                 name.as_str(),
                 "content-length" | "transfer-encoding" | "cache-status" | "via"
+                // a cookie is one user's, never replayed from the cache
+                // (even a `public` response's).
+                | "set-cookie"
             ) && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT
         })

@@ -275,6 +275,11 @@ struct Worker {
     agent_gone: bool,
     upstream_bytes: u64,
     body_bytes: u64,
+    /// The user agent was told this Content-Length: the chunk that reaches
+    /// it is held back until the checks pass, or the user agent would see a
+    /// complete-looking body that then fails (D-A5).
+    announced_len: Option<u64>,
+    held: Option<Bytes>,
 }
 
 /// Why the worker stopped before the end of the upstream body.
@@ -289,8 +294,14 @@ enum Stop {
 
 impl Worker {
     fn new(relay: Relay, to_agent: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) -> Worker {
+        let announced_len = match relay.coding {
+            Coding::Plain { expected_len } => expected_len,
+            Coding::Hsync { .. } => None,
+        };
         Worker {
             digests: DigestCheck::new(&relay.origin_digests),
+            announced_len,
+            held: None,
             coding: relay.coding,
             store: relay.store,
             to_agent,
@@ -398,16 +409,22 @@ impl Worker {
             tracing::warn!(url = %target.store.root().display(), %error, "cache write failed; not storing this response");
             self.store = None;
         }
-        if !self.agent_gone {
-            let frame = Frame::data(Bytes::copy_from_slice(data));
-            if self.to_agent.blocking_send(Ok(frame)).is_err() {
-                self.agent_gone = true;
-            }
+        let chunk = Bytes::copy_from_slice(data);
+        if self.announced_len == Some(self.body_bytes) {
+            self.held = Some(chunk);
+        } else {
+            self.send_to_agent(chunk);
         }
         if self.agent_gone && self.store.is_none() {
             return Err(std::io::Error::other("user agent gone"));
         }
         Ok(())
+    }
+
+    fn send_to_agent(&mut self, chunk: Bytes) {
+        if !self.agent_gone && self.to_agent.blocking_send(Ok(Frame::data(chunk))).is_err() {
+            self.agent_gone = true;
+        }
     }
 
     /// Every byte arrived: check the origin's digests, commit, end cleanly.
@@ -418,6 +435,7 @@ impl Worker {
             self.store = None;
             return Outcome::Corrupt { reason };
         }
+
         let stored = match self.store.take() {
             Some(mut target) => {
                 target.entry.completeness = Completeness::Complete;
@@ -431,6 +449,11 @@ impl Worker {
             }
             None => false,
         };
+        // Committed before the user agent sees the end, so its next request
+        // finds the entry.
+        if let Some(last) = self.held.take() {
+            self.send_to_agent(last);
+        }
         // Dropping the sender ends the user agent's body cleanly.
         Outcome::Complete { stored }
     }
@@ -447,8 +470,9 @@ impl Worker {
                 self.store = None;
                 Outcome::Abandoned
             }
+            // The cache is settled before the user agent learns of the
+            // failure, so a retry sees the state that follows from it.
             Stop::Corrupt(reason) => {
-                self.abort_agent(&reason);
                 if let Some(target) = self.store.take() {
                     if let Some(key) = basis_key {
                         target.store.remove(key);
@@ -456,10 +480,10 @@ impl Worker {
                     }
                     target.writer.abort();
                 }
+                self.abort_agent(&reason);
                 Outcome::Corrupt { reason }
             }
             Stop::Interrupted(reason) => {
-                self.abort_agent(&reason);
                 let partial_stored = match (self.store.take(), signature) {
                     (Some(mut target), Some(signature)) if self.body_bytes > 0 => {
                         target.entry.completeness = Completeness::Partial;
@@ -467,6 +491,7 @@ impl Worker {
                     }
                     _ => false,
                 };
+                self.abort_agent(&reason);
                 Outcome::Interrupted { partial_stored }
             }
         }

@@ -1,0 +1,1609 @@
+//! The client proxy over real sockets: a scripted origin on 127.0.0.1:0,
+//! the accelerator in front of it, a recording tap between accelerator and
+//! client proxy (it can also cut a stream in half), and the client proxy
+//! with a temp-dir cache, asked as `curl -x` asks (absolute-form) and as a
+//! gateway (origin-form). Some tests put a plain origin, or a hostile
+//! "accelerator" written here, straight behind the client proxy.
+//!
+//! Each test checks bytes, status and headers the user agent got (never an
+//! hsync coding or header: every reply goes through [`send`]), the cache
+//! state, the proxy's counters and what the servers behind it saw. Covers
+//! D-A4, D-A5, D-A7, D-A8, C-W2, C-W3, P-12, P-15, P-16, P-20, P-22, P-23,
+//! A-6 and D-B1 of RELIABILITY.md.
+
+mod support;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::cache::{CacheKey, CacheScope, CacheStore, Completeness, IndexEntry};
+use rproxy::client_proxy::{ClientConfig, ClientProxy, StatsSnapshot};
+use rproxy::hsync::{Encoder, EncoderOptions};
+use rproxy::http::{byte_sequence, parse_byte_sequence};
+use rproxy::server::{BodyError, ConnectionLimits, ProxyBody, serve};
+use sha2::Digest;
+use support::{accelerator_signature, pseudo_text};
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+// ---------------------------------------------------------------------------
+// Test data
+
+const BODY_LEN: usize = 200_000;
+
+/// Release `n` (1..=3) of a script: each release inserts a line into the
+/// previous one, so consecutive releases differ by a few dozen bytes.
+fn release(n: usize) -> &'static [u8] {
+    static RELEASES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    let releases = RELEASES.get_or_init(|| {
+        let mut body = pseudo_text(1, BODY_LEN);
+        let mut all = vec![body.clone()];
+        for (i, at) in [100_000, 150_000].into_iter().enumerate() {
+            let line = format!("/* a change in release {} */\n", i + 2);
+            body.splice(at..at, line.bytes());
+            all.push(body.clone());
+        }
+        all
+    });
+    &releases[n - 1]
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Bodies
+
+fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// One step of a [`ScriptedBody`].
+enum Step {
+    Data(Bytes),
+    /// Lets hyper flush what it has before the next step.
+    Pause(Duration),
+    /// Makes hyper abort the connection mid-body (no last chunk).
+    Fail(&'static str),
+}
+
+/// A response body that plays its steps in order.
+struct ScriptedBody {
+    steps: VecDeque<Step>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl ScriptedBody {
+    fn new(steps: impl IntoIterator<Item = Step>) -> ScriptedBody {
+        ScriptedBody {
+            steps: steps.into_iter().collect(),
+            sleep: None,
+        }
+    }
+}
+
+impl hyper::body::Body for ScriptedBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        loop {
+            if let Some(sleep) = &mut self.sleep {
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            return Poll::Ready(match self.steps.pop_front() {
+                None => None,
+                Some(Step::Data(data)) => Some(Ok(Frame::data(data))),
+                Some(Step::Fail(message)) => Some(Err(BodyError::from(message))),
+                Some(Step::Pause(pause)) => {
+                    self.sleep = Some(Box::pin(tokio::time::sleep(pause)));
+                    continue;
+                }
+            });
+        }
+    }
+}
+
+fn respond(status: StatusCode, headers: &[(&str, &str)], body: ProxyBody) -> Response<ProxyBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    for (name, value) in headers {
+        response.headers_mut().append(
+            http::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    response
+}
+
+fn ok(headers: &[(&str, &str)], body: impl Into<Bytes>) -> Response<ProxyBody> {
+    respond(StatusCode::OK, headers, full(body))
+}
+
+// ---------------------------------------------------------------------------
+// Scripted servers: origin, tap, hostile accelerator
+
+/// A request a scripted server saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+/// A scripted HTTP/1.1 server on 127.0.0.1:0 that logs every request.
+#[derive(Clone)]
+struct Server {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    count: watch::Receiver<usize>,
+}
+
+impl Server {
+    fn requests(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// The requests for `path`, in order.
+    fn seen_for(&self, path: &str) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.uri.path() == path)
+            .cloned()
+            .collect()
+    }
+
+    fn requests_to(&self, path: &str) -> usize {
+        self.seen_for(path).len()
+    }
+
+    /// Waits until the server has seen `n` requests.
+    async fn wait_for_requests(&self, n: usize) {
+        let mut count = self.count.clone();
+        tokio::time::timeout(Duration::from_secs(5), count.wait_for(|c| *c >= n))
+            .await
+            .expect("the server saw the request in time")
+            .unwrap();
+    }
+}
+
+/// Starts a server whose `handler` gets each request and the number of
+/// earlier requests for the same path.
+async fn start_server<F, Fut>(handler: F) -> Server
+where
+    F: Fn(Request<Incoming>, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
+    let (count_tx, count) = watch::channel(0usize);
+    let count_tx = Arc::new(count_tx);
+    let handler = Arc::new(handler);
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (handler, log, count_tx) = (handler.clone(), log.clone(), count_tx.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    let earlier = {
+                        let mut log = log.lock().unwrap();
+                        let earlier = log
+                            .iter()
+                            .filter(|s| s.uri.path() == request.uri().path())
+                            .count();
+                        log.push(Seen {
+                            method: request.method().clone(),
+                            uri: request.uri().clone(),
+                            headers: request.headers().clone(),
+                        });
+                        earlier
+                    };
+                    count_tx.send_modify(|c| *c += 1);
+                    let reply = (*handler)(request, earlier);
+                    async move { Ok::<_, Infallible>(reply.await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Server { addr, seen, count }
+}
+
+fn if_none_match_has(request: &Request<Incoming>, tag: &str) -> bool {
+    request
+        .headers()
+        .get("if-none-match")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(tag))
+}
+
+/// The origin's routes. `earlier` counts earlier requests for the path.
+async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<ProxyBody> {
+    let path = request.uri().path().to_owned();
+    match path.as_str() {
+        "/app-1.js" | "/private/app-1.js" | "/cookie/app-1.js" => {
+            let mut headers = vec![];
+            if path.starts_with("/private/") {
+                headers.push(("cache-control", "private"));
+            }
+            if path.starts_with("/cookie/") {
+                headers.push(("set-cookie", "session=alice-secret"));
+            }
+            ok(&headers, release(1))
+        }
+        "/app-2.js" | "/private/app-2.js" | "/cookie/app-2.js" => ok(&[], release(2)),
+        "/cookie/app-3.js" => ok(&[], release(3)),
+        "/authorized.js" => ok(&[("cache-control", "public, no-cache")], release(1)),
+        "/fresh.js" | "/head.js" => ok(
+            &[("cache-control", "max-age=60"), ("etag", "\"f1\"")],
+            release(1),
+        ),
+        "/etag.js" if if_none_match_has(&request, "\"e1\"") => respond(
+            StatusCode::NOT_MODIFIED,
+            &[("cache-control", "max-age=0"), ("etag", "\"e1\"")],
+            full(Bytes::new()),
+        ),
+        "/etag.js" => ok(
+            &[("cache-control", "max-age=0"), ("etag", "\"e1\"")],
+            release(1),
+        ),
+        // Release 1 first, release 2 from then on.
+        "/changing.js" if earlier == 0 => ok(
+            &[("cache-control", "max-age=0"), ("etag", "\"c1\"")],
+            release(1),
+        ),
+        "/changing.js" => ok(
+            &[("cache-control", "max-age=0"), ("etag", "\"c2\"")],
+            release(2),
+        ),
+        "/range.txt" if request.headers().contains_key("range") => respond(
+            StatusCode::PARTIAL_CONTENT,
+            &[("content-range", &format!("bytes 0-99/{BODY_LEN}"))],
+            full(&release(1)[..100]),
+        ),
+        "/range.txt" => ok(&[], release(1)),
+        "/no-store.js" => ok(&[("cache-control", "no-store")], release(1)),
+        "/gzip.js" => ok(
+            &[
+                ("content-encoding", "gzip"),
+                ("cache-control", "max-age=60"),
+            ],
+            gzip(release(1)),
+        ),
+        "/post.js" if request.method() == Method::POST => {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let mut echo = b"posted: ".to_vec();
+            echo.extend_from_slice(&body);
+            ok(&[], echo)
+        }
+        "/post.js" => ok(&[("cache-control", "max-age=60")], release(1)),
+        "/broken" => respond(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &[("cache-control", "max-age=60")],
+            full("boom"),
+        ),
+        "/slow.js" => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            ok(&[("cache-control", "max-age=60")], release(1))
+        }
+        "/stall.js" => {
+            if earlier == 0 {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            ok(&[("cache-control", "max-age=60")], release(1))
+        }
+        "/bad-digest.js" => {
+            use base64::Engine;
+            let wrong = sha2::Sha256::digest(b"not the body");
+            let wrong = base64::engine::general_purpose::STANDARD.encode(wrong);
+            ok(
+                &[("content-digest", &format!("sha-256=:{wrong}:"))],
+                release(1),
+            )
+        }
+        "/cookie-fresh.js" => ok(
+            &[
+                ("cache-control", "max-age=60"),
+                ("set-cookie", "session=alice-secret"),
+            ],
+            release(1),
+        ),
+        "/cookie-public.js" => ok(
+            &[
+                ("cache-control", "public, max-age=60"),
+                ("set-cookie", "session=alice-secret"),
+            ],
+            release(1),
+        ),
+        _ => respond(StatusCode::NOT_FOUND, &[], full("no such thing")),
+    }
+}
+
+async fn start_origin() -> Server {
+    start_server(origin_reply).await
+}
+
+fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
+    AcceleratorConfig {
+        origin: format!("http://{origin}").parse().unwrap(),
+        via_name: HeaderValue::from_static("accel-test"),
+        encoder: EncoderOptions {
+            zstd_level: 3,
+            // Small windows: a stream has many frames, so half of one
+            // rebuilds a usable prefix (D-A8).
+            window_bytes: 16 << 10,
+            ..EncoderOptions::default()
+        },
+        max_encode_len: 1 << 30,
+        max_signature_bytes: 24 << 10,
+        connect_timeout: Duration::from_secs(2),
+        origin_timeout: Duration::from_secs(5),
+        basis_store_bytes: 16 << 20,
+        max_stored_body: 4 << 20,
+    }
+}
+
+async fn start_accelerator(origin: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accelerator = Arc::new(Accelerator::new(accelerator_config(origin)).unwrap());
+    tokio::spawn(serve(
+        listener,
+        accelerator,
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// What the tap does with the accelerator's answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TapMode {
+    /// Relay as it is.
+    Pass,
+    /// Relay the first half of the body, then reset the connection.
+    CutHalf,
+}
+
+/// A recording shim between the client proxy and the accelerator.
+struct Tap {
+    server: Server,
+    mode: Arc<Mutex<TapMode>>,
+    /// Length of the last body it cut.
+    cut_from: Arc<Mutex<usize>>,
+}
+
+impl Tap {
+    fn set_mode(&self, mode: TapMode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+}
+
+async fn start_tap(target: SocketAddr) -> Tap {
+    let mode = Arc::new(Mutex::new(TapMode::Pass));
+    let cut_from = Arc::new(Mutex::new(0));
+    let (m, c) = (mode.clone(), cut_from.clone());
+    let server = start_server(move |request, _| {
+        let mode = *m.lock().unwrap();
+        let cut_from = c.clone();
+        async move {
+            // The request goes on as it came: absolute-form stays so.
+            let stream = TcpStream::connect(target).await.unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            let response = sender.send_request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            match mode {
+                TapMode::Pass => Response::from_parts(parts, body.map_err(BodyError::from).boxed()),
+                TapMode::CutHalf => {
+                    let whole = body.collect().await.unwrap().to_bytes();
+                    *cut_from.lock().unwrap() = whole.len();
+                    let half = whole.slice(..whole.len() / 2);
+                    let cut = ScriptedBody::new([
+                        Step::Data(half),
+                        Step::Pause(Duration::from_millis(50)),
+                        Step::Fail("tap cut the stream"),
+                    ]);
+                    Response::from_parts(parts, cut.boxed())
+                }
+            }
+        }
+    })
+    .await;
+    Tap {
+        server,
+        mode,
+        cut_from,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The client proxy
+
+fn client_config(upstream: SocketAddr) -> ClientConfig {
+    ClientConfig {
+        upstream: format!("http://{upstream}").parse().unwrap(),
+        via_name: HeaderValue::from_static("test-client"),
+        scope: CacheScope::Shared,
+        default_signature_bytes: 4608,
+        max_signature_bytes: 24 << 10,
+        connect_timeout: Duration::from_secs(2),
+        upstream_timeout: Duration::from_secs(5),
+        lock_timeout: Duration::from_secs(5),
+        max_object_bytes: 1 << 30,
+    }
+}
+
+struct Proxy {
+    addr: SocketAddr,
+    proxy: Arc<ClientProxy>,
+    _cache: TempDir,
+}
+
+impl Proxy {
+    fn stats(&self) -> StatsSnapshot {
+        self.proxy.stats().snapshot()
+    }
+
+    fn entry(&self, url: &str) -> Option<IndexEntry> {
+        self.proxy.store().lookup(&CacheKey::parse(url).unwrap())
+    }
+
+    fn stored_len(&self) -> usize {
+        self.proxy.store().len()
+    }
+
+    /// The stored body and signature of `url`.
+    fn body_and_signature(&self, url: &str) -> (Vec<u8>, Vec<u8>) {
+        let mut entry = self
+            .proxy
+            .store()
+            .get(&CacheKey::parse(url).unwrap())
+            .expect("stored");
+        let mut body = Vec::new();
+        entry.body.read_to_end(&mut body).unwrap();
+        (body, entry.signature)
+    }
+
+    /// Asserts that `url` is stored complete with exactly `body`.
+    fn assert_complete(&self, url: &str, body: &[u8]) {
+        let entry = self
+            .entry(url)
+            .unwrap_or_else(|| panic!("{url} not stored"));
+        assert_eq!(entry.completeness, Completeness::Complete, "{url}");
+        assert_eq!(entry.body_len, body.len() as u64, "{url}");
+        assert_eq!(entry.body_blake3, blake3::hash(body), "{url}");
+    }
+
+    /// Waits until `url` is stored complete. A plain body with a
+    /// Content-Length looks whole to the user agent before the proxy has
+    /// committed it (see
+    /// `d_a5_a_plain_body_failing_the_origins_content_digest_never_looks_complete`).
+    async fn settled(&self, url: &str) {
+        eventually(&format!("{url} committed"), || {
+            self.entry(url)
+                .is_some_and(|e| e.completeness == Completeness::Complete)
+        })
+        .await;
+    }
+}
+
+async fn start_proxy(config: ClientConfig) -> Proxy {
+    let cache = tempfile::tempdir().unwrap();
+    let store = CacheStore::open(cache.path().join("cache"), 64 << 20).unwrap();
+    let proxy = Arc::new(ClientProxy::new(config, store).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        proxy.clone(),
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    Proxy {
+        addr,
+        proxy,
+        _cache: cache,
+    }
+}
+
+/// origin → accelerator → tap → client proxy.
+struct Stack {
+    origin: Server,
+    tap: Tap,
+    proxy: Proxy,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        Stack::start_with(|_| {}).await
+    }
+
+    async fn start_with(tweak: impl FnOnce(&mut ClientConfig)) -> Stack {
+        let origin = start_origin().await;
+        let accelerator = start_accelerator(origin.addr).await;
+        let tap = start_tap(accelerator).await;
+        let mut config = client_config(tap.server.addr);
+        tweak(&mut config);
+        let proxy = start_proxy(config).await;
+        Stack { origin, tap, proxy }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.origin.addr)
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        send(
+            self.proxy.addr,
+            forward(Method::GET, self.origin.addr, path),
+        )
+        .await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The user agent
+
+/// What the user agent got. `body` is `Err` when the body did not end
+/// cleanly.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Result<Vec<u8>, String>,
+}
+
+impl Reply {
+    fn body(&self) -> &[u8] {
+        self.body.as_deref().expect("a whole body")
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    /// Every value of `name`, joined as one list.
+    fn list(&self, name: &str) -> String {
+        let values: Vec<&str> = self
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        values.join(", ")
+    }
+
+    fn cache_status(&self) -> &str {
+        self.header("cache-status").unwrap_or("")
+    }
+}
+
+/// A request as `curl -x` sends it: absolute-form target.
+fn forward(method: Method, origin: SocketAddr, path: &str) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(format!("http://{origin}{path}"))
+        .header("host", origin.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+fn with_header(mut request: Request<Full<Bytes>>, name: &str, value: &str) -> Request<Full<Bytes>> {
+    request.headers_mut().append(
+        http::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+        HeaderValue::from_str(value).unwrap(),
+    );
+    request
+}
+
+/// Sends one request on a fresh connection (hyper's connection-level
+/// client writes the target as given, absolute-form included) and reads
+/// the whole answer. Checks that no hsync coding or header reaches the user
+/// agent, whatever the test.
+async fn send(proxy: SocketAddr, request: Request<Full<Bytes>>) -> Reply {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+        .await
+        .expect("a response head in time")
+        .expect("a response head");
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("the body ends or fails in time")
+        .map(|b| b.to_bytes().to_vec())
+        .map_err(|e| e.to_string());
+    let headers = parts.headers;
+    assert!(
+        !headers.get_all("content-encoding").iter().any(|v| v
+            .to_str()
+            .unwrap()
+            .to_ascii_lowercase()
+            .contains("hsync")),
+        "an hsync coding reached the user agent: {headers:?}"
+    );
+    for name in ["hsync-basis", "hsync-signature", "hsync-accept"] {
+        assert!(!headers.contains_key(name), "{name} reached the user agent");
+    }
+    assert!(
+        !headers.get_all("vary").iter().any(|v| v
+            .to_str()
+            .unwrap()
+            .to_ascii_lowercase()
+            .contains("hsync")),
+        "Vary names hsync: {headers:?}"
+    );
+    Reply {
+        status: parts.status,
+        headers,
+        body,
+    }
+}
+
+/// Writes a raw request (which should ask for `Connection: close`) and
+/// returns the whole answer as text.
+async fn raw_exchange(addr: SocketAddr, request: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+/// Waits (bounded) for a condition the proxy reaches right after it has
+/// aborted a user agent's body: the abort goes out before the relay's
+/// report is recorded.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !condition() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn basis_name(body: &[u8]) -> String {
+    byte_sequence(blake3::hash(body).as_bytes())
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+// ---------------------------------------------------------------------------
+// 1. The delta path
+
+#[tokio::test]
+async fn a_similar_url_is_the_basis_and_the_new_release_comes_as_a_small_delta() {
+    let stack = Stack::start().await;
+    let first = stack.get("/app-1.js").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(first.body() == release(1));
+    assert!(first.cache_status().contains("fwd=miss"), "{first:?}");
+    assert!(
+        first
+            .list("via")
+            .ends_with("1.1 accel-test, 1.1 test-client")
+    );
+    let before = stack.proxy.stats();
+
+    let second = stack.get("/app-2.js").await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(second.body() == release(2), "v2 rebuilt exactly");
+    let after = stack.proxy.stats();
+    assert_eq!(after.deltas, 2, "both came as hsync streams: {after:?}");
+    let link = after.upstream_bytes - before.upstream_bytes;
+    assert!(
+        link < release(2).len() as u64 / 20,
+        "{link} bytes on the link for a {} byte body",
+        release(2).len()
+    );
+    assert!(after.signature_bytes > before.signature_bytes);
+    assert_eq!(after.stored, 2);
+    assert_eq!(
+        after.downstream_bytes,
+        (release(1).len() + release(2).len()) as u64
+    );
+
+    // The basis was /app-1.js: the longest prefix on the same origin.
+    let sent = stack.tap.server.seen_for("/app-2.js");
+    assert_eq!(
+        sent[0].header("hsync-basis"),
+        Some(&*basis_name(release(1)))
+    );
+    assert!(
+        sent[0]
+            .header("accept-encoding")
+            .unwrap()
+            .starts_with("hsync")
+    );
+    assert!(sent[0].header("via").unwrap().contains("test-client"));
+    let none = stack.tap.server.seen_for("/app-1.js");
+    assert!(none[0].header("hsync-signature").is_none(), "no basis yet");
+
+    assert_eq!(stack.proxy.stored_len(), 2);
+    stack
+        .proxy
+        .assert_complete(&stack.url("/app-1.js"), release(1));
+    stack
+        .proxy
+        .assert_complete(&stack.url("/app-2.js"), release(2));
+    for n in [1, 2] {
+        let (body, signature) = stack
+            .proxy
+            .body_and_signature(&stack.url(&format!("/app-{n}.js")));
+        assert!(body == release(n));
+        assert!(
+            signature == accelerator_signature(release(n)),
+            "the stored signature of release {n} is the body's signature"
+        );
+    }
+    assert_eq!(stack.origin.requests(), 2);
+}
+
+#[tokio::test]
+async fn a_gateway_request_is_cached_under_the_upstream_authority() {
+    let stack = Stack::start().await;
+    let gateway = |path: &str| {
+        Request::get(path)
+            .header("host", "www.example")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let first = send(stack.proxy.addr, gateway("/app-1.js")).await;
+    assert!(first.body() == release(1));
+    let second = send(stack.proxy.addr, gateway("/app-2.js")).await;
+    assert!(second.body() == release(2));
+    assert_eq!(stack.proxy.stats().deltas, 2);
+    // Origin-form on the way up (the tap saw a path, not a URL).
+    let seen = stack.tap.server.seen_for("/app-2.js");
+    assert!(seen[0].uri.authority().is_none(), "{:?}", seen[0].uri);
+    assert_eq!(
+        seen[0].header("hsync-basis"),
+        Some(&*basis_name(release(1)))
+    );
+    let upstream = stack.tap.server.addr;
+    stack
+        .proxy
+        .assert_complete(&format!("http://{upstream}/app-2.js"), release(2));
+    let fresh = send(stack.proxy.addr, gateway("/fresh.js")).await;
+    assert!(fresh.body() == release(1));
+    let hit = send(stack.proxy.addr, gateway("/fresh.js")).await;
+    assert!(hit.cache_status().contains("hit"), "{hit:?}");
+    assert_eq!(stack.origin.requests_to("/fresh.js"), 1);
+}
+
+// ---------------------------------------------------------------------------
+// 2-4. Freshness, revalidation, the user agent's own validators
+
+#[tokio::test]
+async fn a_fresh_entry_is_served_without_asking_upstream() {
+    let stack = Stack::start().await;
+    let first = stack.get("/fresh.js").await;
+    assert!(first.body() == release(1));
+    let second = stack.get("/fresh.js").await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(second.body() == release(1));
+    assert!(second.cache_status().contains("hit"), "{second:?}");
+    let age: u64 = second.header("age").expect("Age on a hit").parse().unwrap();
+    assert!(age < 60);
+    assert_eq!(
+        second.header("content-length"),
+        Some(&*BODY_LEN.to_string())
+    );
+    assert!(second.list("via").ends_with("1.1 test-client"));
+    assert_eq!(stack.origin.requests_to("/fresh.js"), 1);
+    assert_eq!(stack.tap.server.requests(), 1);
+    let stats = stack.proxy.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 1), "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_stale_entry_is_revalidated_and_a_304_serves_the_stored_body() {
+    let stack = Stack::start().await;
+    let first = stack.get("/etag.js").await;
+    assert!(first.body() == release(1));
+    let second = stack.get("/etag.js").await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(second.body() == release(1), "the stored body, whole");
+    assert!(
+        second.cache_status().contains("fwd=stale") && second.cache_status().contains("304"),
+        "{second:?}"
+    );
+    let seen = stack.origin.seen_for("/etag.js");
+    assert_eq!(seen.len(), 2);
+    assert!(seen[0].header("if-none-match").is_none());
+    assert!(
+        seen[1].header("if-none-match").unwrap().contains("\"e1\""),
+        "{:?}",
+        seen[1].headers
+    );
+    let stats = stack.proxy.stats();
+    assert_eq!(stats.revalidated, 1, "{stats:?}");
+    assert_eq!(stats.hits, 1, "{stats:?}");
+    stack
+        .proxy
+        .assert_complete(&stack.url("/etag.js"), release(1));
+}
+
+#[tokio::test]
+async fn a_stale_entry_that_changed_comes_back_as_a_delta_against_itself() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/changing.js").await.body() == release(1));
+    let before = stack.proxy.stats();
+    let second = stack.get("/changing.js").await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(second.body() == release(2));
+    assert!(second.cache_status().contains("fwd=stale"), "{second:?}");
+    let after = stack.proxy.stats();
+    assert_eq!(after.deltas, before.deltas + 1, "{after:?}");
+    assert_eq!(after.revalidated, 1);
+    assert!(after.upstream_bytes - before.upstream_bytes < BODY_LEN as u64 / 20);
+    // The origin saw the revalidation; the basis was the URL's own entry.
+    let origin_saw = stack.origin.seen_for("/changing.js");
+    assert!(
+        origin_saw[1]
+            .header("if-none-match")
+            .unwrap()
+            .contains("c1")
+    );
+    let tap_saw = stack.tap.server.seen_for("/changing.js");
+    assert_eq!(
+        tap_saw[1].header("hsync-basis"),
+        Some(&*basis_name(release(1)))
+    );
+    stack
+        .proxy
+        .assert_complete(&stack.url("/changing.js"), release(2));
+    assert_eq!(second.header("etag"), Some("W/\"c2\""));
+}
+
+#[tokio::test]
+async fn the_user_agents_own_validator_gets_a_304_from_a_fresh_entry() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/fresh.js").await.body() == release(1));
+    let conditional = with_header(
+        forward(Method::GET, stack.origin.addr, "/fresh.js"),
+        "if-none-match",
+        "\"f1\"",
+    );
+    let reply = send(stack.proxy.addr, conditional).await;
+    assert_eq!(reply.status, StatusCode::NOT_MODIFIED);
+    assert!(reply.body().is_empty());
+    assert!(reply.header("etag").unwrap().contains("\"f1\""));
+    // Another tag: the whole body, still from the cache.
+    let other = with_header(
+        forward(Method::GET, stack.origin.addr, "/fresh.js"),
+        "if-none-match",
+        "\"zz\"",
+    );
+    let reply = send(stack.proxy.addr, other).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body() == release(1));
+    assert_eq!(stack.origin.requests_to("/fresh.js"), 1);
+}
+
+// ---------------------------------------------------------------------------
+// 5. What passes through
+
+#[tokio::test]
+async fn a_range_request_passes_uncoded_and_unstored() {
+    let stack = Stack::start().await;
+    let request = with_header(
+        forward(Method::GET, stack.origin.addr, "/range.txt"),
+        "range",
+        "bytes=0-99",
+    );
+    let reply = send(stack.proxy.addr, request).await;
+    assert_eq!(reply.status, StatusCode::PARTIAL_CONTENT);
+    assert!(reply.body() == &release(1)[..100]);
+    assert!(reply.header("content-encoding").is_none());
+    let seen = stack.origin.seen_for("/range.txt");
+    assert_eq!(seen[0].header("range"), Some("bytes=0-99"));
+    assert!(
+        !seen[0]
+            .header("accept-encoding")
+            .unwrap_or("")
+            .contains("hsync"),
+        "{:?}",
+        seen[0].headers
+    );
+    assert!(stack.proxy.entry(&stack.url("/range.txt")).is_none());
+    assert_eq!(stack.proxy.stats().deltas, 0);
+}
+
+#[tokio::test]
+async fn p16_head_is_answered_from_a_fresh_entry_and_passed_on_a_miss() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/fresh.js").await.body() == release(1));
+    let head = send(
+        stack.proxy.addr,
+        forward(Method::HEAD, stack.origin.addr, "/fresh.js"),
+    )
+    .await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.body().is_empty());
+    assert_eq!(head.header("content-length"), Some(&*BODY_LEN.to_string()));
+    assert!(head.cache_status().contains("hit"));
+    assert_eq!(stack.origin.requests_to("/fresh.js"), 1);
+
+    let started = Instant::now();
+    let miss = send(
+        stack.proxy.addr,
+        forward(Method::HEAD, stack.origin.addr, "/head.js"),
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(miss.status, StatusCode::OK);
+    assert!(miss.body().is_empty());
+    assert_eq!(miss.header("content-length"), Some(&*BODY_LEN.to_string()));
+    let seen = stack.origin.seen_for("/head.js");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, Method::HEAD);
+    assert!(
+        stack.proxy.entry(&stack.url("/head.js")).is_none(),
+        "a HEAD never fills the GET entry"
+    );
+    // And the GET afterwards gets the whole body.
+    assert!(stack.get("/head.js").await.body() == release(1));
+}
+
+#[tokio::test]
+async fn a_no_store_response_is_served_but_never_stored() {
+    let stack = Stack::start().await;
+    for _ in 0..2 {
+        let reply = stack.get("/no-store.js").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body() == release(1));
+    }
+    assert_eq!(stack.origin.requests_to("/no-store.js"), 2);
+    assert!(stack.proxy.entry(&stack.url("/no-store.js")).is_none());
+    assert_eq!(stack.proxy.stored_len(), 0);
+    assert_eq!(stack.proxy.stats().stored, 0);
+}
+
+#[tokio::test]
+async fn a_gzip_body_from_the_origin_passes_with_its_bytes_intact() {
+    let stack = Stack::start().await;
+    let reply = stack.get("/gzip.js").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("content-encoding"), Some("gzip"));
+    assert!(reply.body() == gzip(release(1)));
+    assert!(gunzip(reply.body()) == release(1));
+    assert_eq!(stack.proxy.stats().deltas, 0);
+    // Stored as the origin sent it (keyed by Accept-Encoding, as a coded
+    // body always is), and served so.
+    eventually("/gzip.js stored", || stack.proxy.stats().stored == 1).await;
+    let hit = stack.get("/gzip.js").await;
+    assert!(hit.cache_status().contains("hit"), "{hit:?}");
+    assert_eq!(hit.header("content-encoding"), Some("gzip"));
+    assert!(gunzip(hit.body()) == release(1));
+    assert_eq!(stack.origin.requests_to("/gzip.js"), 1);
+}
+
+#[tokio::test]
+async fn p20_error_statuses_are_never_stored() {
+    let stack = Stack::start().await;
+    for (path, status) in [
+        ("/missing", StatusCode::NOT_FOUND),
+        ("/broken", StatusCode::INTERNAL_SERVER_ERROR),
+    ] {
+        for round in 1..=2 {
+            let reply = stack.get(path).await;
+            assert_eq!(reply.status, status, "{path}");
+            assert!(!reply.body().is_empty());
+            assert_eq!(
+                stack.origin.requests_to(path),
+                round,
+                "{path} reached the origin"
+            );
+        }
+        assert!(stack.proxy.entry(&stack.url(path)).is_none(), "{path}");
+    }
+    assert_eq!(stack.proxy.stored_len(), 0);
+    // The next clean request still gets a fresh 200.
+    assert!(stack.get("/fresh.js").await.body() == release(1));
+}
+
+#[tokio::test]
+async fn p23_a_post_passes_with_its_body_and_invalidates_the_entry() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/post.js").await.body() == release(1));
+    assert!(stack.proxy.entry(&stack.url("/post.js")).is_some());
+    let mut post = forward(Method::POST, stack.origin.addr, "/post.js");
+    *post.body_mut() = Full::new(Bytes::from_static(b"name=value&more=1"));
+    let reply = send(stack.proxy.addr, post).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body(), b"posted: name=value&more=1");
+    assert!(
+        stack.proxy.entry(&stack.url("/post.js")).is_none(),
+        "the POST invalidated the stored GET"
+    );
+    let seen = stack.origin.seen_for("/post.js");
+    assert_eq!(seen[1].method, Method::POST);
+    assert!(seen[1].header("hsync-signature").is_none());
+    // The next GET goes to the origin again.
+    let again = stack.get("/post.js").await;
+    assert!(again.body() == release(1));
+    assert!(!again.cache_status().contains("hit"));
+    assert_eq!(stack.origin.requests_to("/post.js"), 3);
+}
+
+// ---------------------------------------------------------------------------
+// 6. An upstream that knows nothing of hsync
+
+#[tokio::test]
+async fn with_a_plain_origin_upstream_it_is_an_ordinary_caching_proxy() {
+    let origin = start_origin().await;
+    let proxy = start_proxy(client_config(origin.addr)).await;
+    let get = |path: &str| send(proxy.addr, forward(Method::GET, origin.addr, path));
+    let url = |path: &str| format!("http://{}{path}", origin.addr);
+
+    assert!(get("/fresh.js").await.body() == release(1));
+    proxy.settled(&url("/fresh.js")).await;
+    let hit = get("/fresh.js").await;
+    assert!(hit.cache_status().contains("hit"), "{hit:?}");
+    assert!(hit.body() == release(1));
+    assert_eq!(origin.requests_to("/fresh.js"), 1);
+
+    assert!(get("/app-1.js").await.body() == release(1));
+    proxy.settled(&url("/app-1.js")).await;
+    assert!(get("/app-2.js").await.body() == release(2));
+    proxy.settled(&url("/app-2.js")).await;
+    let first = &origin.seen_for("/fresh.js")[0];
+    assert!(
+        first
+            .header("accept-encoding")
+            .unwrap()
+            .starts_with("hsync")
+    );
+    assert!(first.header("hsync-signature").is_none());
+    assert!(first.header("hsync-basis").is_none());
+    // With a basis it offers its signature; the origin ignores it.
+    let second = &origin.seen_for("/app-2.js")[0];
+    assert!(second.header("hsync-signature").is_some());
+    // (The counters are added when the relay reports, just after the end.)
+    let upstream_bytes = (2 * release(1).len() + release(2).len()) as u64;
+    eventually("three bodies counted", || {
+        proxy.stats().upstream_bytes == upstream_bytes
+    })
+    .await;
+    assert_eq!(proxy.stats().deltas, 0);
+    proxy.assert_complete(&url("/app-2.js"), release(2));
+    // The signature it computed itself is the accelerator's kind.
+    let (_, signature) = proxy.body_and_signature(&url("/app-1.js"));
+    assert!(signature == accelerator_signature(release(1)));
+}
+
+// ---------------------------------------------------------------------------
+// 7, 10. A hostile upstream
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hostile {
+    /// Codes release 2 against the offered signature but breaks END's digest.
+    BadDigest,
+    /// Codes correctly but echoes another basis than the one offered.
+    WrongBasis,
+    /// Codes correctly but echoes no basis at all.
+    NoBasis,
+}
+
+/// An "accelerator" that serves /app-1.js plainly (so the client seeds its
+/// cache) and answers /app-2.js per `behaviour`.
+async fn start_hostile(behaviour: Hostile) -> Server {
+    start_server(move |request, _| async move {
+        if request.uri().path() != "/app-2.js" {
+            return ok(&[], release(1));
+        }
+        let signature = request
+            .headers()
+            .get("hsync-signature")
+            .and_then(|v| parse_byte_sequence(v, 1 << 20));
+        let body = release(2);
+        let mut encoder = Encoder::new(
+            signature.as_deref(),
+            Some(body.len() as u64),
+            EncoderOptions {
+                zstd_level: 3,
+                ..EncoderOptions::default()
+            },
+        );
+        let mut stream = Vec::new();
+        encoder.push(body, &mut stream).unwrap();
+        encoder.finish(&mut stream).unwrap();
+        let offered = request
+            .headers()
+            .get("hsync-basis")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let echoed = match behaviour {
+            Hostile::BadDigest => {
+                // END is the last frame; its last 32 bytes are the blake3.
+                let last = stream.len() - 1;
+                stream[last] ^= 0x01;
+                offered
+            }
+            Hostile::WrongBasis => Some(basis_name(b"some other body")),
+            Hostile::NoBasis => None,
+        };
+        let mut headers = vec![
+            ("content-encoding", "hsync".to_owned()),
+            ("vary", "Accept-Encoding, Hsync-Basis".to_owned()),
+        ];
+        if let Some(echoed) = echoed {
+            headers.push(("hsync-basis", echoed));
+        }
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        // Chunked, in a few pieces: the client streams before END.
+        let pieces = stream
+            .chunks(8 << 10)
+            .map(|c| Step::Data(Bytes::copy_from_slice(c)));
+        respond(StatusCode::OK, &headers, ScriptedBody::new(pieces).boxed())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn d_a4_a_stream_with_a_wrong_digest_aborts_the_response_and_drops_its_basis() {
+    let hostile = start_hostile(Hostile::BadDigest).await;
+    let proxy = start_proxy(client_config(hostile.addr)).await;
+    let url = |path: &str| format!("http://{}{path}", hostile.addr);
+    let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
+    assert!(seed.body() == release(1));
+    proxy.settled(&url("/app-1.js")).await;
+    proxy.assert_complete(&url("/app-1.js"), release(1));
+
+    let reply = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-2.js")).await;
+    assert_eq!(reply.status, StatusCode::OK, "the head left before END");
+    assert!(
+        reply.body.is_err(),
+        "the body must not end cleanly: got {} bytes",
+        reply.body.as_ref().map_or(0, Vec::len)
+    );
+    // The client really offered the basis it then dropped.
+    let seen = hostile.seen_for("/app-2.js");
+    assert_eq!(
+        seen[0].header("hsync-basis"),
+        Some(&*basis_name(release(1)))
+    );
+    eventually("digest failure counted", || {
+        proxy.stats().digest_failures == 1
+    })
+    .await;
+    assert!(proxy.entry(&url("/app-2.js")).is_none(), "nothing stored");
+    assert!(
+        proxy.entry(&url("/app-1.js")).is_none(),
+        "the basis that produced wrong bytes is dropped"
+    );
+    assert_eq!(proxy.stored_len(), 0);
+    let stats = proxy.stats();
+    assert_eq!((stats.stored, stats.deltas), (1, 1), "{stats:?}");
+}
+
+#[tokio::test]
+async fn d_a4_a_coded_body_failing_the_origins_content_digest_is_aborted_and_not_stored() {
+    let stack = Stack::start().await;
+    let reply = stack.get("/bad-digest.js").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body.is_err(), "must not end cleanly");
+    eventually("digest failure counted", || {
+        stack.proxy.stats().digest_failures == 1
+    })
+    .await;
+    assert_eq!(stack.proxy.stats().deltas, 1, "it came coded");
+    assert!(stack.proxy.entry(&stack.url("/bad-digest.js")).is_none());
+}
+
+#[tokio::test]
+async fn d_a5_a_plain_body_failing_the_origins_content_digest_never_looks_complete() {
+    let origin = start_origin().await;
+    let proxy = start_proxy(client_config(origin.addr)).await;
+    let reply = send(
+        proxy.addr,
+        forward(Method::GET, origin.addr, "/bad-digest.js"),
+    )
+    .await;
+    eventually("digest failure counted", || {
+        proxy.stats().digest_failures == 1
+    })
+    .await;
+    assert!(
+        proxy
+            .entry(&format!("http://{}/bad-digest.js", origin.addr))
+            .is_none()
+    );
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        reply.body.is_err(),
+        "the user agent got a complete-looking body that failed the origin's digest \
+         (Content-Length: {:?})",
+        reply.header("content-length")
+    );
+}
+
+#[tokio::test]
+async fn d_a7_an_echoed_basis_other_than_the_offered_one_is_a_502() {
+    for behaviour in [Hostile::WrongBasis, Hostile::NoBasis] {
+        let hostile = start_hostile(behaviour).await;
+        let proxy = start_proxy(client_config(hostile.addr)).await;
+        let url = |path: &str| format!("http://{}{path}", hostile.addr);
+        let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
+        assert!(seed.body() == release(1));
+        proxy.settled(&url("/app-1.js")).await;
+        let reply = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-2.js")).await;
+        assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{behaviour:?}");
+        assert!(
+            !matches!(&reply.body, Ok(b) if b == release(2)),
+            "{behaviour:?}"
+        );
+        assert!(proxy.entry(&url("/app-2.js")).is_none(), "{behaviour:?}");
+        assert_eq!(proxy.stored_len(), 1, "only the seed: {behaviour:?}");
+        assert_eq!(proxy.stats().digest_failures, 1, "{behaviour:?}");
+        assert_eq!(hostile.requests_to("/app-2.js"), 1);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 8. An interrupted transfer resumes
+
+#[tokio::test]
+async fn d_a8_a_cut_stream_leaves_a_partial_entry_that_the_next_fetch_resumes_from() {
+    let stack = Stack::start().await;
+    let url = stack.url("/app-1.js");
+    stack.tap.set_mode(TapMode::CutHalf);
+    let cut = stack.get("/app-1.js").await;
+    assert_eq!(cut.status, StatusCode::OK);
+    assert!(cut.body.is_err(), "a cut body must not end cleanly");
+    eventually("partial entry committed", || {
+        stack.proxy.stats().partial_stored == 1
+    })
+    .await;
+    let partial = stack.proxy.entry(&url).expect("a partial entry");
+    assert_eq!(partial.completeness, Completeness::Partial);
+    assert!(partial.body_len > 0 && partial.body_len < BODY_LEN as u64);
+    let (prefix, prefix_signature) = stack.proxy.body_and_signature(&url);
+    assert!(
+        prefix == release(1)[..prefix.len()],
+        "the partial body is a prefix"
+    );
+    assert!(
+        prefix_signature == accelerator_signature_with_block_of(&prefix, &prefix_signature),
+        "the partial's signature describes its prefix"
+    );
+    let full_stream = *stack.tap.cut_from.lock().unwrap() as u64;
+
+    stack.tap.set_mode(TapMode::Pass);
+    // (Counters are added when the relay reports, just after the end.)
+    eventually("the cut counted", || {
+        stack.proxy.stats().partial_stored == 1
+    })
+    .await;
+    let before = stack.proxy.stats();
+    let resumed = stack.get("/app-1.js").await;
+    assert_eq!(resumed.status, StatusCode::OK);
+    assert!(resumed.body() == release(1));
+    let seen = stack.tap.server.seen_for("/app-1.js");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].header("hsync-basis"), Some(&*basis_name(&prefix)));
+    let offered = parse_byte_sequence(&seen[1].headers["hsync-signature"], 1 << 20).unwrap();
+    assert!(
+        offered == prefix_signature,
+        "the partial's signature went up"
+    );
+    eventually("the resumed body counted", || {
+        stack.proxy.stats().stored == before.stored + 1
+    })
+    .await;
+    let link = stack.proxy.stats().upstream_bytes - before.upstream_bytes;
+    assert!(
+        link * 4 < full_stream * 3,
+        "resuming sent {link} bytes, from scratch is {full_stream}"
+    );
+    stack.proxy.assert_complete(&url, release(1));
+    assert_eq!(stack.origin.requests_to("/app-1.js"), 2);
+}
+
+/// The signature of `body` with the block size and strong length named in
+/// `like`'s header.
+fn accelerator_signature_with_block_of(body: &[u8], like: &[u8]) -> Vec<u8> {
+    let block = u32::from_be_bytes(like[4..8].try_into().unwrap());
+    let strong = u32::from_be_bytes(like[8..12].try_into().unwrap());
+    assert_eq!(strong, rproxy::hsync::DEFAULT_STRONG_LEN);
+    support::signature_with_block(body, block)
+}
+
+// ---------------------------------------------------------------------------
+// 9. Coalescing
+
+#[tokio::test]
+async fn c_w2_identical_concurrent_misses_share_one_upstream_fetch() {
+    let stack = Stack::start().await;
+    let requests: Vec<_> = (0..50)
+        .map(|_| {
+            let (proxy, origin) = (stack.proxy.addr, stack.origin.addr);
+            tokio::spawn(async move { send(proxy, forward(Method::GET, origin, "/slow.js")).await })
+        })
+        .collect();
+    for request in requests {
+        let reply = request.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body() == release(1));
+    }
+    assert_eq!(stack.origin.requests_to("/slow.js"), 1);
+    assert_eq!(stack.tap.server.requests(), 1);
+    let stats = stack.proxy.stats();
+    assert!(stats.coalesced >= 1, "{stats:?}");
+    assert_eq!(stats.misses, 1, "{stats:?}");
+    assert_eq!(stats.hits, 49, "{stats:?}");
+}
+
+#[tokio::test]
+async fn c_w3_followers_of_a_hung_leader_fetch_on_their_own_after_the_lock_timeout() {
+    let stack = Stack::start_with(|c| c.lock_timeout = Duration::from_millis(200)).await;
+    let (proxy, origin) = (stack.proxy.addr, stack.origin.addr);
+    let started = Instant::now();
+    let leader =
+        tokio::spawn(async move { send(proxy, forward(Method::GET, origin, "/stall.js")).await });
+    stack.origin.wait_for_requests(1).await;
+    let followers: Vec<_> = (0..5)
+        .map(|_| {
+            tokio::spawn(async move {
+                let reply = send(proxy, forward(Method::GET, origin, "/stall.js")).await;
+                (reply, started.elapsed())
+            })
+        })
+        .collect();
+    for follower in followers {
+        let (reply, elapsed) = follower.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body() == release(1));
+        assert!(
+            elapsed < Duration::from_millis(1500),
+            "a follower waited {elapsed:?} for a leader stalled 2 s"
+        );
+    }
+    assert!(stack.origin.requests_to("/stall.js") >= 2);
+    let leader = leader.await.unwrap();
+    assert!(leader.body() == release(1));
+    assert!(started.elapsed() >= Duration::from_secs(2));
+}
+
+// ---------------------------------------------------------------------------
+// 11. Refusals
+
+#[tokio::test]
+async fn p12_connect_tls_and_userinfo_targets_are_refused_without_upstream_requests() {
+    let stack = Stack::start().await;
+    let origin = stack.origin.addr;
+    let cases = [
+        (
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n"
+                .to_owned(),
+            "501",
+            "does not tunnel",
+        ),
+        (
+            "GET https://example.com/ HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n"
+                .to_owned(),
+            "400",
+            "only http://",
+        ),
+        (
+            format!(
+                "GET http://user:secret@{origin}/fresh.js HTTP/1.1\r\nHost: {origin}\r\nConnection: close\r\n\r\n"
+            ),
+            "400",
+            "userinfo",
+        ),
+    ];
+    for (request, status, why) in cases {
+        let answer = raw_exchange(stack.proxy.addr, &request).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{request:?} → {answer}"
+        );
+        // Refused by the proxy itself, with its reason.
+        assert!(answer.contains(why), "{request:?} → {answer}");
+    }
+    assert_eq!(stack.tap.server.requests(), 0);
+    assert_eq!(stack.proxy.stored_len(), 0);
+}
+
+#[tokio::test]
+async fn p15_a_request_that_already_passed_us_is_a_loop() {
+    let stack = Stack::start().await;
+    let looped = with_header(
+        forward(Method::GET, stack.origin.addr, "/fresh.js"),
+        "via",
+        "1.1 someone, 1.1 test-client",
+    );
+    let reply = send(stack.proxy.addr, looped).await;
+    assert_eq!(reply.status, StatusCode::LOOP_DETECTED);
+    assert_eq!(stack.tap.server.requests(), 0);
+    assert_eq!(stack.origin.requests(), 0);
+    // Another proxy's name is no loop.
+    let other = with_header(
+        forward(Method::GET, stack.origin.addr, "/fresh.js"),
+        "via",
+        "1.1 test-client-2",
+    );
+    assert_eq!(send(stack.proxy.addr, other).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn p22_an_unreachable_upstream_is_a_502_at_once() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = start_proxy(client_config(closed)).await;
+    let started = Instant::now();
+    let reply = send(proxy.addr, forward(Method::GET, closed, "/fresh.js")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(proxy.stats().upstream_errors, 1);
+    assert_eq!(proxy.stored_len(), 0);
+}
+
+#[tokio::test]
+async fn the_stats_path_answers_json_with_the_counters() {
+    let stack = Stack::start().await;
+    stack.get("/fresh.js").await;
+    stack.get("/fresh.js").await;
+    let request = Request::get("/.rproxy/stats")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(stack.proxy.addr, request).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    let stats: StatsSnapshot = serde_json::from_slice(reply.body()).unwrap();
+    assert_eq!(stats.requests, 3, "{stats:?}");
+    assert_eq!((stats.hits, stats.misses, stats.stored), (1, 1, 1));
+    assert_eq!(stats.downstream_bytes, 2 * BODY_LEN as u64);
+    let value: serde_json::Value = serde_json::from_slice(reply.body()).unwrap();
+    assert_eq!(value["hits"], 1);
+    assert_eq!(stack.tap.server.requests(), 1, "never goes upstream");
+}
+
+// ---------------------------------------------------------------------------
+// 12. Privacy
+
+#[tokio::test]
+async fn d_b1_private_and_cookie_responses_are_never_bases_for_other_urls() {
+    let stack = Stack::start().await;
+    // `private`: not stored at all in a shared cache.
+    assert!(stack.get("/private/app-1.js").await.body() == release(1));
+    assert!(stack.proxy.entry(&stack.url("/private/app-1.js")).is_none());
+    assert!(stack.get("/private/app-2.js").await.body() == release(2));
+    let seen = stack.tap.server.seen_for("/private/app-2.js");
+    assert!(seen[0].header("hsync-signature").is_none(), "{seen:?}");
+
+    // `Set-Cookie`: a shared cache does not keep it at all (A-6), so it is
+    // no basis either. (A new stack: /private/app-2.js above is a
+    // shareable neighbour.)
+    let stack = Stack::start().await;
+    assert!(stack.get("/cookie/app-1.js").await.body() == release(1));
+    assert!(stack.proxy.entry(&stack.url("/cookie/app-1.js")).is_none());
+    assert!(stack.get("/cookie/app-2.js").await.body() == release(2));
+    let seen = stack.tap.server.seen_for("/cookie/app-2.js");
+    assert!(seen[0].header("hsync-signature").is_none(), "{seen:?}");
+    assert!(seen[0].header("hsync-basis").is_none());
+    // Control: a shareable neighbour is used.
+    assert!(stack.get("/cookie/app-3.js").await.body() == release(3));
+    let seen = stack.tap.server.seen_for("/cookie/app-3.js");
+    assert_eq!(
+        seen[0].header("hsync-basis"),
+        Some(&*basis_name(release(2)))
+    );
+}
+
+#[tokio::test]
+async fn d_b1_an_authorized_entry_is_not_the_basis_even_for_its_own_url() {
+    let stack = Stack::start().await;
+    // Stored (the origin said `public`) but kept for its user only.
+    let alice = with_header(
+        forward(Method::GET, stack.origin.addr, "/authorized.js"),
+        "authorization",
+        "Basic YWxpY2U6c2VjcmV0",
+    );
+    assert!(send(stack.proxy.addr, alice).await.body() == release(1));
+    stack.proxy.settled(&stack.url("/authorized.js")).await;
+    let stored = stack
+        .proxy
+        .entry(&stack.url("/authorized.js"))
+        .expect("a public response to an authorized request is stored");
+    assert!(!stored.shareable_as_basis);
+    // `no-cache`: the next request goes up, and must not carry a signature
+    // of what Alice was sent.
+    assert!(stack.get("/authorized.js").await.body() == release(1));
+    let seen = stack.tap.server.seen_for("/authorized.js");
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen[1].header("hsync-signature").is_none(),
+        "the signature of an authorized response went upstream on another request"
+    );
+}
+
+#[tokio::test]
+async fn a6_a_set_cookie_response_is_not_served_to_another_user() {
+    let stack = Stack::start().await;
+    let alice = stack.get("/cookie-fresh.js").await;
+    assert_eq!(alice.header("set-cookie"), Some("session=alice-secret"));
+    // Fresh for a minute, but not stored: Bob's answer is the origin's.
+    let bob = stack.get("/cookie-fresh.js").await;
+    assert!(bob.body() == release(1));
+    assert!(!bob.cache_status().contains("hit"), "{bob:?}");
+    assert_eq!(stack.origin.requests_to("/cookie-fresh.js"), 2);
+    assert_eq!(stack.proxy.stats().stored, 0);
+}
+
+#[tokio::test]
+async fn a6_a_public_response_is_stored_without_its_set_cookie() {
+    let stack = Stack::start().await;
+    let alice = stack.get("/cookie-public.js").await;
+    assert_eq!(alice.header("set-cookie"), Some("session=alice-secret"));
+    stack.proxy.settled(&stack.url("/cookie-public.js")).await;
+    let bob = stack.get("/cookie-public.js").await;
+    assert!(bob.cache_status().contains("hit"), "{bob:?}");
+    assert!(bob.body() == release(1));
+    assert!(
+        bob.header("set-cookie").is_none(),
+        "Bob got Alice's cookie from the cache: {bob:?}"
+    );
+    assert_eq!(stack.origin.requests_to("/cookie-public.js"), 1);
+}
