@@ -101,6 +101,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
             upstream_timeout: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(5),
             max_object_bytes: 1 << 30,
+            memory_cache_bytes: 16 << 20,
         },
         store,
     )?);

@@ -480,6 +480,7 @@ fn client_config(upstream: SocketAddr) -> ClientConfig {
         upstream_timeout: Duration::from_secs(5),
         lock_timeout: Duration::from_secs(5),
         max_object_bytes: 1 << 30,
+        memory_cache_bytes: 16 << 20,
     }
 }
 
@@ -910,6 +911,37 @@ async fn a_stale_entry_that_changed_comes_back_as_a_delta_against_itself() {
         .proxy
         .assert_complete(&stack.url("/changing.js"), release(2));
     assert_eq!(second.header("etag"), Some("W/\"c2\""));
+}
+
+#[tokio::test]
+async fn a_hit_served_from_memory_never_outlives_its_entry() {
+    let stack = Stack::start().await;
+    let url = stack.url("/fresh.js");
+    assert!(stack.get("/fresh.js").await.body() == release(1));
+    stack.proxy.settled(&url).await;
+    // The first hit reads the disk and keeps the body in memory.
+    assert!(stack.get("/fresh.js").await.cache_status().contains("hit"));
+    // Wreck the body on disk: a hit from memory does not read it again.
+    let key = CacheKey::parse(&url).unwrap();
+    let body_file = stack
+        .proxy
+        .proxy
+        .store()
+        .root()
+        .join(key.entry_path())
+        .with_extension("body");
+    std::fs::write(&body_file, b"garbage").unwrap();
+    let hit = stack.get("/fresh.js").await;
+    assert!(hit.cache_status().contains("hit"), "{hit:?}");
+    assert!(hit.body() == release(1));
+    assert_eq!(stack.origin.requests_to("/fresh.js"), 1);
+    // An unsafe method removes the entry, from memory too.
+    let post = forward(Method::POST, stack.origin.addr, "/fresh.js");
+    assert_eq!(send(stack.proxy.addr, post).await.status, StatusCode::OK);
+    let after = stack.get("/fresh.js").await;
+    assert!(!after.cache_status().contains("hit"), "{after:?}");
+    assert!(after.body() == release(1));
+    assert_eq!(stack.origin.requests_to("/fresh.js"), 3);
 }
 
 #[tokio::test]

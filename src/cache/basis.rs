@@ -10,9 +10,13 @@
 //!    A single user's private cache may use them.
 //! 3. An entry with another file extension qualifies only if it shares at
 //!    least one directory with the request beyond `/`.
-//! 4. The longest common prefix of path and query wins (an exact match is the
-//!    longest of all); ties go to the same file extension, then the newest,
-//!    then the smallest URL so the choice is deterministic.
+//! 4. An exact match wins; then an entry with the same file name in a
+//!    directory shared with the request (another release of the same file:
+//!    `/jquery/3.6.4/jquery.js` for `/jquery/3.7.0/jquery.js`, rather than
+//!    `/jquery/3.7.0/jquery.min.js` whose prefix is longer); then the
+//!    longest common prefix of path and query. Ties go to the same file
+//!    extension, then the newest, then the smallest URL so the choice is
+//!    deterministic.
 //!
 //! Partial entries are allowed: a prefix is a fine basis for its own URL.
 //! What it leaves out: freshness (a stale entry is still a good basis) and
@@ -44,31 +48,47 @@ pub fn select_basis<'a>(
 ) -> Option<&'a IndexEntry> {
     let wanted = url.path_and_query().as_bytes();
     let ext = url.extension();
+    let name = url.file_name();
     candidates
         .into_iter()
         .filter(|c| c.key.origin() == url.origin())
         .filter(|c| c.shareable_as_basis || scope == CacheScope::Private)
-        .map(|c| {
-            let prefix = common_prefix_len(c.key.path_and_query().as_bytes(), wanted);
-            let same_ext = ext.is_some() && c.key.extension() == ext;
-            (c, prefix, same_ext)
+        .filter_map(|c| {
+            let candidate = c.key.path_and_query().as_bytes();
+            let prefix = common_prefix_len(candidate, wanted);
+            let shares_directory = wanted[..prefix].iter().skip(1).any(|&b| b == b'/');
+            // Another media type is worth its signature only when it sits
+            // in the same directory: an unrelated page as the basis of a
+            // script costs the signature and helps nothing.
+            if c.key.extension() != ext && !shares_directory {
+                return None;
+            }
+            let rank = Rank {
+                exact: candidate == wanted,
+                same_name: !name.is_empty() && shares_directory && c.key.file_name() == name,
+                prefix,
+                same_ext: ext.is_some() && c.key.extension() == ext,
+            };
+            Some((c, rank))
         })
-        // Another media type is worth its signature only when it sits in
-        // the same directory: an unrelated page as the basis of a script
-        // costs the signature and helps nothing.
-        .filter(|(c, prefix, _)| {
-            c.key.extension() == ext || wanted[..*prefix].iter().skip(1).any(|&b| b == b'/')
-        })
-        .max_by(|(a, a_prefix, a_ext), (b, b_prefix, b_ext)| {
-            a_prefix
-                .cmp(b_prefix)
-                .then(a_ext.cmp(b_ext))
+        .max_by(|(a, a_rank), (b, b_rank)| {
+            a_rank
+                .cmp(b_rank)
                 .then(a.stored_at.cmp(&b.stored_at))
                 // Smaller URL wins the last tie, hence reversed.
                 .then_with(|| b.key.url().cmp(a.key.url()))
                 .then_with(|| vary_order(b, a))
         })
-        .map(|(c, _, _)| c)
+        .map(|(c, _)| c)
+}
+
+/// How well a candidate fits, best last (fields compare in order).
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    exact: bool,
+    same_name: bool,
+    prefix: usize,
+    same_ext: bool,
 }
 
 fn vary_order(a: &IndexEntry, b: &IndexEntry) -> Ordering {
@@ -124,6 +144,34 @@ mod tests {
         assert_eq!(
             pick(&c, "http://e.com/a/b/c.js"),
             Some("http://e.com/a/b/c.js")
+        );
+    }
+
+    #[test]
+    fn another_release_of_the_same_file_beats_a_longer_prefix() {
+        let c = [
+            entry("http://e.com/lib/5.2.3/bootstrap.min.css", 1),
+            entry("http://e.com/lib/5.2.0/bootstrap.min.css", 2),
+            entry("http://e.com/lib/5.3.0/bootstrap.css", 9),
+        ];
+        // Both releases share "/lib/5." with the request: the newer wins.
+        assert_eq!(
+            pick(&c, "http://e.com/lib/5.3.0/bootstrap.min.css"),
+            Some("http://e.com/lib/5.2.0/bootstrap.min.css")
+        );
+        // Without a release of it, the longest prefix decides again.
+        assert_eq!(
+            pick(&c, "http://e.com/lib/5.3.0/bootstrap.rtl.css"),
+            Some("http://e.com/lib/5.3.0/bootstrap.css")
+        );
+        // The same name in no shared directory is no reason.
+        let c = [
+            entry("http://e.com/a/app.js", 9),
+            entry("http://e.com/b/c/util.js", 1),
+        ];
+        assert_eq!(
+            pick(&c, "http://e.com/b/c/app.js"),
+            Some("http://e.com/b/c/util.js")
         );
     }
 

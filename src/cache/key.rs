@@ -264,6 +264,12 @@ impl CacheKey {
         pq.split_once('?').map_or(pq, |(p, _)| p)
     }
 
+    /// The last path segment (`jquery.js` of `/jquery/3.7.1/jquery.js`);
+    /// empty for a path that ends in `/`.
+    pub fn file_name(&self) -> &str {
+        self.path().rsplit('/').next().unwrap_or("")
+    }
+
     /// The extension of the last path segment (`"js"` for `/a/app.min.js`),
     /// if it has one.
     pub fn extension(&self) -> Option<&str> {

@@ -472,6 +472,19 @@ impl CacheStore {
             .collect()
     }
 
+    /// The entries of `key`'s URL, whatever their Vary'd values.
+    pub fn variants(&self, key: &CacheKey) -> Vec<IndexEntry> {
+        let st = self.inner.lock();
+        st.by_origin
+            .get(key.origin())
+            .into_iter()
+            .flatten()
+            .filter_map(|h| st.slots.get(h))
+            .filter(|s| s.entry.key.url() == key.url())
+            .map(|s| s.entry.clone())
+            .collect()
+    }
+
     /// Chooses the basis for `key` among the entries of its origin (see
     /// [`select_basis`]) without copying the others.
     /// Does not count as a use; [`CacheStore::touch`] the basis when it is

@@ -32,6 +32,11 @@ pub struct ClientArgs {
     /// used entries are evicted to stay within it.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub cache_size: u64,
+    /// Memory for small entries served often (each at most a sixteenth of
+    /// it), so that hits on them touch no file: bytes, or with a K, M or G
+    /// suffix; 0 turns it off.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub memory_cache: u64,
     /// The cache serves one user only: responses marked private, or to
     /// requests with credentials, are stored and used as bases.
     #[arg(long)]
@@ -116,6 +121,9 @@ impl ClientArgs {
             upstream_timeout: Duration::from_secs(self.upstream_timeout),
             lock_timeout: Duration::from_secs(self.lock_timeout),
             max_object_bytes: self.max_object,
+            memory_cache_bytes: usize::try_from(self.memory_cache).map_err(|_| {
+                UsageError(format!("--memory-cache {}: too large", self.memory_cache))
+            })?,
         })
     }
 }

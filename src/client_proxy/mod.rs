@@ -25,6 +25,7 @@
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
 
 pub mod coalesce;
+pub mod hot;
 pub mod transfer;
 pub mod upstream;
 
@@ -49,6 +50,7 @@ use crate::http::{
 };
 use crate::server::{BodyError, Handler, ProxyBody, counted};
 use coalesce::{InFlight, Role};
+use hot::{HotCache, HotEntry};
 use transfer::{CachedBody, ClientBasis, Coding, OriginDigest, Relay, Report, StoreTarget, full};
 use upstream::Upstream;
 
@@ -82,6 +84,8 @@ pub struct ClientConfig {
     pub lock_timeout: Duration,
     /// Largest body rebuilt from an hsync stream (bytes).
     pub max_object_bytes: u64,
+    /// Memory for small entries served often (bytes; 0 turns it off).
+    pub memory_cache_bytes: usize,
 }
 
 /// Why the configuration cannot be used.
@@ -209,6 +213,7 @@ pub struct ClientProxy {
     store: CacheStore,
     upstream: Upstream,
     in_flight: InFlight,
+    hot: HotCache,
     stats: Arc<ClientStats>,
 }
 
@@ -233,6 +238,7 @@ impl ClientProxy {
         Ok(ClientProxy {
             upstream: Upstream::new(upstream_authority.clone(), config.connect_timeout),
             in_flight: InFlight::new(config.lock_timeout),
+            hot: HotCache::new(config.memory_cache_bytes),
             stats: Arc::default(),
             upstream_authority,
             store,
@@ -430,6 +436,14 @@ impl ClientProxy {
     /// The stored response for a request: fresh (already a response),
     /// stale (the entry, to revalidate and to use as basis), or none.
     async fn lookup(&self, key: &CacheKey, parts: &Parts) -> Lookup {
+        if let Some(response) = self.hot_hit(key, parts) {
+            ClientStats::add(&self.stats.hits, 1);
+            return Lookup::Fresh(response);
+        }
+        // Nothing stored for the URL (the index is in memory): no thread hop.
+        if self.store.lookup(key).is_none() && self.store.variants(key).is_empty() {
+            return Lookup::Miss;
+        }
         let store = self.store.clone();
         let key = key.clone();
         let headers = parts.headers.clone();
@@ -452,7 +466,7 @@ impl ClientProxy {
         match freshness::reuse(&parts.headers, &stored, age, lifetime, self.is_shared()) {
             Reuse::Serve => {
                 match self
-                    .respond_from_entry(entry, stored, age, parts, CacheStatus::hit())
+                    .respond_from_entry(entry, stored, age, parts, CacheStatus::hit(), true)
                     .await
                 {
                     Ok(response) => {
@@ -466,35 +480,102 @@ impl ClientProxy {
         }
     }
 
-    /// Serves a stored entry: 304 when the user agent's own validators
-    /// match, headers only for HEAD, else the body (checked; `Err` when it
-    /// failed its digest and was quarantined, so the caller goes upstream).
-    async fn respond_from_entry(
+    /// A fresh hit served from memory: no file, no thread hop. `None` when
+    /// the memory cache lacks the entry, the store describes another body
+    /// by now, or it needs revalidation (the disk path decides then).
+    fn hot_hit(&self, key: &CacheKey, parts: &Parts) -> Option<Response<ProxyBody>> {
+        let digest = *key.digest().as_bytes();
+        let index = self.store.lookup(key)?;
+        let entry = self.hot.get(&digest, &index)?;
+        let status = StatusCode::from_u16(entry.status).ok()?;
+        let now = unix_now();
+        let age = freshness::current_age(&entry.headers, entry.stored_at, entry.stored_at, now);
+        let lifetime = freshness::freshness_lifetime(
+            status,
+            &entry.headers,
+            entry.stored_at,
+            self.is_shared(),
+        );
+        let reuse = freshness::reuse(
+            &parts.headers,
+            &entry.headers,
+            age,
+            lifetime,
+            self.is_shared(),
+        );
+        if reuse != Reuse::Serve {
+            return None;
+        }
+        self.store.touch(key);
+        let head = self.stored_head(
+            status,
+            entry.headers.clone(),
+            age,
+            parts,
+            CacheStatus::hit(),
+            entry.body.len() as u64,
+        );
+        Some(match head {
+            Ok(response) => response,
+            Err(headers) => {
+                ClientStats::add(&self.stats.downstream_bytes, entry.body.len() as u64);
+                respond(status, headers, full(entry.body.clone()))
+            }
+        })
+    }
+
+    /// The head of a stored response as served (Age, Cache-Status, Via,
+    /// Content-Length): a whole 304 when the user agent's own validators
+    /// match or a whole HEAD answer as `Ok`, else the headers the body
+    /// goes with as `Err`.
+    fn stored_head(
         &self,
-        entry: Entry,
+        status: StatusCode,
         mut headers: HeaderMap,
         age: u64,
         parts: &Parts,
         outcome: CacheStatus,
-    ) -> Result<Response<ProxyBody>, ()> {
+        body_len: u64,
+    ) -> Result<Response<ProxyBody>, HeaderMap> {
         headers.insert(header::AGE, HeaderValue::from(age));
         headers.insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
         add_via(&mut headers, &self.config.via_name);
-        let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
         if status == StatusCode::OK && not_modified_for(&parts.headers, &headers) {
             return Ok(respond(StatusCode::NOT_MODIFIED, headers, empty()));
         }
-        headers.insert(
-            header::CONTENT_LENGTH,
-            HeaderValue::from(entry.meta.body_len),
-        );
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
         if parts.method == Method::HEAD {
             return Ok(respond(status, headers, empty()));
         }
+        Err(headers)
+    }
+
+    /// Serves a stored entry: 304 when the user agent's own validators
+    /// match, headers only for HEAD, else the body (checked; `Err` when it
+    /// failed its digest and was quarantined, so the caller goes upstream).
+    /// With `remember`, a small body is kept in the memory cache.
+    async fn respond_from_entry(
+        &self,
+        entry: Entry,
+        stored: HeaderMap,
+        age: u64,
+        parts: &Parts,
+        outcome: CacheStatus,
+        remember: bool,
+    ) -> Result<Response<ProxyBody>, ()> {
+        let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
         let len = entry.meta.body_len;
+        let remember = remember && len <= self.hot.max_body() as u64;
+        let kept_headers = remember.then(|| stored.clone());
+        let headers = match self.stored_head(status, stored, age, parts, outcome, len) {
+            Ok(response) => return Ok(response),
+            Err(headers) => headers,
+        };
         let digest = entry.meta.body_digest().map_err(|_| ())?;
+        let stored_at = entry.meta.stored_at;
         let store = self.store.clone();
         let key = entry.meta.key().map_err(|_| ())?;
+        let key_digest = *key.digest().as_bytes();
         let on_mismatch = move || {
             tracing::warn!(url = %key, "cached body failed its digest; dropped");
             store.remove(&key);
@@ -509,6 +590,11 @@ impl ClientProxy {
         let body = match body {
             CachedBody::Whole(bytes) => {
                 ClientStats::add(&self.stats.downstream_bytes, bytes.len() as u64);
+                if let Some(kept) = kept_headers {
+                    let entry =
+                        HotEntry::new(status.as_u16(), kept, stored_at, bytes.clone(), digest);
+                    self.hot.insert(key_digest, entry);
+                }
                 full(bytes)
             }
             CachedBody::Stream(body) => {
@@ -529,11 +615,10 @@ impl ClientProxy {
             let usable = entry.meta.shareable_as_basis || !self.is_shared();
             return usable.then(|| basis_offer(entry, budget)).flatten();
         }
+        // The choice is made in memory; only reading the entry needs a thread.
+        let candidate = self.store.basis(key, self.config.scope)?;
         let store = self.store.clone();
-        let key = key.clone();
-        let scope = self.config.scope;
         tokio::task::spawn_blocking(move || {
-            let candidate = store.basis(&key, scope)?;
             let entry = store.get(&candidate.key)?;
             basis_offer(&entry, budget)
         })
@@ -807,6 +892,9 @@ impl ClientProxy {
         })
         .await;
         let age = freshness::current_age(&merged, now, now, now);
+        // As the store now describes it (the memory cache checks that).
+        let mut entry = entry;
+        entry.meta.stored_at = now;
         match self
             .respond_from_entry(
                 entry,
@@ -817,6 +905,7 @@ impl ClientProxy {
                     fwd_status: Some(StatusCode::NOT_MODIFIED),
                     ..CacheStatus::forwarded(Forward::Stale)
                 },
+                true,
             )
             .await
         {
@@ -860,6 +949,7 @@ impl ClientProxy {
             age,
             parts,
             CacheStatus::stale_on_error(upstream_status, ttl),
+            false,
         )
         .await
         .ok()
@@ -1027,9 +1117,9 @@ fn find_entry(store: &CacheStore, key: &CacheKey, request: &HeaderMap) -> Option
         return store.get(key);
     }
     store
-        .candidates(key)
+        .variants(key)
         .into_iter()
-        .filter(|c| c.key.url() == key.url() && !c.key.vary().is_empty())
+        .filter(|c| !c.key.vary().is_empty())
         .find(|c| {
             let mut wanted = key.clone();
             for (name, _) in c.key.vary() {
@@ -1045,11 +1135,9 @@ fn find_entry(store: &CacheStore, key: &CacheKey, request: &HeaderMap) -> Option
 
 /// Removes every entry of the URL (all its Vary'd variants).
 fn invalidate(store: &CacheStore, key: &CacheKey) {
-    for candidate in store.candidates(key) {
-        if candidate.key.url() == key.url() {
-            store.remove(&candidate.key);
-            tracing::debug!(url = %candidate.key, "invalidated by an unsafe method");
-        }
+    for variant in store.variants(key) {
+        store.remove(&variant.key);
+        tracing::debug!(url = %variant.key, "invalidated by an unsafe method");
     }
 }
 
