@@ -421,6 +421,17 @@ impl Worker {
         Ok(())
     }
 
+    /// Ends the user agent's body cleanly: the held chunk, then the end of
+    /// the stream (the sender is dropped). Idempotent.
+    fn end_agent(&mut self) {
+        if let Some(last) = self.held.take() {
+            self.send_to_agent(last);
+        }
+        let (closed, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.to_agent, closed));
+        self.agent_gone = true;
+    }
+
     fn send_to_agent(&mut self, chunk: Bytes) {
         if !self.agent_gone && self.to_agent.blocking_send(Ok(Frame::data(chunk))).is_err() {
             self.agent_gone = true;
@@ -436,6 +447,13 @@ impl Worker {
             return Outcome::Corrupt { reason };
         }
 
+        // A small body is committed before the user agent sees its end, so
+        // the next request (the next release a page asks for) finds it. A
+        // large one ends first: its fsync can take seconds of disk time the
+        // user agent need not wait for.
+        if self.body_bytes > SMALL_BODY {
+            self.end_agent();
+        }
         let stored = match self.store.take() {
             Some(mut target) => {
                 target.entry.completeness = Completeness::Complete;
@@ -449,12 +467,7 @@ impl Worker {
             }
             None => false,
         };
-        // Committed before the user agent sees the end, so its next request
-        // finds the entry.
-        if let Some(last) = self.held.take() {
-            self.send_to_agent(last);
-        }
-        // Dropping the sender ends the user agent's body cleanly.
+        self.end_agent();
         Outcome::Complete { stored }
     }
 
