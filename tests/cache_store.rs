@@ -123,6 +123,56 @@ fn commit_then_get_returns_the_bytes_and_reopen_keeps_them() {
     assert_eq!(files_under(dir.path()), Vec::<PathBuf>::new());
 }
 
+#[test]
+fn a_body_hashed_by_the_caller_needs_its_digest_and_the_right_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CacheStore::open(dir.path(), 8 * MIB).unwrap();
+    let k = key("http://e.com/a.txt");
+    let body = b"rebuilt by the decoder";
+
+    // Without the digest the commit is refused, and nothing is stored.
+    let mut w = store.begin(&k).unwrap();
+    w.hashed_by_caller();
+    w.write_body(body).unwrap();
+    let refused = w.commit(info(Completeness::Complete), &sig_of(body));
+    assert!(
+        matches!(refused, Err(CacheError::DigestUnknown { .. })),
+        "{refused:?}"
+    );
+    assert!(store.get(&k).is_none());
+
+    // With it, the entry reads back and verifies.
+    let mut w = store.begin(&k).unwrap();
+    w.hashed_by_caller();
+    w.write_body(body).unwrap();
+    w.commit_with_digest(
+        info(Completeness::Complete),
+        &sig_of(body),
+        blake3::hash(body),
+    )
+    .unwrap();
+    assert_eq!(read_hit(&store, &k).as_deref(), Some(&body[..]));
+
+    // A writer that hashed the body itself checks the digest it is given.
+    let mut w = store.begin(&k).unwrap();
+    w.write_body(b"other bytes").unwrap();
+    w.hashed_by_caller(); // too late: bytes were written, it keeps hashing
+    let wrong = w.commit_with_digest(
+        info(Completeness::Complete),
+        &sig_of(b"other bytes"),
+        blake3::hash(body),
+    );
+    assert!(
+        matches!(wrong, Err(CacheError::DigestMismatch { .. })),
+        "{wrong:?}"
+    );
+    assert_eq!(
+        read_hit(&store, &k).as_deref(),
+        Some(&body[..]),
+        "the old entry stays"
+    );
+}
+
 /// C-K2, simulated: the files each crash point leaves behind, then a restart.
 #[test]
 fn c_k2_crash_leftovers_are_cleaned_and_valid_entries_survive() {

@@ -78,6 +78,20 @@ pub enum CacheError {
         /// The path.
         path: PathBuf,
     },
+    /// [`EntryWriter::commit`] after [`EntryWriter::hashed_by_caller`]: the
+    /// body's digest must come with the commit.
+    #[error("the body of {url} was hashed by the caller; commit it with its digest")]
+    DigestUnknown {
+        /// The key's URL.
+        url: String,
+    },
+    /// The digest given to [`EntryWriter::commit_with_digest`] is not the
+    /// written body's.
+    #[error("the digest given for {url} is not the written body's")]
+    DigestMismatch {
+        /// The key's URL.
+        url: String,
+    },
     /// The writer failed earlier and can only be dropped.
     #[error("the entry writer for {url} failed earlier")]
     WriterFailed {

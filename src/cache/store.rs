@@ -144,7 +144,8 @@ pub struct EntryWriter {
     key: CacheKey,
     body_tmp: PathBuf,
     body: Option<BufWriter<File>>,
-    hasher: blake3::Hasher,
+    /// `None` when the caller hashes the body (see `hashed_by_caller`).
+    hasher: Option<blake3::Hasher>,
     body_len: u64,
     /// Budget bytes this writer holds.
     reserved: u64,
@@ -332,7 +333,7 @@ impl CacheStore {
             key: key.clone(),
             body_tmp,
             body: Some(BufWriter::with_capacity(WRITE_BUFFER, file)),
-            hasher: blake3::Hasher::new(),
+            hasher: Some(blake3::Hasher::new()),
             body_len: 0,
             reserved: 0,
             body_reserved: 0,
@@ -554,7 +555,9 @@ impl EntryWriter {
         let body = self.body.as_mut().expect("body is open until commit");
         body.write_all(data)
             .map_err(CacheError::io(&self.body_tmp))?;
-        self.hasher.update(data);
+        if let Some(hasher) = &mut self.hasher {
+            hasher.update(data);
+        }
         self.body_len = new_len;
         Ok(())
     }
@@ -596,7 +599,55 @@ impl EntryWriter {
     /// for any file-system failure, in which case nothing new is visible
     /// (or, when only the final directory fsync failed, the entry has been
     /// removed again).
-    pub fn commit(mut self, entry: NewEntry, signature: &[u8]) -> Result<(), CacheError> {
+    pub fn commit(self, entry: NewEntry, signature: &[u8]) -> Result<(), CacheError> {
+        let Some(hasher) = &self.hasher else {
+            return Err(CacheError::DigestUnknown {
+                url: self.key.url().to_owned(),
+            });
+        };
+        let digest = hasher.finalize();
+        self.commit_inner(entry, signature, digest)
+    }
+
+    /// The writer will not hash the body: the caller does (the hsync decoder
+    /// checks the blake3 of every body it rebuilds against END), and gives
+    /// the digest to [`EntryWriter::commit_with_digest`]. Saves a pass over
+    /// the body. Only before the first byte is written.
+    pub fn hashed_by_caller(&mut self) {
+        if self.body_len == 0 {
+            self.hasher = None;
+        }
+    }
+
+    /// [`EntryWriter::commit`] with the body's blake3 computed by the
+    /// caller.
+    ///
+    /// # Errors
+    ///
+    /// As `commit`; [`CacheError::DigestMismatch`] when the writer hashed
+    /// the body too and got another digest.
+    pub fn commit_with_digest(
+        self,
+        entry: NewEntry,
+        signature: &[u8],
+        digest: blake3::Hash,
+    ) -> Result<(), CacheError> {
+        if let Some(hasher) = &self.hasher
+            && hasher.finalize() != digest
+        {
+            return Err(CacheError::DigestMismatch {
+                url: self.key.url().to_owned(),
+            });
+        }
+        self.commit_inner(entry, signature, digest)
+    }
+
+    fn commit_inner(
+        mut self,
+        entry: NewEntry,
+        signature: &[u8],
+        body_digest: blake3::Hash,
+    ) -> Result<(), CacheError> {
         if self.failed {
             return Err(self.failed_error());
         }
@@ -613,13 +664,7 @@ impl EntryWriter {
         file.sync_all().map_err(CacheError::io(&self.body_tmp))?;
         drop(file);
 
-        let meta = EntryMeta::new(
-            &self.key,
-            entry,
-            self.body_len,
-            self.hasher.finalize(),
-            signature,
-        );
+        let meta = EntryMeta::new(&self.key, entry, self.body_len, body_digest, signature);
         let json = meta.to_json();
         self.reserve(disk_bytes(signature.len() as u64) + disk_bytes(json.len() as u64))?;
         let sig_tmp = self.write_temp("sig", signature)?;

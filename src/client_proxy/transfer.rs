@@ -29,7 +29,7 @@ use hyper::body::{Frame, Incoming};
 use sha2::Digest;
 use tokio::sync::mpsc;
 
-use crate::cache::{CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
+use crate::cache::{CacheError, CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
 use crate::hsync::{
     Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
     SignatureParams, choose_block_size,
@@ -243,9 +243,10 @@ pub fn relay(
         let mut worker = Worker::new(relay, to_agent);
         let report = worker.run(from_upstream);
         done(report);
-        // Only now does the user agent's body end: by then the stats and
-        // any waiting followers know how the transfer went.
-        drop(worker);
+        // Only now does the user agent's body end (but for a large body,
+        // see `Worker::complete`): by then the stats and any waiting
+        // followers know how the transfer went.
+        worker.end_agent();
     });
     StreamBody::new(ReceiverStream(from_worker)).boxed()
 }
@@ -320,6 +321,11 @@ impl Worker {
                 limits,
             } => {
                 let mut decoder = Decoder::new(basis, limits);
+                // The decoder hashes every byte it rebuilds (for END); the
+                // cache writer takes that digest rather than hash again.
+                if let Some(target) = &mut self.store {
+                    target.writer.hashed_by_caller();
+                }
                 let result = self.pump(&mut from_upstream, |worker, chunk| {
                     decoder
                         .push_to(chunk, |window| worker.emit(window))
@@ -336,10 +342,11 @@ impl Worker {
                     })
                 });
                 match result {
-                    Ok(decoded) => self.complete(decoded.signature),
+                    Ok(decoded) => self.complete(decoded.signature, Some(decoded.digest.into())),
                     Err(stop) => {
                         let partial = decoder.into_partial();
-                        self.stopped(stop, partial.signature, basis_key.as_ref())
+                        let digest = Some(partial.digest.into());
+                        self.stopped(stop, partial.signature, digest, basis_key.as_ref())
                     }
                 }
             }
@@ -369,8 +376,8 @@ impl Worker {
                 signature.finish();
                 let signature = signature.to_signature_bytes();
                 match result {
-                    Ok(()) => self.complete(signature),
-                    Err(stop) => self.stopped(stop, Some(signature), None),
+                    Ok(()) => self.complete(signature, None),
+                    Err(stop) => self.stopped(stop, Some(signature), None, None),
                 }
             }
         };
@@ -439,7 +446,9 @@ impl Worker {
     }
 
     /// Every byte arrived: check the origin's digests, commit, end cleanly.
-    fn complete(&mut self, signature: Vec<u8>) -> Outcome {
+    /// `body_digest`: the body's blake3 when the decoder computed it (the
+    /// writer did not hash then).
+    fn complete(&mut self, signature: Vec<u8>, body_digest: Option<blake3::Hash>) -> Outcome {
         let digests = std::mem::take(&mut self.digests);
         if let Err(reason) = digests.verify() {
             self.abort_agent(&reason);
@@ -447,17 +456,18 @@ impl Worker {
             return Outcome::Corrupt { reason };
         }
 
-        // A small body is committed before the user agent sees its end, so
-        // the next request (the next release a page asks for) finds it. A
-        // large one ends first: its fsync can take seconds of disk time the
-        // user agent need not wait for.
+        // A small body is committed before the user agent sees its end (the
+        // relay ends it after the report), so the next request (the next
+        // release a page asks for) finds it. A large one ends first: its
+        // fsync can take seconds of disk time the user agent need not wait
+        // for.
         if self.body_bytes > SMALL_BODY {
             self.end_agent();
         }
         let stored = match self.store.take() {
             Some(mut target) => {
                 target.entry.completeness = Completeness::Complete;
-                match target.writer.commit(target.entry, &signature) {
+                match commit(target.writer, target.entry, &signature, body_digest) {
                     Ok(()) => true,
                     Err(error) => {
                         tracing::warn!(%error, "cache commit failed; response served, not stored");
@@ -467,7 +477,6 @@ impl Worker {
             }
             None => false,
         };
-        self.end_agent();
         Outcome::Complete { stored }
     }
 
@@ -476,6 +485,7 @@ impl Worker {
         &mut self,
         stop: Stop,
         signature: Option<Vec<u8>>,
+        body_digest: Option<blake3::Hash>,
         basis_key: Option<&CacheKey>,
     ) -> Outcome {
         match stop {
@@ -500,7 +510,7 @@ impl Worker {
                 let partial_stored = match (self.store.take(), signature) {
                     (Some(mut target), Some(signature)) if self.body_bytes > 0 => {
                         target.entry.completeness = Completeness::Partial;
-                        target.writer.commit(target.entry, &signature).is_ok()
+                        commit(target.writer, target.entry, &signature, body_digest).is_ok()
                     }
                     _ => false,
                 };
@@ -514,11 +524,24 @@ impl Worker {
     /// for a whole one.
     fn abort_agent(&mut self, reason: &str) {
         tracing::warn!(%reason, "aborting the response");
+        self.held = None;
         if !self.agent_gone {
             let _ = self
                 .to_agent
                 .blocking_send(Err(BodyError::from(reason.to_owned())));
         }
+    }
+}
+
+fn commit(
+    writer: EntryWriter,
+    entry: NewEntry,
+    signature: &[u8],
+    body_digest: Option<blake3::Hash>,
+) -> Result<(), CacheError> {
+    match body_digest {
+        Some(digest) => writer.commit_with_digest(entry, signature, digest),
+        None => writer.commit(entry, signature),
     }
 }
 

@@ -235,6 +235,8 @@ pub struct Partial {
     /// The prefix's signature (header + entries), or `None` if the stream
     /// stopped before its header.
     pub signature: Option<Vec<u8>>,
+    /// blake3 of the prefix.
+    pub digest: [u8; 32],
 }
 
 /// Rebuilds a body from an hsync/1 stream.
@@ -680,6 +682,7 @@ impl<B: Basis> Decoder<B> {
     pub fn into_partial(self) -> Partial {
         Partial {
             len: self.rebuilt,
+            digest: *self.hasher.finalize().as_bytes(),
             signature: self.signature.map(|mut s| {
                 s.finish();
                 s.to_signature_bytes()
