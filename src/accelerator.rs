@@ -409,6 +409,9 @@ impl Handler for Accelerator {
 /// client: small, so that backpressure reaches the origin quickly.
 const CHANNEL_DEPTH: usize = 4;
 
+/// Largest piece of stream sent to the client at a time.
+const SEND_SLICE: usize = 256 << 10;
+
 /// Streams the origin body through the encoder on a blocking thread.
 /// The body is also collected, up to the store's limit, and kept there once
 /// END's digest is known.
@@ -441,12 +444,22 @@ fn encode_body(
     tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
         let mut kept: Option<Vec<u8>> = store.as_ref().map(|_| Vec::new());
+        // A window of a large body is many MiB (eight blocks at least, and
+        // blocks grow with the body to keep its signature small): it goes
+        // out in slices of one allocation, so the channel holds a few
+        // slices rather than a few windows (L-3: memory per request).
         let send = |out: &mut Vec<u8>| {
-            if out.is_empty() {
-                return true;
+            let stream = Bytes::from(std::mem::take(out));
+            let mut at = 0;
+            while at < stream.len() {
+                let end = stream.len().min(at + SEND_SLICE);
+                let frame = Frame::data(stream.slice(at..end));
+                if to_client.blocking_send(Ok(frame)).is_err() {
+                    return false;
+                }
+                at = end;
             }
-            let frame = Frame::data(Bytes::from(std::mem::take(out)));
-            to_client.blocking_send(Ok(frame)).is_ok()
+            true
         };
         while let Some(item) = from_origin.blocking_recv() {
             let chunk = match item {

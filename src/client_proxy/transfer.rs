@@ -46,6 +46,9 @@ pub const SMALL_BODY: u64 = 1 << 20;
 /// Read size for cached bodies.
 const READ_CHUNK: usize = 64 << 10;
 
+/// Largest piece of body sent to the user agent at a time.
+const SEND_SLICE: usize = 256 << 10;
+
 /// The basis a stream is rebuilt against: nothing, or the cached body file
 /// whose signature was sent (its open descriptor, so an entry replaced in
 /// the meantime does not change the bytes under the decoder; D-A7).
@@ -416,11 +419,16 @@ impl Worker {
             tracing::warn!(url = %target.store.root().display(), %error, "cache write failed; not storing this response");
             self.store = None;
         }
-        let chunk = Bytes::copy_from_slice(data);
-        if self.announced_len == Some(self.body_bytes) {
-            self.held = Some(chunk);
-        } else {
-            self.send_to_agent(chunk);
+        // A rebuilt window can be many MiB: it goes to the user agent in
+        // slices, so the channel holds a few slices, not a few windows.
+        let mut pieces = data.chunks(SEND_SLICE).peekable();
+        while let Some(piece) = pieces.next() {
+            let chunk = Bytes::copy_from_slice(piece);
+            if pieces.peek().is_none() && self.announced_len == Some(self.body_bytes) {
+                self.held = Some(chunk);
+            } else {
+                self.send_to_agent(chunk);
+            }
         }
         if self.agent_gone && self.store.is_none() {
             return Err(std::io::Error::other("user agent gone"));
