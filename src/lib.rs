@@ -25,5 +25,6 @@ pub mod expiring;
 pub mod freshness;
 pub mod hsync;
 pub mod http;
+pub mod inetd;
 pub mod server;
 pub mod static_origin;

@@ -20,17 +20,26 @@ fn main() -> ExitCode {
             };
         }
     };
+    // Under inetd, stderr may be the connection itself: nothing is written
+    // there then (logs go to a journald or file stderr, as systemd or a
+    // wrapper sets up).
+    let quiet = rproxy::inetd::stderr_is_the_connection();
+    let filter = if quiet {
+        tracing_subscriber::EnvFilter::new("off")
+    } else {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("rproxy: {error:#}");
+            if !quiet {
+                eprintln!("rproxy: {error:#}");
+            }
             if error.downcast_ref::<rproxy::cli::UsageError>().is_some() {
                 ExitCode::from(64)
             } else {

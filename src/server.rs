@@ -1,6 +1,6 @@
 //! The accept loop and per-connection HTTP/1.1 serving both roles share.
-//! Per-connection code takes any `AsyncRead + AsyncWrite` (TCP now; inetd's
-//! stdin/stdout later), and a role is a [`Handler`].
+//! Per-connection code takes any `AsyncRead + AsyncWrite` (a TCP stream, or
+//! inetd's stdin/stdout: [`crate::inetd`]), and a role is a [`Handler`].
 //!
 //! Leaves out TLS, HTTP/2, connection caps and auth (issue 4).
 

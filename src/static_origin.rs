@@ -100,8 +100,14 @@ impl StaticOrigin {
             return response;
         }
         let uri = request.uri();
-        if uri.scheme().is_some() || uri.authority().is_some() || !uri.path().starts_with('/') {
-            return text(StatusCode::BAD_REQUEST, "the target must be a path");
+        // Origin-form, or absolute-form which a server must accept too
+        // (RFC 9112 §3.2.2; a caching proxy in front sends it).
+        let http = uri.scheme().is_none_or(|s| *s == http::uri::Scheme::HTTP);
+        if !http || !uri.path().starts_with('/') {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "the target must be a path or an http URL",
+            );
         }
         let Some(segments) = decode_path(uri.path()) else {
             return not_found();

@@ -11,7 +11,8 @@ use http::HeaderValue;
 use super::UsageError;
 use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::hsync::EncoderOptions;
-use crate::server::{ConnectionLimits, serve};
+use crate::inetd::{Stdio, serve_stdio};
+use crate::server::{ConnectionLimits, Handler, serve};
 
 /// Flags of `rproxy accelerator`.
 #[derive(Debug, Args)]
@@ -49,6 +50,12 @@ pub struct AcceleratorArgs {
     /// Seconds a client has to send a request head (408 after).
     #[arg(long, default_value_t = 10)]
     pub header_read_timeout: u64,
+    /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
+    /// socket unit with Accept=yes start it, and exit when the peer is
+    /// done. --listen is not used (but names us in Via by default, unless
+    /// stdin is a TCP socket: then its local address does).
+    #[arg(long)]
+    pub inetd: bool,
 }
 
 /// Checks a Via pseudonym: a header value that cannot carry CR/LF or
@@ -73,12 +80,21 @@ pub(super) fn via_name(name: Option<&str>, listen: SocketAddr) -> Result<HeaderV
 /// # Errors
 /// A bad flag ([`UsageError`]) or a listener that cannot bind.
 pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
+    let stdio = args
+        .inetd
+        .then(Stdio::take)
+        .transpose()
+        .context("--inetd: cannot use descriptor 0")?;
+    let address = stdio
+        .as_ref()
+        .and_then(Stdio::local_addr)
+        .unwrap_or(args.listen);
     let config = AcceleratorConfig {
         origin: args
             .origin
             .parse()
             .map_err(|_| UsageError(format!("--origin {}: not a URL", args.origin)))?,
-        via_name: via_name(args.via_name.as_deref(), args.listen)?,
+        via_name: via_name(args.via_name.as_deref(), address)?,
         encoder: EncoderOptions::default(),
         max_encode_len: args.max_encode_len,
         max_signature_bytes: args.max_signature,
@@ -92,6 +108,9 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         ..ConnectionLimits::default()
     };
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
+    if let Some(stdio) = stdio {
+        return serve_one(stdio, accelerator, limits);
+    }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -104,4 +123,21 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         .await;
         Ok(())
     })
+}
+
+/// Serves the one inetd connection on a single-threaded runtime (one
+/// connection needs no more), then returns. Dropping the runtime waits for
+/// blocking work still running, such as a cache commit.
+pub(super) fn serve_one<H: Handler>(
+    stdio: Stdio,
+    handler: H,
+    limits: ConnectionLimits,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime
+        .block_on(serve_stdio(stdio, Arc::new(handler), limits))
+        .context("cannot serve the connection on stdin")
 }

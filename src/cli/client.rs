@@ -9,9 +9,10 @@ use anyhow::Context;
 use clap::Args;
 
 use super::UsageError;
-use super::accelerator::via_name;
+use super::accelerator::{serve_one, via_name};
 use crate::cache::{CacheScope, CacheStore};
 use crate::client_proxy::{ClientConfig, ClientProxy};
+use crate::inetd::Stdio;
 use crate::server::{ConnectionLimits, serve};
 
 /// Flags of `rproxy client`.
@@ -69,6 +70,12 @@ pub struct ClientArgs {
     /// Seconds a client has to send a request head (408 after).
     #[arg(long, default_value_t = 10)]
     pub header_read_timeout: u64,
+    /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
+    /// socket unit with Accept=yes start it, and exit when the peer is
+    /// done. --listen is not used (but names us in Via by default, unless
+    /// stdin is a TCP socket: then its local address does).
+    #[arg(long)]
+    pub inetd: bool,
     /// Listen on a non-loopback address although nobody has to
     /// authenticate: an open proxy anyone who reaches it can use.
     #[arg(long)]
@@ -92,16 +99,16 @@ pub(super) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 impl ClientArgs {
-    /// The validated configuration.
+    /// The validated configuration, for serving on `address` (the listen
+    /// address, or under inetd the socket's own).
     ///
     /// # Errors
     /// A [`UsageError`] saying which flag is wrong.
-    pub fn config(&self) -> Result<ClientConfig, UsageError> {
-        if !self.listen.ip().is_loopback() && !self.allow_open {
+    pub fn config(&self, address: SocketAddr) -> Result<ClientConfig, UsageError> {
+        if !address.ip().is_loopback() && !self.allow_open {
             return Err(UsageError(format!(
-                "--listen {}: not a loopback address, and nobody has to authenticate; \
-                 add --allow-open to run an open proxy there",
-                self.listen
+                "{address}: not a loopback address, and nobody has to authenticate; \
+                 add --allow-open to run an open proxy there"
             )));
         }
         Ok(ClientConfig {
@@ -109,7 +116,7 @@ impl ClientArgs {
                 .upstream
                 .parse()
                 .map_err(|_| UsageError(format!("--upstream {}: not a URL", self.upstream)))?,
-            via_name: via_name(self.via_name.as_deref(), self.listen)?,
+            via_name: via_name(self.via_name.as_deref(), address)?,
             scope: if self.private {
                 CacheScope::Private
             } else {
@@ -134,7 +141,16 @@ impl ClientArgs {
 /// A bad flag ([`UsageError`]), a cache directory that cannot be opened or
 /// a listener that cannot bind.
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
-    let config = args.config()?;
+    let stdio = args
+        .inetd
+        .then(Stdio::take)
+        .transpose()
+        .context("--inetd: cannot use descriptor 0")?;
+    let address = stdio
+        .as_ref()
+        .and_then(Stdio::local_addr)
+        .unwrap_or(args.listen);
+    let config = args.config(address)?;
     let store = CacheStore::open(&args.cache, args.cache_size)
         .with_context(|| format!("cannot open the cache in {}", args.cache.display()))?;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
@@ -142,6 +158,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         header_read_timeout: Duration::from_secs(args.header_read_timeout),
         ..ConnectionLimits::default()
     };
+    if let Some(stdio) = stdio {
+        return serve_one(stdio, proxy, limits);
+    }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)
