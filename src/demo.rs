@@ -102,6 +102,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
             lock_timeout: Duration::from_secs(5),
             max_object_bytes: 1 << 30,
             memory_cache_bytes: 16 << 20,
+            upstream_credentials: None,
         },
         store,
     )?);

@@ -80,14 +80,14 @@ pub async fn serve_stdio<H: Handler>(
             socket.set_nonblocking(true)?;
             let stream = tokio::net::TcpStream::from_std(socket)?;
             let _ = stream.set_nodelay(true);
-            let peer = peer.map_or_else(|| "local socket".to_owned(), |p| p.to_string());
-            serve_connection(stream, handler, limits)
-                .instrument(tracing::info_span!("conn", %peer, inetd = true))
+            let name = peer.map_or_else(|| "local socket".to_owned(), |p| p.to_string());
+            serve_connection(stream, peer, handler, limits)
+                .instrument(tracing::info_span!("conn", peer = %name, inetd = true))
                 .await;
         }
         Stdio::Pipes => {
             let io = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
-            serve_connection(io, handler, limits)
+            serve_connection(io, None, handler, limits)
                 .instrument(tracing::info_span!("conn", peer = "stdio", inetd = true))
                 .await;
         }

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod accelerator;
+pub mod auth;
 pub mod basis_store;
 pub mod cache;
 pub mod cli;

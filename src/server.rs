@@ -2,10 +2,11 @@
 //! Per-connection code takes any `AsyncRead + AsyncWrite` (a TCP stream, or
 //! inetd's stdin/stdout: [`crate::inetd`]), and a role is a [`Handler`].
 //!
-//! Leaves out TLS, HTTP/2, connection caps and auth (issue 4).
+//! Leaves out TLS, HTTP/2 and connection caps (issue 4).
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,14 +125,26 @@ impl Default for ConnectionLimits {
     }
 }
 
-/// Serves one connection until the peer is done.
-pub async fn serve_connection<H, I>(io: I, handler: Arc<H>, limits: ConnectionLimits)
-where
+/// The address of the peer a request came from, in its extensions (absent
+/// on inetd pipes). Failed logins are counted per peer address.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+/// Serves one connection from `peer` until the peer is done.
+pub async fn serve_connection<H, I>(
+    io: I,
+    peer: Option<SocketAddr>,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+) where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = service_fn(move |request| {
+    let service = service_fn(move |mut request: Request<Incoming>| {
         let handler = handler.clone();
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(Peer(peer));
+        }
         async move { Ok::<_, Infallible>(handler.handle(request).await) }
     });
     let result = hyper::server::conn::http1::Builder::new()
@@ -162,7 +175,7 @@ pub async fn serve<H: Handler>(
                     let _ = stream.set_nodelay(true);
                     let handler = handler.clone();
                     tokio::spawn(
-                        serve_connection(stream, handler, limits)
+                        serve_connection(stream, Some(peer), handler, limits)
                             .instrument(tracing::info_span!("conn", %peer)),
                     );
                 }

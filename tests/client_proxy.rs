@@ -481,6 +481,7 @@ fn client_config(upstream: SocketAddr) -> ClientConfig {
         lock_timeout: Duration::from_secs(5),
         max_object_bytes: 1 << 30,
         memory_cache_bytes: 16 << 20,
+        upstream_credentials: None,
     }
 }
 

@@ -9,7 +9,9 @@ use clap::Args;
 use http::HeaderValue;
 
 use super::UsageError;
+use super::auth::AuthArgs;
 use crate::accelerator::{Accelerator, AcceleratorConfig};
+use crate::auth::AuthGate;
 use crate::hsync::EncoderOptions;
 use crate::inetd::{Stdio, serve_stdio};
 use crate::server::{ConnectionLimits, Handler, serve};
@@ -56,6 +58,9 @@ pub struct AcceleratorArgs {
     /// stdin is a TCP socket: then its local address does).
     #[arg(long)]
     pub inetd: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub auth: AuthArgs,
 }
 
 /// Checks a Via pseudonym: a header value that cannot carry CR/LF or
@@ -108,6 +113,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         ..ConnectionLimits::default()
     };
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
+    let accelerator = AuthGate::new(accelerator, args.auth.authenticator()?);
     if let Some(stdio) = stdio {
         return serve_one(stdio, accelerator, limits);
     }

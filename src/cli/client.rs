@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use http::HeaderValue;
 
 use super::UsageError;
 use super::accelerator::{serve_one, via_name};
+use super::auth::AuthArgs;
+use crate::auth::{AuthGate, basic_credentials};
 use crate::cache::{CacheScope, CacheStore};
 use crate::client_proxy::{ClientConfig, ClientProxy};
 use crate::inetd::Stdio;
@@ -76,11 +79,26 @@ pub struct ClientArgs {
     /// stdin is a TCP socket: then its local address does).
     #[arg(long)]
     pub inetd: bool,
-    /// Listen on a non-loopback address although nobody has to
-    /// authenticate: an open proxy anyone who reaches it can use.
+    /// Listen on a non-loopback address without --auth-file: an open
+    /// proxy anyone who reaches it can use.
     #[arg(long)]
     pub allow_open: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub auth: AuthArgs,
+    /// User to authenticate as to the upstream (Proxy-Authorization:
+    /// Basic), when the accelerator has an --auth-file. The password comes
+    /// from --upstream-password-file, or else the environment variable
+    /// RPROXY_UPSTREAM_PASSWORD.
+    #[arg(long, value_name = "USER")]
+    pub upstream_user: Option<String>,
+    /// File whose first line is the --upstream-user's password.
+    #[arg(long, value_name = "FILE", requires = "upstream_user")]
+    pub upstream_password_file: Option<PathBuf>,
 }
+
+/// The environment variable holding the upstream password.
+pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
 
 /// Parses `1234`, `64K`, `512M`, `1G` (binary multiples).
 pub(super) fn parse_size(text: &str) -> Result<u64, String> {
@@ -105,10 +123,10 @@ impl ClientArgs {
     /// # Errors
     /// A [`UsageError`] saying which flag is wrong.
     pub fn config(&self, address: SocketAddr) -> Result<ClientConfig, UsageError> {
-        if !address.ip().is_loopback() && !self.allow_open {
+        if !address.ip().is_loopback() && !self.allow_open && self.auth.auth_file.is_none() {
             return Err(UsageError(format!(
                 "{address}: not a loopback address, and nobody has to authenticate; \
-                 add --allow-open to run an open proxy there"
+                 give --auth-file (see rproxy passwd), or --allow-open to run an open proxy there"
             )));
         }
         Ok(ClientConfig {
@@ -131,7 +149,38 @@ impl ClientArgs {
             memory_cache_bytes: usize::try_from(self.memory_cache).map_err(|_| {
                 UsageError(format!("--memory-cache {}: too large", self.memory_cache))
             })?,
+            upstream_credentials: self.upstream_credentials()?,
         })
+    }
+
+    /// `Proxy-Authorization` for the upstream, from --upstream-user and
+    /// the password file or environment.
+    fn upstream_credentials(&self) -> Result<Option<HeaderValue>, UsageError> {
+        let Some(user) = &self.upstream_user else {
+            return Ok(None);
+        };
+        if user.is_empty() || user.contains(':') {
+            return Err(UsageError(format!(
+                "--upstream-user {user:?}: a user name has no ':'"
+            )));
+        }
+        let password = match &self.upstream_password_file {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    UsageError(format!("--upstream-password-file {}: {e}", path.display()))
+                })?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            None => std::env::var(UPSTREAM_PASSWORD_ENV).map_err(|_| {
+                UsageError(format!(
+                    "--upstream-user {user}: no password; give --upstream-password-file \
+                     or set {UPSTREAM_PASSWORD_ENV}"
+                ))
+            })?,
+        };
+        Ok(Some(basic_credentials(user, &password)))
     }
 }
 
@@ -151,9 +200,11 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         .and_then(Stdio::local_addr)
         .unwrap_or(args.listen);
     let config = args.config(address)?;
+    let auth = args.auth.authenticator()?;
     let store = CacheStore::open(&args.cache, args.cache_size)
         .with_context(|| format!("cannot open the cache in {}", args.cache.display()))?;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
+    let proxy = AuthGate::new(proxy, auth);
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_secs(args.header_read_timeout),
         ..ConnectionLimits::default()
@@ -178,6 +229,53 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(extra: &[&str]) -> ClientArgs {
+        use clap::Parser;
+        let cli =
+            crate::cli::Cli::try_parse_from(["rproxy", "client"].iter().chain(extra).copied())
+                .unwrap();
+        match cli.command {
+            crate::cli::Command::Client(args) => args,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_7_a_public_address_needs_an_auth_file_or_allow_open() {
+        let public: SocketAddr = "192.0.2.1:8082".parse().unwrap();
+        let loopback: SocketAddr = "127.0.0.1:8082".parse().unwrap();
+        assert!(args(&[]).config(loopback).is_ok());
+        let refused = args(&[]).config(public).unwrap_err().to_string();
+        assert!(refused.contains("--auth-file"), "{refused}");
+        assert!(args(&["--auth-file", "users"]).config(public).is_ok());
+        assert!(args(&["--allow-open"]).config(public).is_ok());
+    }
+
+    #[test]
+    fn upstream_credentials_come_from_a_file_and_need_a_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "s3cret\nignored\n").unwrap();
+        let loopback: SocketAddr = "127.0.0.1:8082".parse().unwrap();
+        let with_file = args(&[
+            "--upstream-user",
+            "accel",
+            "--upstream-password-file",
+            file.to_str().unwrap(),
+        ]);
+        let config = with_file.config(loopback).unwrap();
+        assert_eq!(
+            config.upstream_credentials,
+            Some(basic_credentials("accel", "s3cret"))
+        );
+        assert_eq!(
+            args(&[]).config(loopback).unwrap().upstream_credentials,
+            None
+        );
+        let bad_user = args(&["--upstream-user", "a:b"]).config(loopback);
+        assert!(bad_user.is_err());
+    }
 
     #[test]
     fn sizes_take_binary_suffixes() {

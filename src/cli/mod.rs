@@ -1,7 +1,7 @@
-//! The command line: clap definitions and the `rproxy hsync` tools. The
-//! proxies' roles will hang off the same [`Cli`].
+//! The command line: clap definitions, one module per subcommand.
 
 pub mod accelerator;
+pub mod auth;
 pub mod client;
 pub mod demo;
 pub mod hsync;
@@ -35,6 +35,9 @@ pub enum Command {
     /// accelerator, a client proxy; fetches an older then a newer release
     /// through them and reports the bytes saved.
     Demo(demo::DemoArgs),
+    /// Manages the users file of --auth-file: add, remove, list.
+    #[command(subcommand)]
+    Passwd(auth::PasswdCommand),
 }
 
 /// A bad flag or configuration: the process exits with 64.
@@ -52,5 +55,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Accelerator(args) => accelerator::run(args),
         Command::Client(args) => client::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Passwd(command) => auth::run(command),
     }
 }

@@ -86,6 +86,8 @@ pub struct ClientConfig {
     pub max_object_bytes: u64,
     /// Memory for small entries served often (bytes; 0 turns it off).
     pub memory_cache_bytes: usize,
+    /// `Proxy-Authorization` for the upstream, when it wants credentials.
+    pub upstream_credentials: Option<HeaderValue>,
 }
 
 /// Why the configuration cannot be used.
@@ -1025,6 +1027,9 @@ impl ClientProxy {
         body: ProxyBody,
     ) -> Request<ProxyBody> {
         add_via(&mut headers, &self.config.via_name);
+        if let Some(credentials) = &self.config.upstream_credentials {
+            headers.insert(header::PROXY_AUTHORIZATION, credentials.clone());
+        }
         let authority = target.url.authority().expect("targets are absolute");
         headers.insert(
             header::HOST,
@@ -1055,6 +1060,20 @@ impl ClientProxy {
     ) -> Result<Response<Incoming>, (StatusCode, String)> {
         let sent = self.upstream.send(request, target.forward);
         match tokio::time::timeout(self.config.upstream_timeout, sent).await {
+            // The upstream's challenge is for us, not for the user agent
+            // (whose credentials never go upstream): a gateway error.
+            Ok(Ok(response)) if response.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+                ClientStats::add(&self.stats.upstream_errors, 1);
+                let what = if self.config.upstream_credentials.is_some() {
+                    "refused our credentials (check --upstream-user and its password)"
+                } else {
+                    "wants proxy credentials (give --upstream-user)"
+                };
+                Err((
+                    StatusCode::BAD_GATEWAY,
+                    format!("upstream {} {what}", self.upstream_authority),
+                ))
+            }
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);
