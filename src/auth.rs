@@ -30,17 +30,15 @@ use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use base64::Engine as _;
-use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, header};
 use http::{Response, StatusCode};
-use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::expiring::ExpiringMap;
-use crate::server::{Handler, Peer, ProxyBody};
+use crate::server::{Handler, Peer, ProxyBody, text_response};
 
 /// How long a credential that passed is taken without a new hash.
 const VERIFIED_FOR: Duration = Duration::from_secs(300);
@@ -399,17 +397,8 @@ impl<H: Handler> AuthGate<H> {
                     status = status.as_u16(),
                     "refused: not authenticated"
                 );
-                let mut response = Response::new(
-                    Full::new(Bytes::from(message + "\n"))
-                        .map_err(|never| match never {})
-                        .boxed(),
-                );
-                *response.status_mut() = status;
+                let mut response = text_response(status, message);
                 let headers = response.headers_mut();
-                headers.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; charset=utf-8"),
-                );
                 match refusal {
                     Refusal::Unauthorized => {
                         headers.insert(header::PROXY_AUTHENTICATE, auth.challenge().clone());

@@ -2,22 +2,29 @@
 //! Per-connection code takes any `AsyncRead + AsyncWrite` (a TCP stream, or
 //! inetd's stdin/stdout: [`crate::inetd`]), and a role is a [`Handler`].
 //!
-//! Leaves out TLS, HTTP/2 and connection caps (issue 4).
+//! Leaves out TLS and HTTP/2 (issue 4).
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
 use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 use tracing::Instrument;
 
 /// The error type of response bodies: whatever stopped the stream.
@@ -107,13 +114,29 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Response<ProxyBody>> + Send;
 }
 
-/// Limits of the HTTP/1.1 connection layer.
+/// Limits of the HTTP/1.1 connection layer, the same for both roles and
+/// under inetd.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
-    /// Time a client has to send a whole request head (408 after it).
+    /// Time a client has to send a whole request head: 408, then close.
+    /// hyper starts it when the connection waits for a request, so it is
+    /// also how long an idle keep-alive connection stays open.
     pub header_read_timeout: Duration,
-    /// Largest request head buffered (bytes).
+    /// Largest request head, request line included (bytes): 431.
     pub max_head_bytes: usize,
+    /// Most header fields in a request head: 431.
+    pub max_headers: usize,
+    /// Longest request target (bytes): 414.
+    pub max_target_bytes: usize,
+    /// Time without a byte moving either way, once a request is under way
+    /// (a stalled upload, a user agent that stopped reading, an origin
+    /// that went quiet mid-body): the connection is closed.
+    pub idle_timeout: Duration,
+    /// Most `Via` entries a request may carry: 508 beyond (P-15).
+    pub max_hops: usize,
+    /// Connections served at once; further ones wait in the listen
+    /// backlog.
+    pub max_connections: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -121,9 +144,82 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             header_read_timeout: Duration::from_secs(10),
             max_head_bytes: 64 << 10,
+            max_headers: 100,
+            max_target_bytes: 8 << 10,
+            idle_timeout: Duration::from_secs(60),
+            max_hops: 10,
+            max_connections: 16 << 10,
         }
     }
 }
+
+/// A plain-text response, for errors and refusals.
+pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(message + "\n"))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// The number of hops a `Via` list names.
+pub fn via_hops(headers: &http::HeaderMap) -> usize {
+    headers
+        .get_all(header::VIA)
+        .iter()
+        .map(|value| {
+            value
+                .as_bytes()
+                .split(|&b| b == b',')
+                .filter(|hop| !hop.trim_ascii().is_empty())
+                .count()
+        })
+        .sum()
+}
+
+/// What every request passes before its role sees it: the limits hyper
+/// does not check itself.
+fn refuse_early(
+    request: &Request<Incoming>,
+    limits: &ConnectionLimits,
+) -> Option<Response<ProxyBody>> {
+    let uri = request.uri();
+    let target_len = uri.scheme_str().map_or(0, |s| s.len() + 3)
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(0, |p| p.as_str().len());
+    let (status, message) = if target_len > limits.max_target_bytes {
+        (
+            StatusCode::URI_TOO_LONG,
+            format!(
+                "request target of {target_len} bytes; at most {}",
+                limits.max_target_bytes
+            ),
+        )
+    } else if via_hops(request.headers()) > limits.max_hops {
+        (
+            StatusCode::LOOP_DETECTED,
+            format!("the request passed more than {} proxies", limits.max_hops),
+        )
+    } else {
+        return None;
+    };
+    tracing::info!(method = %request.method(), status = status.as_u16(), %message, "refused");
+    let mut response = text_response(status, message);
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(response)
+}
+
+/// The answer to a client that sent no whole request head in time.
+const REQUEST_TIMEOUT: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
 
 /// The address of the peer a request came from, in its extensions (absent
 /// on inetd pipes). Failed logins are counted per peer address.
@@ -145,21 +241,148 @@ pub async fn serve_connection<H, I>(
         if let Some(peer) = peer {
             request.extensions_mut().insert(Peer(peer));
         }
-        async move { Ok::<_, Infallible>(handler.handle(request).await) }
+        let refused = refuse_early(&request, &limits);
+        // Boxed so that the connection is Unpin and can hand its socket
+        // back after a header timeout, for the 408.
+        Box::pin(async move {
+            Ok::<_, Infallible>(match refused {
+                Some(response) => response,
+                None => handler.handle(request).await,
+            })
+        })
     });
-    let result = hyper::server::conn::http1::Builder::new()
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_head_bytes.max(8192))
-        .serve_connection(TokioIo::new(io), service)
-        .await;
-    if let Err(error) = result {
-        tracing::debug!(%error, "connection ended with an error");
+        .max_header_size(limits.max_head_bytes)
+        .max_buf_size(limits.max_head_bytes.max(8192));
+    if limits.max_headers != 100 {
+        // hyper's default; any other value costs a heap allocation per
+        // request.
+        builder.max_headers(limits.max_headers);
+    }
+    let io = Watched::new(io, limits.idle_timeout);
+    let mut connection = builder.serve_connection(TokioIo::new(io), service);
+    let result = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)).await;
+    let mut io = connection.into_parts().io.into_inner();
+    match result {
+        Ok(()) => {}
+        Err(error) if error.is_timeout() && !io.idle_expired => {
+            tracing::debug!("no whole request head in time: 408");
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), io.write_all(REQUEST_TIMEOUT)).await;
+        }
+        Err(error) => tracing::debug!(%error, "connection ended with an error"),
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+}
+
+/// A connection that fails once no byte has moved either way for the idle
+/// timeout while hyper waits on it.
+struct Watched<I> {
+    io: I,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+    idle_expired: bool,
+}
+
+impl<I> Watched<I> {
+    fn new(io: I, idle: Duration) -> Self {
+        Watched {
+            io,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+            idle_expired: false,
+        }
+    }
+
+    fn moved(&mut self) {
+        self.deadline
+            .as_mut()
+            .reset(tokio::time::Instant::now() + self.idle);
+    }
+
+    /// Called when the I/O is pending: fails once the deadline passed.
+    fn check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            self.idle_expired = true;
+            return Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no byte moved for {:?}", self.idle),
+            ));
+        }
+        Poll::Pending
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending => this.check(cx).map(Err),
+            ready => {
+                this.moved();
+                ready
+            }
+        }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.io).poll_write(cx, buf) {
+            Poll::Pending => this.check(cx).map(Err),
+            ready => {
+                this.moved();
+                ready
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
+            Poll::Pending => this.check(cx).map(Err),
+            ready => {
+                this.moved();
+                ready
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.io).poll_flush(cx) {
+            Poll::Pending => this.check(cx).map(Err),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
 /// Accepts connections on `listener` until `shutdown` resolves, serving
-/// each on its own task.
+/// each on its own task, at most `limits.max_connections` at once.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
@@ -167,7 +390,21 @@ pub async fn serve<H: Handler>(
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                tracing::warn!(
+                    max = limits.max_connections,
+                    "connection limit reached; new connections wait in the backlog"
+                );
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                }
+            }
+        };
         tokio::select! {
             () = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
@@ -175,8 +412,11 @@ pub async fn serve<H: Handler>(
                     let _ = stream.set_nodelay(true);
                     let handler = handler.clone();
                     tokio::spawn(
-                        serve_connection(stream, Some(peer), handler, limits)
-                            .instrument(tracing::info_span!("conn", %peer)),
+                        async move {
+                            serve_connection(stream, Some(peer), handler, limits).await;
+                            drop(slot);
+                        }
+                        .instrument(tracing::info_span!("conn", %peer)),
                     );
                 }
                 Err(error) => {
@@ -186,5 +426,25 @@ pub async fn serve<H: Handler>(
                 }
             }
         }
+    }
+}
+
+/// Raises the soft limit on open files to what `max_connections` needs
+/// (as far as the hard limit allows); warns when that is not enough.
+pub fn raise_open_file_limit(max_connections: usize) {
+    // Each connection is one descriptor here and usually one upstream;
+    // plus cache files and the runtime's own.
+    let wanted = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(256);
+    match rlimit::increase_nofile_limit(wanted) {
+        Ok(got) if got < wanted => tracing::warn!(
+            open_files = got,
+            max_connections,
+            "the open-file limit is below what --max-connections needs; \
+             accept will back off when it runs out (raise ulimit -n)"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
     }
 }

@@ -10,11 +10,12 @@ use http::HeaderValue;
 
 use super::UsageError;
 use super::auth::AuthArgs;
+use super::limits::LimitArgs;
 use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::auth::AuthGate;
 use crate::hsync::EncoderOptions;
 use crate::inetd::{Stdio, serve_stdio};
-use crate::server::{ConnectionLimits, Handler, serve};
+use crate::server::{ConnectionLimits, Handler, raise_open_file_limit, serve};
 
 /// Flags of `rproxy accelerator`.
 #[derive(Debug, Args)]
@@ -49,9 +50,6 @@ pub struct AcceleratorArgs {
     /// Largest body kept there (bytes).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_stored_body: usize,
-    /// Seconds a client has to send a request head (408 after).
-    #[arg(long, default_value_t = 10)]
-    pub header_read_timeout: u64,
     /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
     /// socket unit with Accept=yes start it, and exit when the peer is
     /// done. --listen is not used (but names us in Via by default, unless
@@ -61,6 +59,9 @@ pub struct AcceleratorArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub limits: LimitArgs,
 }
 
 /// Checks a Via pseudonym: a header value that cannot carry CR/LF or
@@ -108,15 +109,13 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         basis_store_bytes: args.basis_store,
         max_stored_body: args.max_stored_body,
     };
-    let limits = ConnectionLimits {
-        header_read_timeout: Duration::from_secs(args.header_read_timeout),
-        ..ConnectionLimits::default()
-    };
+    let limits = args.limits.limits();
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
     let accelerator = AuthGate::new(accelerator, args.auth.authenticator()?);
     if let Some(stdio) = stdio {
         return serve_one(stdio, accelerator, limits);
     }
+    raise_open_file_limit(limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -12,11 +12,12 @@ use http::HeaderValue;
 use super::UsageError;
 use super::accelerator::{serve_one, via_name};
 use super::auth::AuthArgs;
+use super::limits::LimitArgs;
 use crate::auth::{AuthGate, basic_credentials};
 use crate::cache::{CacheScope, CacheStore};
 use crate::client_proxy::{ClientConfig, ClientProxy};
 use crate::inetd::Stdio;
-use crate::server::{ConnectionLimits, serve};
+use crate::server::{raise_open_file_limit, serve};
 
 /// Flags of `rproxy client`.
 #[derive(Debug, Args)]
@@ -70,9 +71,6 @@ pub struct ClientArgs {
     /// before fetching on its own.
     #[arg(long, default_value_t = 5)]
     pub lock_timeout: u64,
-    /// Seconds a client has to send a request head (408 after).
-    #[arg(long, default_value_t = 10)]
-    pub header_read_timeout: u64,
     /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
     /// socket unit with Accept=yes start it, and exit when the peer is
     /// done. --listen is not used (but names us in Via by default, unless
@@ -86,6 +84,9 @@ pub struct ClientArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub limits: LimitArgs,
     /// User to authenticate as to the upstream (Proxy-Authorization:
     /// Basic), when the accelerator has an --auth-file. The password comes
     /// from --upstream-password-file, or else the environment variable
@@ -205,13 +206,11 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the cache in {}", args.cache.display()))?;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
     let proxy = AuthGate::new(proxy, auth);
-    let limits = ConnectionLimits {
-        header_read_timeout: Duration::from_secs(args.header_read_timeout),
-        ..ConnectionLimits::default()
-    };
+    let limits = args.limits.limits();
     if let Some(stdio) = stdio {
         return serve_one(stdio, proxy, limits);
     }
+    raise_open_file_limit(limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)

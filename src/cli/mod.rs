@@ -5,6 +5,7 @@ pub mod auth;
 pub mod client;
 pub mod demo;
 pub mod hsync;
+pub mod limits;
 
 use clap::{Parser, Subcommand};
 

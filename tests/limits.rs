@@ -1,0 +1,295 @@
+//! The connection limits both roles share (RELIABILITY P-8, P-15, L-7):
+//! each at exactly its limit (accepted) and one past it (refused with its
+//! status, and the origin sees nothing), the header and idle timeouts, and
+//! the connection cap. The accelerator in front of a recording origin
+//! stands for both roles: the limits live in the shared connection layer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::hsync::EncoderOptions;
+use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Large enough that loopback socket buffers cannot hold it.
+const BIG: usize = 64 << 20;
+
+/// Answers `/big` with [`BIG`] bytes and anything else with a short body,
+/// after reading the whole request body; counts requests.
+#[derive(Default)]
+struct Origin {
+    requests: AtomicUsize,
+}
+
+impl Handler for Origin {
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let big = request.uri().path() == "/big";
+        let _ = request.into_body().collect().await;
+        let body = if big {
+            Bytes::from(vec![b'x'; BIG])
+        } else {
+            Bytes::from_static(b"hello\n")
+        };
+        let mut response = Response::new(Full::new(body).map_err(|n| match n {}).boxed());
+        response
+            .headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-store"));
+        response
+    }
+}
+
+struct Stack {
+    origin: Arc<Origin>,
+    addr: SocketAddr,
+}
+
+async fn start(limits: ConnectionLimits) -> Stack {
+    let origin = Arc::new(Origin::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin_addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        origin.clone(),
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    let accelerator = Accelerator::new(AcceleratorConfig {
+        origin: format!("http://{origin_addr}").parse().unwrap(),
+        via_name: HeaderValue::from_static("accel-test"),
+        encoder: EncoderOptions::default(),
+        max_encode_len: 1 << 30,
+        max_signature_bytes: 24 << 10,
+        connect_timeout: Duration::from_secs(2),
+        origin_timeout: Duration::from_secs(5),
+        basis_store_bytes: 0,
+        max_stored_body: 0,
+    })
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        Arc::new(accelerator),
+        limits,
+        std::future::pending(),
+    ));
+    Stack { origin, addr }
+}
+
+impl Stack {
+    fn origin_requests(&self) -> usize {
+        self.origin.requests.load(Ordering::SeqCst)
+    }
+}
+
+/// Sends `head` (and nothing else) and reads until the server closes;
+/// returns the status and whether it closed within 5 s.
+async fn exchange(addr: SocketAddr, head: &[u8]) -> (u16, bool) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head).await.unwrap();
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    let status = String::from_utf8_lossy(answer.get(9..12).unwrap_or_default())
+        .parse()
+        .unwrap_or(0);
+    (status, closed)
+}
+
+/// A request head whose target is `target` and with `extra` header lines,
+/// asking to close the connection afterwards.
+fn head(target: &str, extra: &[String]) -> Vec<u8> {
+    let mut head = format!("GET {target} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n");
+    for line in extra {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head.into_bytes()
+}
+
+#[tokio::test]
+async fn p8_a_target_one_byte_too_long_is_414() {
+    let limits = ConnectionLimits {
+        max_target_bytes: 1024,
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let at_limit = format!("/{}", "a".repeat(1023));
+    assert_eq!(
+        exchange(stack.addr, &head(&at_limit, &[])).await,
+        (200, true)
+    );
+    assert_eq!(stack.origin_requests(), 1);
+    let past = format!("/{}", "a".repeat(1024));
+    assert_eq!(exchange(stack.addr, &head(&past, &[])).await, (414, true));
+    assert_eq!(stack.origin_requests(), 1, "the origin saw nothing");
+}
+
+#[tokio::test]
+async fn p8_one_header_too_many_is_431() {
+    let limits = ConnectionLimits {
+        max_headers: 20,
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    // Host and Connection are two of them.
+    let lines = |n: usize| (0..n).map(|i| format!("X-H{i}: v")).collect::<Vec<_>>();
+    assert_eq!(
+        exchange(stack.addr, &head("/", &lines(18))).await,
+        (200, true)
+    );
+    assert_eq!(
+        exchange(stack.addr, &head("/", &lines(19))).await,
+        (431, true)
+    );
+    assert_eq!(stack.origin_requests(), 1);
+}
+
+#[tokio::test]
+async fn p8_a_head_past_its_size_is_431() {
+    let limits = ConnectionLimits {
+        max_head_bytes: 16 << 10,
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let with_field = |len: usize| head("/", &[format!("X-Big: {}", "b".repeat(len))]);
+    let base = with_field(0).len();
+    let at_limit = with_field((16 << 10) - base);
+    assert_eq!(at_limit.len(), 16 << 10);
+    assert_eq!(exchange(stack.addr, &at_limit).await, (200, true));
+    let past = with_field((16 << 10) - base + 1);
+    assert_eq!(exchange(stack.addr, &past).await, (431, true));
+    assert_eq!(stack.origin_requests(), 1);
+}
+
+#[tokio::test]
+async fn p15_more_hops_than_allowed_is_508() {
+    let limits = ConnectionLimits {
+        max_hops: 3,
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let via = |n: usize| {
+        let hops: Vec<String> = (0..n).map(|i| format!("1.1 proxy{i}")).collect();
+        vec![format!("Via: {}", hops.join(", "))]
+    };
+    assert_eq!(exchange(stack.addr, &head("/", &via(3))).await, (200, true));
+    assert_eq!(exchange(stack.addr, &head("/", &via(4))).await, (508, true));
+    // Split over several fields, the hops still add up.
+    let split = vec![
+        "Via: 1.1 a, 1.1 b".to_owned(),
+        "Via: 1.1 c, 1.1 d".to_owned(),
+    ];
+    assert_eq!(exchange(stack.addr, &head("/", &split)).await, (508, true));
+    assert_eq!(stack.origin_requests(), 1);
+}
+
+#[tokio::test]
+async fn l7_half_a_head_gets_408_and_a_close_at_the_header_timeout() {
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let started = Instant::now();
+    let (status, closed) = exchange(stack.addr, b"GET / HTTP/1.1\r\nHost: si").await;
+    assert_eq!((status, closed), (408, true));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    assert_eq!(stack.origin_requests(), 0);
+}
+
+#[tokio::test]
+async fn a_stalled_upload_is_closed_at_the_idle_timeout() {
+    let limits = ConnectionLimits {
+        idle_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let started = Instant::now();
+    let request =
+        b"POST /upload HTTP/1.1\r\nHost: site.test\r\nContent-Length: 100\r\n\r\nten bytes!";
+    let (_, closed) = exchange(stack.addr, request).await;
+    assert!(closed);
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_millis(900)..Duration::from_secs(3)).contains(&took),
+        "closed after {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_is_closed_at_the_idle_timeout() {
+    let limits = ConnectionLimits {
+        idle_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let mut stream = TcpStream::connect(stack.addr).await.unwrap();
+    stream.write_all(&head("/big", &[])).await.unwrap();
+    // Read nothing while the proxy's writes back up, then drain.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut got = 0;
+    let mut buf = vec![0; 1 << 16];
+    let drained = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the connection was closed");
+    assert!(got < BIG, "cut short: got {got} bytes of {BIG}");
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_until_one_ends() {
+    let limits = ConnectionLimits {
+        max_connections: 2,
+        ..ConnectionLimits::default()
+    };
+    let stack = start(limits).await;
+    let keep_alive = b"GET / HTTP/1.1\r\nHost: site.test\r\n\r\n";
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(stack.addr).await.unwrap();
+        stream.write_all(keep_alive).await.unwrap();
+        let mut buf = [0; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(stream);
+    }
+    let addr = stack.addr;
+    let third = tokio::spawn(async move { exchange(addr, &head("/", &[])).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!third.is_finished(), "served although both slots are taken");
+    assert_eq!(stack.origin_requests(), 2);
+    drop(held.pop());
+    let answer = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert_eq!(answer, (200, true));
+    assert_eq!(stack.origin_requests(), 3);
+}
