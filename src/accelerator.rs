@@ -40,6 +40,7 @@ use crate::http::{
     parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
 use crate::server::{BodyError, Handler, ProxyBody, counted};
+use crate::tls::TlsSession;
 
 /// Accelerator settings, validated.
 #[derive(Debug, Clone)]
@@ -185,7 +186,16 @@ impl Accelerator {
             return Err("the accelerator does not tunnel (CONNECT)".into());
         }
         let uri = request.uri();
-        if let Some(authority) = uri.authority() {
+        // An HTTP/2 target always carries an authority: naming us (as the
+        // client reached us) it is what origin-form is on HTTP/1.1.
+        let names_us = |authority: &Authority| {
+            request.version() == http::Version::HTTP_2
+                && request
+                    .extensions()
+                    .get::<TlsSession>()
+                    .is_some_and(|tls| tls.names_us(authority))
+        };
+        if let Some(authority) = uri.authority().filter(|a| !names_us(a)) {
             let same_host = authority
                 .host()
                 .eq_ignore_ascii_case(self.origin_authority.host());
@@ -284,6 +294,8 @@ impl Accelerator {
             .path_and_query(target)
             .build()
             .expect("scheme, authority and path are valid");
+        // The client may have come over HTTP/2; the origin hop is HTTP/1.1.
+        parts.version = http::Version::HTTP_11;
         let method = parts.method.clone();
         let uri = parts.uri.clone();
         let outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());

@@ -103,6 +103,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
             max_object_bytes: 1 << 30,
             memory_cache_bytes: 16 << 20,
             upstream_credentials: None,
+            upstream_tls: None,
         },
         store,
     )?);

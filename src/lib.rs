@@ -29,3 +29,4 @@ pub mod http;
 pub mod inetd;
 pub mod server;
 pub mod static_origin;
+pub mod tls;

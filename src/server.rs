@@ -2,7 +2,7 @@
 //! Per-connection code takes any `AsyncRead + AsyncWrite` (a TCP stream, or
 //! inetd's stdin/stdout: [`crate::inetd`]), and a role is a [`Handler`].
 //!
-//! Leaves out TLS and HTTP/2 (issue 4).
+//! Over TLS ([`serve_tls`]), ALPN picks HTTP/2 or HTTP/1.1.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,12 +20,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
+
+use crate::tls::TlsSession;
 
 /// The error type of response bodies: whatever stopped the stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -226,7 +229,40 @@ const REQUEST_TIMEOUT: &[u8] =
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-/// Serves one connection from `peer` until the peer is done.
+/// The service every connection runs: the early checks, then the role.
+/// Boxed futures, so that an HTTP/1.1 connection is Unpin and can hand its
+/// socket back after a header timeout, for the 408.
+#[allow(clippy::type_complexity)]
+fn service<H: Handler>(
+    handler: Arc<H>,
+    peer: Option<SocketAddr>,
+    tls: Option<TlsSession>,
+    limits: ConnectionLimits,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<ProxyBody>,
+    Error = Infallible,
+    Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
+> + Clone {
+    service_fn(move |mut request: Request<Incoming>| {
+        let handler = handler.clone();
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(Peer(peer));
+        }
+        if let Some(tls) = &tls {
+            request.extensions_mut().insert(tls.clone());
+        }
+        let refused = refuse_early(&request, &limits);
+        Box::pin(async move {
+            Ok::<_, Infallible>(match refused {
+                Some(response) => response,
+                None => handler.handle(request).await,
+            })
+        }) as Pin<Box<dyn Future<Output = _> + Send>>
+    })
+}
+
+/// Serves one HTTP/1.1 connection from `peer` until the peer is done.
 pub async fn serve_connection<H, I>(
     io: I,
     peer: Option<SocketAddr>,
@@ -236,21 +272,19 @@ pub async fn serve_connection<H, I>(
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = service_fn(move |mut request: Request<Incoming>| {
-        let handler = handler.clone();
-        if let Some(peer) = peer {
-            request.extensions_mut().insert(Peer(peer));
-        }
-        let refused = refuse_early(&request, &limits);
-        // Boxed so that the connection is Unpin and can hand its socket
-        // back after a header timeout, for the 408.
-        Box::pin(async move {
-            Ok::<_, Infallible>(match refused {
-                Some(response) => response,
-                None => handler.handle(request).await,
-            })
-        })
-    });
+    serve_http1(io, service(handler, peer, None, limits), limits).await;
+}
+
+async fn serve_http1<I, S>(io: I, service: S, limits: ConnectionLimits)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+            Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
+        > + Unpin,
+{
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -277,6 +311,57 @@ pub async fn serve_connection<H, I>(
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
 }
+
+/// Serves one TLS connection: the handshake within the header timeout,
+/// then HTTP/2 or HTTP/1.1 as ALPN chose.
+async fn serve_tls_connection<H: Handler>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    acceptor: TlsAcceptor,
+) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
+    {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            tracing::info!(%error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::info!("no TLS handshake within the header timeout");
+            return;
+        }
+    };
+    let (_, session) = tls.get_ref();
+    let h2 = session.alpn_protocol() == Some(b"h2");
+    let info = TlsSession {
+        server_name: session.server_name().map(str::to_owned),
+        local,
+    };
+    let service = service(handler, Some(peer), Some(info), limits);
+    if !h2 {
+        return serve_http1(tls, service, limits).await;
+    }
+    let result = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
+        .serve_connection(
+            TokioIo::new(Watched::new(tls, limits.idle_timeout)),
+            service,
+        )
+        .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "HTTP/2 connection ended with an error");
+    }
+}
+
+/// Requests served at once on one HTTP/2 connection.
+const MAX_STREAMS: u32 = 256;
 
 /// A connection that fails once no byte has moved either way for the idle
 /// timeout while hyper waits on it.
@@ -389,6 +474,28 @@ pub async fn serve<H: Handler>(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) {
+    accept_loop(listener, handler, limits, None, shutdown).await;
+}
+
+/// [`serve`] over TLS with `config`: HTTP/2 or HTTP/1.1 by ALPN.
+pub async fn serve_tls<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    config: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = TlsAcceptor::from(config);
+    accept_loop(listener, handler, limits, Some(acceptor), shutdown).await;
+}
+
+async fn accept_loop<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
@@ -411,9 +518,16 @@ pub async fn serve<H: Handler>(
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let handler = handler.clone();
+                    let tls = tls.clone();
                     tokio::spawn(
                         async move {
-                            serve_connection(stream, Some(peer), handler, limits).await;
+                            match tls {
+                                Some(acceptor) => {
+                                    serve_tls_connection(stream, peer, handler, limits, acceptor)
+                                        .await;
+                                }
+                                None => serve_connection(stream, Some(peer), handler, limits).await,
+                            }
                             drop(slot);
                         }
                         .instrument(tracing::info_span!("conn", %peer)),

@@ -240,6 +240,7 @@ async fn start_pair(upstream_password: Option<&str>) -> Pair {
             max_object_bytes: 1 << 30,
             memory_cache_bytes: 16 << 20,
             upstream_credentials: upstream_password.map(|p| basic_credentials("accel", p)),
+            upstream_tls: None,
         },
         store,
     )

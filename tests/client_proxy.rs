@@ -482,6 +482,7 @@ fn client_config(upstream: SocketAddr) -> ClientConfig {
         max_object_bytes: 1 << 30,
         memory_cache_bytes: 16 << 20,
         upstream_credentials: None,
+        upstream_tls: None,
     }
 }
 

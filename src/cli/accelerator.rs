@@ -1,6 +1,7 @@
 //! `rproxy accelerator`: flags → [`AcceleratorConfig`], then serve.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::auth::AuthGate;
 use crate::hsync::EncoderOptions;
 use crate::inetd::{Stdio, serve_stdio};
-use crate::server::{ConnectionLimits, Handler, raise_open_file_limit, serve};
+use crate::server::{ConnectionLimits, Handler, raise_open_file_limit, serve, serve_tls};
 
 /// Flags of `rproxy accelerator`.
 #[derive(Debug, Args)]
@@ -56,6 +57,13 @@ pub struct AcceleratorArgs {
     /// stdin is a TCP socket: then its local address does).
     #[arg(long)]
     pub inetd: bool,
+    /// PEM certificate chain: serve TLS (HTTP/2 or HTTP/1.1 by ALPN) for
+    /// client proxies with an https:// upstream. Needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub auth: AuthArgs,
@@ -112,7 +120,19 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
     let limits = args.limits.limits();
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
     let accelerator = AuthGate::new(accelerator, args.auth.authenticator()?);
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            crate::tls::server_config(cert, key)
+                .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?,
+        ),
+        _ => None,
+    };
     if let Some(stdio) = stdio {
+        if tls.is_some() {
+            return Err(
+                UsageError("--inetd serves plain HTTP; leave TLS to the listener".into()).into(),
+            );
+        }
         return serve_one(stdio, accelerator, limits);
     }
     raise_open_file_limit(limits.max_connections);
@@ -121,11 +141,14 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        tracing::info!(listen = %args.listen, origin = %args.origin, "accelerator ready");
-        serve(listener, Arc::new(accelerator), limits, async {
+        tracing::info!(listen = %args.listen, origin = %args.origin, tls = tls.is_some(), "accelerator ready");
+        let stop = async {
             let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
+        };
+        match tls {
+            Some(tls) => serve_tls(listener, Arc::new(accelerator), limits, tls, stop).await,
+            None => serve(listener, Arc::new(accelerator), limits, stop).await,
+        }
         Ok(())
     })
 }

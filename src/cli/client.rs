@@ -26,8 +26,9 @@ pub struct ClientArgs {
     /// (`curl -x`, `http_proxy=`), or as the site itself (gateway).
     #[arg(long, default_value = "127.0.0.1:8082")]
     pub listen: SocketAddr,
-    /// The upstream, `http://host[:port]`: the accelerator (any HTTP server
-    /// works too; then this is an ordinary caching proxy).
+    /// The upstream, `http://host[:port]` or `https://host[:port]`: the
+    /// accelerator (any HTTP server works too; then this is an ordinary
+    /// caching proxy). Over https, HTTP/2 when the upstream offers it.
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub upstream: String,
     /// Cache directory (created if missing; safe to delete).
@@ -93,6 +94,11 @@ pub struct ClientArgs {
     /// RPROXY_UPSTREAM_PASSWORD.
     #[arg(long, value_name = "USER")]
     pub upstream_user: Option<String>,
+    /// PEM certificates to trust for an https:// upstream, instead of the
+    /// system's roots (for an accelerator with its own CA or a
+    /// self-signed certificate).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
     /// File whose first line is the --upstream-user's password.
     #[arg(long, value_name = "FILE", requires = "upstream_user")]
     pub upstream_password_file: Option<PathBuf>,
@@ -151,7 +157,23 @@ impl ClientArgs {
                 UsageError(format!("--memory-cache {}: too large", self.memory_cache))
             })?,
             upstream_credentials: self.upstream_credentials()?,
+            upstream_tls: self.upstream_tls()?,
         })
+    }
+
+    /// TLS for an https:// upstream.
+    fn upstream_tls(&self) -> Result<Option<Arc<rustls::ClientConfig>>, UsageError> {
+        if !self.upstream.starts_with("https://") {
+            if self.upstream_ca.is_some() {
+                return Err(UsageError(
+                    "--upstream-ca: the upstream is not https://".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        crate::tls::client_config(self.upstream_ca.as_deref())
+            .map(Some)
+            .map_err(|e| UsageError(format!("--upstream-ca: {e}")))
     }
 
     /// `Proxy-Authorization` for the upstream, from --upstream-user and

@@ -88,17 +88,25 @@ pub struct ClientConfig {
     pub memory_cache_bytes: usize,
     /// `Proxy-Authorization` for the upstream, when it wants credentials.
     pub upstream_credentials: Option<HeaderValue>,
+    /// TLS for an `https://` upstream (trust roots, ALPN).
+    pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The upstream URL is not `http://host[:port]`.
-    #[error("upstream {upstream} must be http://host[:port] (no path, no TLS yet)")]
+    /// The upstream URL is not `http(s)://host[:port]`.
+    #[error("upstream {upstream} must be http://host[:port] or https://host[:port] (no path)")]
     BadUpstream {
         /// The URL given.
         upstream: String,
     },
+    /// An `https://` upstream without a TLS configuration.
+    #[error("an https:// upstream needs a TLS configuration")]
+    NoTls,
+    /// The upstream host cannot be a TLS server name.
+    #[error("{0}")]
+    TlsName(String),
 }
 
 /// Counters for `GET /.rproxy/stats`.
@@ -212,6 +220,8 @@ struct BasisOffer {
 pub struct ClientProxy {
     config: ClientConfig,
     upstream_authority: Authority,
+    /// `http` or `https`: gateway URLs (and their cache keys) take it.
+    upstream_scheme: Scheme,
     store: CacheStore,
     upstream: Upstream,
     in_flight: InFlight,
@@ -228,7 +238,8 @@ impl ClientProxy {
         let bad = || ConfigError::BadUpstream {
             upstream: config.upstream.to_string(),
         };
-        if config.upstream.scheme() != Some(&Scheme::HTTP)
+        let upstream_scheme = config.upstream.scheme().cloned().ok_or_else(bad)?;
+        if !(upstream_scheme == Scheme::HTTP || upstream_scheme == Scheme::HTTPS)
             || config
                 .upstream
                 .path_and_query()
@@ -237,12 +248,20 @@ impl ClientProxy {
             return Err(bad());
         }
         let upstream_authority = config.upstream.authority().cloned().ok_or_else(bad)?;
+        let tls = match (&upstream_scheme, &config.upstream_tls) {
+            (s, Some(tls)) if *s == Scheme::HTTPS => Some(tls.clone()),
+            (s, None) if *s == Scheme::HTTPS => return Err(ConfigError::NoTls),
+            _ => None,
+        };
+        let upstream = Upstream::new(upstream_authority.clone(), tls, config.connect_timeout)
+            .map_err(ConfigError::TlsName)?;
         Ok(ClientProxy {
-            upstream: Upstream::new(upstream_authority.clone(), config.connect_timeout),
+            upstream,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
             stats: Arc::default(),
             upstream_authority,
+            upstream_scheme,
             store,
             config,
         })
@@ -284,7 +303,7 @@ impl ClientProxy {
         match uri.path_and_query() {
             Some(path) if path.as_str().starts_with('/') => {
                 let url = Uri::builder()
-                    .scheme(Scheme::HTTP)
+                    .scheme(self.upstream_scheme.clone())
                     .authority(self.upstream_authority.clone())
                     .path_and_query(path.clone())
                     .build()
@@ -1041,7 +1060,7 @@ impl ClientProxy {
         if !target.forward {
             // Gateway requests go to the upstream itself.
             *request.uri_mut() = Uri::builder()
-                .scheme(Scheme::HTTP)
+                .scheme(self.upstream_scheme.clone())
                 .authority(self.upstream_authority.clone())
                 .path_and_query(target.url.path_and_query().expect("absolute").clone())
                 .build()
@@ -1079,7 +1098,11 @@ impl ClientProxy {
                 ClientStats::add(&self.stats.upstream_errors, 1);
                 Err((
                     StatusCode::BAD_GATEWAY,
-                    format!("upstream {} unreachable: {e}", self.upstream_authority),
+                    format!(
+                        "upstream {} unreachable: {}",
+                        self.upstream_authority,
+                        error_chain(&e)
+                    ),
                 ))
             }
             Err(_) => {
@@ -1103,6 +1126,20 @@ impl Handler for ClientProxy {
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.proxy(request)
     }
+}
+
+/// An error and its sources, `: `-separated (hyper's client errors say
+/// little more than "Connect" on their own; the cause, such as a
+/// certificate the upstream's name does not match, is in the chain).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 enum Lookup {

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,10 +22,12 @@ use http::uri::Authority;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
 
 use crate::expiring::ExpiringMap;
 use crate::http::HSYNC_ACCEPT;
@@ -68,31 +70,52 @@ impl Advertised {
 /// The pooled clients and what the upstream advertised.
 pub struct Upstream {
     authority: Authority,
-    gateway: Client<HttpConnector, ProxyBody>,
+    gateway: Client<UpstreamConnector, ProxyBody>,
     forward: Client<UpstreamConnector, ProxyBody>,
     advertised: Mutex<ExpiringMap<Authority, Advertised>>,
 }
 
 impl Upstream {
-    /// Clients for the upstream at `authority` (`host:port`, plain HTTP).
-    pub fn new(authority: Authority, connect_timeout: Duration) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
-        let gateway = Client::builder(TokioExecutor::new()).build(connector);
+    /// Clients for the upstream at `authority` (`host:port`), over TLS
+    /// with `tls` (then HTTP/2 when the upstream offers it by ALPN, many
+    /// requests on one connection), else plain HTTP/1.1.
+    ///
+    /// # Errors
+    /// A host that cannot be a TLS server name.
+    pub fn new(
+        authority: Authority,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        connect_timeout: Duration,
+    ) -> Result<Upstream, String> {
+        let tls = match tls {
+            Some(config) => {
+                let host = authority
+                    .host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let name = ServerName::try_from(host.to_owned())
+                    .map_err(|e| format!("{host}: not a TLS server name: {e}"))?;
+                Some((TlsConnector::from(config), name))
+            }
+            None => None,
+        };
+        let connector = |proxied| UpstreamConnector {
+            authority: authority.clone(),
+            connect_timeout,
+            tls: tls.clone(),
+            proxied,
+        };
+        let gateway = Client::builder(TokioExecutor::new()).build(connector(false));
         let forward = Client::builder(TokioExecutor::new())
             // Host is set by the caller from the absolute target.
             .set_host(false)
-            .build(UpstreamConnector {
-                authority: authority.clone(),
-                connect_timeout,
-            });
-        Upstream {
+            .build(connector(true));
+        Ok(Upstream {
             authority,
             gateway,
             forward,
             advertised: Mutex::new(ExpiringMap::new(ADVERTISED_TTL)),
-        }
+        })
     }
 
     /// The upstream's `host:port`.
@@ -138,75 +161,172 @@ impl Upstream {
     }
 }
 
-/// Connects every request, whatever its URI, to the upstream, and marks the
-/// connection as proxied so hyper writes absolute-form targets.
+/// Connects every request, whatever its URI, to the upstream (over TLS
+/// when configured); a forward client's connections are marked proxied so
+/// hyper writes absolute-form targets on HTTP/1.1.
 #[derive(Clone)]
 pub struct UpstreamConnector {
     authority: Authority,
     connect_timeout: Duration,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+    proxied: bool,
 }
 
 impl tower_service::Service<Uri> for UpstreamConnector {
-    type Response = ProxiedStream;
+    type Response = UpstreamStream;
     type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<ProxiedStream>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = io::Result<UpstreamStream>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _target: Uri) -> Self::Future {
-        let authority = self.authority.clone();
-        let timeout = self.connect_timeout;
+        let this = self.clone();
         Box::pin(async move {
-            let port = authority.port_u16().unwrap_or(80);
-            let connect = TcpStream::connect((authority.host(), port));
-            let stream = tokio::time::timeout(timeout, connect).await.map_err(|_| {
+            let authority = &this.authority;
+            let default_port = if this.tls.is_some() { 443 } else { 80 };
+            let port = authority.port_u16().unwrap_or(default_port);
+            let timed_out = || {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("connect to {authority} timed out"),
                 )
-            })??;
-            stream.set_nodelay(true)?;
-            Ok(ProxiedStream(TokioIo::new(stream)))
+            };
+            let connect = async {
+                let stream =
+                    TcpStream::connect((authority.host().trim_matches(['[', ']']), port)).await?;
+                stream.set_nodelay(true)?;
+                match &this.tls {
+                    None => Ok(Transport::Plain(stream)),
+                    Some((connector, name)) => {
+                        let tls = connector.connect(name.clone(), stream).await?;
+                        Ok::<_, io::Error>(Transport::Tls(Box::new(tls)))
+                    }
+                }
+            };
+            let transport = tokio::time::timeout(this.connect_timeout, connect)
+                .await
+                .map_err(|_| timed_out())??;
+            let h2 = matches!(&transport, Transport::Tls(tls) if tls.get_ref().1.alpn_protocol() == Some(b"h2"));
+            Ok(UpstreamStream {
+                io: TokioIo::new(transport),
+                proxied: this.proxied,
+                h2,
+            })
         })
     }
 }
 
-/// A TCP stream to the upstream proxy.
-pub struct ProxiedStream(TokioIo<TcpStream>);
+/// A connection to the upstream: plain TCP or TLS.
+pub enum Transport {
+    /// Plain HTTP.
+    Plain(TcpStream),
+    /// TLS (boxed: its state is large).
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
 
-impl Connection for ProxiedStream {
-    fn connected(&self) -> Connected {
-        Connected::new().proxy(true)
+impl tokio::io::AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
     }
 }
 
-impl hyper::rt::Read for ProxiedStream {
+impl tokio::io::AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Transport::Plain(s) => s.is_write_vectored(),
+            Transport::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// A connection to the upstream, as hyper sees it.
+pub struct UpstreamStream {
+    io: TokioIo<Transport>,
+    proxied: bool,
+    h2: bool,
+}
+
+impl Connection for UpstreamStream {
+    fn connected(&self) -> Connected {
+        let connected = Connected::new().proxy(self.proxied);
+        if self.h2 {
+            connected.negotiated_h2()
+        } else {
+            connected
+        }
+    }
+}
+
+impl hyper::rt::Read for UpstreamStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
-impl hyper::rt::Write for ProxiedStream {
+impl hyper::rt::Write for UpstreamStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -214,11 +334,11 @@ impl hyper::rt::Write for ProxiedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.io.is_write_vectored()
     }
 }
 
