@@ -543,6 +543,26 @@ async fn accept_loop<H: Handler>(
     }
 }
 
+/// Binds a listener with a backlog long enough for bursts of thousands of
+/// connections (tokio's `bind` asks for 1,024; the kernel caps it at
+/// `net.core.somaxconn`).
+///
+/// # Errors
+/// The address cannot be bound.
+pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Connections the kernel may queue before we accept them.
+const LISTEN_BACKLOG: u32 = 4096;
+
 /// Raises the soft limit on open files to what `max_connections` needs
 /// (as far as the hard limit allows); warns when that is not enough.
 pub fn raise_open_file_limit(max_connections: usize) {

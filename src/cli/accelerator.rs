@@ -138,9 +138,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
     raise_open_file_limit(limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = crate::server::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
         tracing::info!(listen = %args.listen, origin = %args.origin, tls = tls.is_some(), "accelerator ready");
         let stop = async {
             let _ = tokio::signal::ctrl_c().await;

@@ -235,9 +235,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     raise_open_file_limit(limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = crate::server::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
         tracing::info!(listen = %args.listen, upstream = %args.upstream, cache = %args.cache.display(), "client proxy ready");
         serve(listener, Arc::new(proxy), limits, async {
             let _ = tokio::signal::ctrl_c().await;
