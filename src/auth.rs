@@ -331,7 +331,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// `Basic base64(user:password)` → (user, password); `None` for anything
 /// malformed.
-fn parse_basic(value: &HeaderValue) -> Option<(String, String)> {
+pub fn parse_basic(value: &HeaderValue) -> Option<(String, String)> {
     if value.len() > MAX_CREDENTIALS {
         return None;
     }
