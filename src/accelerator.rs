@@ -37,10 +37,11 @@ use crate::basis_store::BasisStore;
 use crate::hsync::{Basis, BasisUse, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
-    parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
+    check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
 use crate::server::{BodyError, Handler, ProxyBody, counted};
 use crate::tls::TlsSession;
+use hyper_util::client::legacy::connect::capture_connection;
 
 /// Accelerator settings, validated.
 #[derive(Debug, Clone)]
@@ -298,7 +299,8 @@ impl Accelerator {
         parts.version = http::Version::HTTP_11;
         let method = parts.method.clone();
         let uri = parts.uri.clone();
-        let outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
+        let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
+        let connection = capture_connection(&mut outbound);
 
         let response =
             match tokio::time::timeout(self.config.origin_timeout, self.client.request(outbound))
@@ -321,7 +323,20 @@ impl Accelerator {
                 }
                 Ok(Ok(response)) => response,
             };
+        if let Err(message) = check_response_head(response.headers()) {
+            // Whatever hyper made of it, the connection is not used again.
+            if let Some(connected) = connection.connection_metadata().as_ref() {
+                connected.poison();
+            }
+            return self.refuse(
+                StatusCode::BAD_GATEWAY,
+                format!("origin response: {message}"),
+            );
+        }
         let (mut parts, body) = response.into_parts();
+        // The reason phrase is the origin's; ours comes from the status
+        // (P-18).
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         // The protocol version belongs to each hop: ours is HTTP/1.1
         // whatever the origin speaks (an HTTP/1.0 origin must not make us
         // answer 1.0 and lose chunked framing).

@@ -169,6 +169,83 @@ pub fn weaken_etag(headers: &mut HeaderMap) {
     }
 }
 
+/// Request headers a cache must not let vary its answers without keying
+/// on them (P-19: cache poisoning through unkeyed inputs). They are not
+/// forwarded.
+const UNKEYED: [&str; 4] = [
+    "x-forwarded-host",
+    "x-forwarded-scheme",
+    "x-original-url",
+    "x-http-method-override",
+];
+
+/// Removes the headers of [`UNKEYED`].
+pub fn strip_unkeyed(headers: &mut HeaderMap) {
+    for name in UNKEYED {
+        headers.remove(name);
+    }
+}
+
+/// Why a request head is refused before anyone acts on it (RELIABILITY
+/// P-4, P-7, P-11, P-13): what hyper lets through but a proxy must not
+/// pass on, since the next hop may read the message differently.
+///
+/// # Errors
+/// The status (400 or 411) and what is wrong.
+pub fn check_request_head(
+    version: http::Version,
+    method: &http::Method,
+    headers: &HeaderMap,
+) -> Result<(), (http::StatusCode, String)> {
+    let bad = |message: &str| Err((http::StatusCode::BAD_REQUEST, message.to_owned()));
+    let hosts = headers.get_all(header::HOST).iter().count();
+    if hosts > 1 || (hosts == 0 && version == http::Version::HTTP_11) {
+        return bad("an HTTP/1.1 request needs exactly one Host field");
+    }
+    if let Some(name) = headers.keys().find(|name| name.as_str().contains('_')) {
+        return Err((
+            http::StatusCode::BAD_REQUEST,
+            format!("header name {name} has an underscore (ambiguous behind some servers)"),
+        ));
+    }
+    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => {}
+        (Some(coding), None) if coding.as_bytes().eq_ignore_ascii_case(b"chunked") => {}
+        _ => return bad("a request's Transfer-Encoding must be exactly chunked"),
+    }
+    let has_body_framing = headers.contains_key(header::CONTENT_LENGTH)
+        || headers.contains_key(header::TRANSFER_ENCODING);
+    let sends_content = matches!(
+        *method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH
+    );
+    if version == http::Version::HTTP_10 && sends_content && !has_body_framing {
+        // Its body would be delimited by the close, which nobody behind us
+        // can be trusted to read the same way.
+        return Err((
+            http::StatusCode::LENGTH_REQUIRED,
+            "an HTTP/1.0 request with content needs Content-Length".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Why a response head from upstream cannot be relayed (P-17): with both
+/// `Content-Length` and `Transfer-Encoding` the two ends of a hop may cut
+/// the body at different places.
+///
+/// # Errors
+/// What is wrong.
+pub fn check_response_head(headers: &HeaderMap) -> Result<(), String> {
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err("the response has both Content-Length and Transfer-Encoding".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

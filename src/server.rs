@@ -28,6 +28,7 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
+use crate::http::{check_request_head, strip_unkeyed};
 use crate::tls::TlsSession;
 
 /// The error type of response bodies: whatever stopped the stream.
@@ -186,8 +187,8 @@ pub fn via_hops(headers: &http::HeaderMap) -> usize {
         .sum()
 }
 
-/// What every request passes before its role sees it: the limits hyper
-/// does not check itself.
+/// What every request passes before its role sees it: the limits and
+/// framing rules hyper does not check itself.
 fn refuse_early(
     request: &Request<Incoming>,
     limits: &ConnectionLimits,
@@ -196,7 +197,10 @@ fn refuse_early(
     let target_len = uri.scheme_str().map_or(0, |s| s.len() + 3)
         + uri.authority().map_or(0, |a| a.as_str().len())
         + uri.path_and_query().map_or(0, |p| p.as_str().len());
-    let (status, message) = if target_len > limits.max_target_bytes {
+    let malformed = check_request_head(request.version(), request.method(), request.headers());
+    let (status, message) = if let Err(refusal) = malformed {
+        refusal
+    } else if target_len > limits.max_target_bytes {
         (
             StatusCode::URI_TOO_LONG,
             format!(
@@ -252,6 +256,7 @@ fn service<H: Handler>(
         if let Some(tls) = &tls {
             request.extensions_mut().insert(tls.clone());
         }
+        strip_unkeyed(request.headers_mut());
         let refused = refuse_early(&request, &limits);
         Box::pin(async move {
             Ok::<_, Infallible>(match refused {

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
@@ -55,7 +55,6 @@ fn full(bytes: impl Into<Bytes>) -> ProxyBody {
 /// stays so when the connection died under it.
 #[derive(Debug, Clone)]
 struct Seen {
-    method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Option<Result<Vec<u8>, String>>,
@@ -86,7 +85,6 @@ impl Handler for Origin {
         let index = {
             let mut seen = self.seen.lock().unwrap();
             seen.push(Seen {
-                method: parts.method.clone(),
                 uri: parts.uri.clone(),
                 headers: parts.headers.clone(),
                 body: None,
@@ -110,8 +108,8 @@ impl Handler for Origin {
             "/secret" => "SECRET\n".into(),
             "/vary-xfh" => {
                 headers.insert("cache-control", HeaderValue::from_static("max-age=60"));
-                headers.insert("vary", HeaderValue::from_static("X-Forwarded-Host"));
-                "varies on X-Forwarded-Host\n".into()
+                headers.insert("vary", HeaderValue::from_static("X-Variant"));
+                "varies on X-Variant\n".into()
             }
             "/vary-star" => {
                 headers.insert("cache-control", HeaderValue::from_static("max-age=60"));
@@ -177,6 +175,7 @@ impl Client {
                     max_object_bytes: 1 << 20,
                     memory_cache_bytes: 1 << 20,
                     upstream_credentials: None,
+                    upstream_tls: None,
                 },
                 store,
             )
@@ -646,12 +645,11 @@ async fn p4_unusable_transfer_encodings_are_refused() {
 }
 
 // hyper's server only asks whether the last coding is `chunked`, and
-// httparse strips the trailing tab; the proxies then drop the
-// Transfer-Encoding field as hop-by-hop, so with `gzip, chunked` the origin
-// gets the gzip bytes as if they were the body.
+// A request's Transfer-Encoding must be exactly `chunked`: a proxy that
+// drops the field as hop-by-hop would otherwise hand the origin, say, gzip
+// bytes as if they were the body.
 #[tokio::test]
-#[ignore = "P-4: `chunked, chunked`, `gzip, chunked` and `chunked<TAB>` requests are forwarded as chunked (200, connection left open)"]
-async fn p4_transfer_encoding_lists_and_trailing_blanks_are_refused() {
+async fn p4_transfer_encoding_lists_are_refused() {
     let body = "5\r\nhello\r\n0\r\n\r\n";
     let cases = [
         case(
@@ -666,13 +664,22 @@ async fn p4_transfer_encoding_lists_and_trailing_blanks_are_refused() {
             "Transfer-Encoding: gzip, chunked\r\n",
             body,
         ),
-        case(
-            "chunked + tab",
-            "POST",
-            "Transfer-Encoding: chunked\t\r\n",
-            body,
-        ),
     ];
+    assert_none(refused(&cases, &[400], true).await);
+}
+
+// httparse strips the trailing tab before anyone sees it: to hyper (and
+// to RFC 9112, for which it is optional whitespace) this is `chunked`.
+#[tokio::test]
+#[ignore = "P-4: `chunked<TAB>` is `chunked` once httparse trims the optional whitespace: 200, forwarded"]
+async fn p4_a_trailing_tab_after_chunked_is_refused() {
+    let body = "5\r\nhello\r\n0\r\n\r\n";
+    let cases = [case(
+        "chunked + tab",
+        "POST",
+        "Transfer-Encoding: chunked\t\r\n",
+        body,
+    )];
     assert_none(refused(&cases, &[400], true).await);
 }
 
@@ -754,12 +761,20 @@ async fn p7_nul_bare_cr_and_spaces_in_names_are_refused() {
 }
 
 #[tokio::test]
-#[ignore = "P-7: a bare LF in a value ends the field (the rest becomes a header) and `X_Bad` is a name: 200, forwarded, stored"]
-async fn p7_bare_lf_and_underscores_in_names_are_refused() {
-    let cases = [
-        case("bare LF in a value", "GET", "X-Bad: a\nInjected: b\r\n", ""),
-        case("underscore in a name", "GET", "X_Bad: a\r\n", ""),
-    ];
+async fn p7_underscores_in_names_are_refused() {
+    let cases = [case("underscore in a name", "GET", "X_Bad: a\r\n", "")];
+    assert_none(refused(&cases, &[400], false).await);
+}
+
+#[tokio::test]
+#[ignore = "P-7: httparse takes a bare LF as a line end, so the rest of the value becomes a header of its own: 200, forwarded, stored"]
+async fn p7_a_bare_lf_in_a_value_is_refused() {
+    let cases = [case(
+        "bare LF in a value",
+        "GET",
+        "X-Bad: a\nInjected: b\r\n",
+        "",
+    )];
     assert_none(refused(&cases, &[400], false).await);
 }
 
@@ -767,7 +782,6 @@ async fn p7_bare_lf_and_underscores_in_names_are_refused() {
 // empty body (RFC 9112 §6.3), so the close-delimited body of CVE-2026-2836
 // never exists; what the table asks for is a refusal instead.
 #[tokio::test]
-#[ignore = "P-11: an HTTP/1.0 POST without CL is forwarded with an empty body (200 + close; with keep-alive its body is then parsed as a request: 400)"]
 async fn p11_an_http_10_body_without_content_length_is_refused() {
     let cases = [
         Case {
@@ -785,31 +799,6 @@ async fn p11_an_http_10_body_without_content_length_is_refused() {
         },
     ];
     assert_none(refused(&cases, &[400, 411], true).await);
-}
-
-#[tokio::test]
-async fn p11_an_http_10_body_without_content_length_is_never_forwarded() {
-    let rig = Rig::start().await;
-    for front in rig.fronts() {
-        for lines in ["", "Connection: keep-alive\r\n"] {
-            let request = raw_request(
-                "POST",
-                &front.target("/post"),
-                "HTTP/1.0",
-                &rig.origin_addr.to_string(),
-                lines,
-                "a=1&b=2",
-            );
-            let got = exchange(front.addr, &request).await;
-            assert!(got.closed, "{}: {}", front.name, got.describe());
-        }
-    }
-    let seen = rig.origin.seen();
-    assert_eq!(seen.len(), 4, "one POST per exchange, nothing more");
-    for seen in seen {
-        assert_eq!(seen.method, Method::POST);
-        assert_eq!(seen.body, Some(Ok(Vec::new())), "{seen:?}");
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -948,7 +937,6 @@ async fn p13_the_absolute_uri_authority_wins_over_host() {
 }
 
 #[tokio::test]
-#[ignore = "P-13: a missing Host or two Host fields are accepted: 200, forwarded (or served from the cache)"]
 async fn p13_a_missing_or_duplicate_host_is_refused() {
     let mut failures = Vec::new();
     let rig = Rig::start().await;
@@ -1044,7 +1032,7 @@ async fn p19_vary_is_honoured_and_vary_star_is_not_stored() {
             &rig.url(path),
             "HTTP/1.1",
             &host,
-            &format!("X-Forwarded-Host: {xfh}\r\nConnection: close\r\n"),
+            &format!("X-Variant: {xfh}\r\nConnection: close\r\n"),
             "",
         )
     };
@@ -1070,7 +1058,6 @@ async fn p19_vary_is_honoured_and_vary_star_is_not_stored() {
 }
 
 #[tokio::test]
-#[ignore = "P-19: X-Forwarded-Host, X-Forwarded-Scheme, X-Original-URL and X-HTTP-Method-Override reach the origin from both proxies"]
 async fn p19_unkeyed_headers_are_not_forwarded() {
     let rig = Rig::start().await;
     let host = rig.origin_addr.to_string();
@@ -1402,7 +1389,6 @@ async fn p17_bad_upstream_framing_is_never_relayed_as_whole_or_stored() {
 }
 
 #[tokio::test]
-#[ignore = "P-17: CL+TE upstream answers are relayed (200) and stored; CL 3 with 5 chunked bytes goes out as `Content-Length: 3` + `hel`, cut but complete-looking; the upstream connection is reused"]
 async fn p17_upstream_content_length_with_transfer_encoding_is_refused() {
     assert_none(upstream_refused(&["/p17/cl-te", "/p17/te-cl"], true).await);
 }
@@ -1473,7 +1459,6 @@ async fn p18_odd_reason_phrases_cause_no_panic_and_control_characters_a_502() {
 }
 
 #[tokio::test]
-#[ignore = "P-18: a 64 KiB or non-ASCII reason phrase is relayed verbatim by both proxies (hyper's ReasonPhrase response extension is kept)"]
 async fn p18_reason_phrases_are_regenerated_from_the_status() {
     let regenerated = |r: &Reply| r.status_line() == "HTTP/1.1 200 OK";
     assert_none(reason_phrases(&["/p18/long-reason", "/p18/non-ascii"], regenerated).await);

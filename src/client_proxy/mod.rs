@@ -46,7 +46,7 @@ use crate::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storabil
 use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
-    strip_hop_by_hop,
+    check_response_head, strip_hop_by_hop,
 };
 use crate::server::{BodyError, Handler, ProxyBody, counted};
 use coalesce::{InFlight, Role};
@@ -1093,7 +1093,23 @@ impl ClientProxy {
                     format!("upstream {} {what}", self.upstream_authority),
                 ))
             }
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(mut response)) => {
+                if let Err(message) = check_response_head(response.headers()) {
+                    // Upstream::send has made sure its connection is not
+                    // used again.
+                    ClientStats::add(&self.stats.upstream_errors, 1);
+                    return Err((
+                        StatusCode::BAD_GATEWAY,
+                        format!("upstream {}: {message}", self.upstream_authority),
+                    ));
+                }
+                // The reason phrase is the upstream's; ours comes from the
+                // status (P-18).
+                response
+                    .extensions_mut()
+                    .remove::<hyper::ext::ReasonPhrase>();
+                Ok(response)
+            }
             Ok(Err(e)) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);
                 Err((

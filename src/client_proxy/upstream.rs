@@ -22,7 +22,7 @@ use http::uri::Authority;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::connect::{Connected, Connection, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
 use crate::expiring::ExpiringMap;
-use crate::http::HSYNC_ACCEPT;
+use crate::http::{HSYNC_ACCEPT, check_response_head};
 use crate::server::ProxyBody;
 
 /// How long an upstream's `Hsync-Accept` is believed without being seen
@@ -130,14 +130,22 @@ impl Upstream {
     /// The client's error: connect failure, reset, malformed response.
     pub async fn send(
         &self,
-        request: Request<ProxyBody>,
+        mut request: Request<ProxyBody>,
         forward: bool,
     ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        let connection = capture_connection(&mut request);
         let response = if forward {
             self.forward.request(request).await?
         } else {
             self.gateway.request(request).await?
         };
+        if check_response_head(response.headers()).is_err() {
+            // Framing the two ends may read differently: whatever hyper
+            // made of it, this connection is not used again (P-17).
+            if let Some(connected) = connection.connection_metadata().as_ref() {
+                connected.poison();
+            }
+        }
         if let Some(advertised) = response
             .headers()
             .get(HSYNC_ACCEPT)
