@@ -27,6 +27,7 @@ pub mod freshness;
 pub mod hsync;
 pub mod http;
 pub mod inetd;
+pub mod queue;
 pub mod server;
 pub mod static_origin;
 pub mod tls;

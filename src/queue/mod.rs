@@ -1,0 +1,843 @@
+//! Fair upload slots (issue 5): the accelerator's queue of requests waiting
+//! for an upload slot, sans-IO. An "upload slot" is a response body being
+//! sent; a request beyond the slots waits in one first-come first-served
+//! queue, whatever dialect its client speaks:
+//!
+//! - PARQ 1.0.a (seed 000, request `X-Queue: 1.0`, [`parq`]): the client
+//!   gets a random ID and keeps its place by coming back with
+//!   `X-Queued: position=…; ID=…` after `Retry-After` and within the
+//!   lifetime. Entries near the head (the synchronous part, Sq) keep their
+//!   connection; the rest (Aq) are told to close it. A client that gave
+//!   `X-Node` and lets its lifetime lapse gets one QUEUE callback.
+//! - Passive queueing (seed 000 §5, no `X-Queue`, also in [`parq`]): the
+//!   place is kept by peer address for 300 s after each request.
+//! - Active Queueing 0.1 (seed 001, `X-Queue: 0.1`, [`active`]): the place
+//!   is kept by the persistent connection, polled between pollMin and
+//!   pollMax.
+//!
+//! A request is served when its position is within the free slots: a free
+//! slot is held for the entries at the head until they come back or lapse,
+//! so a newcomer never overtakes a waiting client. Every entry lapses
+//! (lifetime, 300 s by address, pollMax), so a dead client holds a slot
+//! back for a bounded time.
+//!
+//! The caller owns the I/O and the clock: every method that needs the time
+//! takes `now` ([`tokio::time::Instant`], so tests drive it directly), and
+//! remanence across restarts ([`UploadQueue::to_bytes`],
+//! [`UploadQueue::from_bytes`]) also takes the wall clock, since a
+//! monotonic instant does not survive a restart. Writing the bytes to disk
+//! crash-safely (temp file + rename), opening callback connections, and
+//! checking auth before [`UploadQueue::admit`] (A-8) are the caller's.
+//! IDs, address slots and flood counters are kept in
+//! [`ExpiringMap`]s (seed 003: tables whose
+//! entries expire by age).
+//!
+//! Memory: an entry costs its `Entry` record, its place in the order and
+//! lapse trees and one or two index slots; [`ESTIMATED_BYTES_PER_ENTRY`]
+//! adds these up (519 bytes on x86-64, under the issue's 1 KiB).
+//!
+//! Main types: [`UploadQueue`], [`QueueConfig`], [`QueueRequest`],
+//! [`Admission`], [`SlotToken`], [`Callback`].
+
+pub mod active;
+pub mod headers;
+pub mod id;
+pub mod parq;
+pub mod remanence;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+use tokio::time::Instant;
+
+use crate::expiring::ExpiringMap;
+
+pub use headers::{HeaderError, LegacyStatus, QueueVersion, QueuedStatus, XQueue};
+pub use id::{IdGenerator, QueueId};
+pub use remanence::RemanenceError;
+
+/// The `X-Queue` header.
+pub static X_QUEUE: HeaderName = HeaderName::from_static("x-queue");
+/// The `X-Queued` header.
+pub static X_QUEUED: HeaderName = HeaderName::from_static("x-queued");
+/// The `X-Node` header.
+pub static X_NODE: HeaderName = HeaderName::from_static("x-node");
+
+/// Settings of an [`UploadQueue`]. [`QueueConfig::new`] fills in the
+/// seeds' values for everything but the sizes.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Upload slots (`--slots`).
+    pub slots: NonZeroU32,
+    /// Most queued entries (`--queue-max`); past it, a plain 503.
+    pub queue_max: u32,
+    /// Positions up to this are the synchronous queue, Sq (seed 000:
+    /// "Typically, Sq will hold the top 50 entries or so").
+    pub sq_len: u32,
+    /// The constant PARQ Retry-After beyond the formula's range (seed 000:
+    /// "e.g. 600 seconds").
+    pub retry_after_far: Duration,
+    /// Added to the Retry-After to make the advertised lifetime: the time
+    /// a client has to come back after it may.
+    pub lifetime_grace: Duration,
+    /// How long a place is held for a client disconnected from Sq, by
+    /// address for a passive client, and across a restart (seed 000: 300
+    /// seconds).
+    pub remanence: Duration,
+    /// Disconnections from Sq a PARQ entry survives (seed 000: "must allow
+    /// at least 1").
+    pub sq_disconnects_allowed: u8,
+    /// How long an entry is held after its QUEUE callback, for the client
+    /// to come back.
+    pub callback_grace: Duration,
+    /// How much earlier than Retry-After (or pollMin) a retry may come and
+    /// still count as on time: clocks and timers are not exact.
+    pub retry_slack: Duration,
+    /// Legacy `pollMin`: polling sooner is flooding.
+    pub legacy_poll_min: Duration,
+    /// Legacy `pollMax`: not polling within it drops the place.
+    pub legacy_poll_max: Duration,
+    /// How long a legacy client that completed a partial request keeps the
+    /// head of the queue for its next request.
+    pub partial_follow_up: Duration,
+    /// Window of the per-address flood counters.
+    pub flood_window: Duration,
+    /// PARQ rule violations (too early, wrong position) an address may
+    /// commit in a window before it is refused outright.
+    pub flood_max_strikes: u16,
+    /// Requests before Retry-After a passive address may make in a window
+    /// before it is refused outright (seed 000: ban only "if he clearly
+    /// hammers"; a browser fetches a page's assets in parallel).
+    pub passive_hammer_max: u16,
+    /// Upload bandwidth for the ETA, bytes per second.
+    pub upload_bandwidth: NonZeroU64,
+    /// Body length assumed for the ETA when the request's is unknown.
+    pub assumed_body_len: u64,
+}
+
+impl QueueConfig {
+    /// A configuration with `slots` upload slots and at most `queue_max`
+    /// queued entries, the rest at the seeds' values.
+    pub fn new(slots: NonZeroU32, queue_max: u32) -> Self {
+        QueueConfig {
+            slots,
+            queue_max,
+            sq_len: 50,
+            retry_after_far: Duration::from_secs(600),
+            lifetime_grace: Duration::from_secs(300),
+            remanence: Duration::from_secs(300),
+            sq_disconnects_allowed: 1,
+            callback_grace: Duration::from_secs(60),
+            retry_slack: Duration::from_secs(1),
+            legacy_poll_min: Duration::from_secs(45),
+            legacy_poll_max: Duration::from_secs(120),
+            partial_follow_up: Duration::from_secs(30),
+            flood_window: Duration::from_secs(60),
+            flood_max_strikes: 3,
+            passive_hammer_max: 60,
+            upload_bandwidth: NonZeroU64::new(10 << 20).expect("10 MiB/s is not zero"),
+            assumed_body_len: 1 << 20,
+        }
+    }
+}
+
+/// Identifies one client connection, so a held connection (Sq, legacy)
+/// can be told apart from a new one. The caller numbers its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionId(pub u64);
+
+/// What the queue needs to know about a request.
+#[derive(Debug, Clone)]
+pub struct QueueRequest<'a> {
+    /// The client's address.
+    pub peer: IpAddr,
+    /// The connection the request came on.
+    pub connection: ConnectionId,
+    /// Whether the connection stays open after the response (HTTP/1.1
+    /// without `Connection: close`); Sq and legacy queueing need it.
+    pub persistent: bool,
+    /// The parsed `X-Queue` of the request; `None` if absent or
+    /// unparsable (passive queueing).
+    pub offer: Option<QueueVersion>,
+    /// The parsed `X-Queued` of the request (position and ID).
+    pub queued: Option<QueuedStatus>,
+    /// The parsed `X-Node` of the request: where a QUEUE callback goes.
+    pub node: Option<SocketAddr>,
+    /// The requested resource (the URL), for the legacy same-file rule.
+    pub resource: &'a str,
+    /// The body length, if known, for the ETA.
+    pub expected_len: Option<u64>,
+}
+
+/// The queue's answer to a request.
+#[derive(Debug)]
+pub enum Admission {
+    /// Send the response; give the token back with
+    /// [`UploadQueue::release`] when the body is sent or abandoned.
+    Serve(SlotToken),
+    /// Answer `503` with [`QueuedReply::to_headers`].
+    Queued(QueuedReply),
+    /// Answer `503` with [`Refusal::to_headers`]; no place was given.
+    Refused(Refusal),
+}
+
+/// Proof of one upload slot in use. Not `Clone`: a slot is released once.
+#[derive(Debug)]
+#[must_use = "an unreleased token holds its upload slot for ever"]
+pub struct SlotToken {
+    id: u64,
+    /// Set for a legacy client: its connection and resource, for the
+    /// partial follow-up rule.
+    legacy: Option<(ConnectionId, u64)>,
+}
+
+/// How an upload ended, for [`UploadQueue::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// A whole response (`200`) was sent.
+    Complete,
+    /// A partial response (`206`) was sent completely: a legacy client may
+    /// follow it with another request without losing its place.
+    Partial,
+    /// The upload was cut short.
+    Aborted,
+}
+
+/// Why a client's earlier place was freed before it got this reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostPlace {
+    /// It came back before Retry-After (PARQ: "Sending the request too soon
+    /// will cause the slot to be freed").
+    TooEarly,
+    /// Its `X-Queued` position was not the last one it was told (PARQ: "If
+    /// there is a mismatch, the corresponding slot is immediately freed").
+    PositionMismatch,
+    /// Its ID names no live entry: the lifetime lapsed, or it never existed.
+    UnknownId,
+    /// A legacy client asked for a different file ("it is shifted back to
+    /// the end of the queue").
+    DifferentFile,
+}
+
+/// The dialect-specific part of a queued reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyForm {
+    /// PARQ: `X-Queue: 1.0` and `X-Queued`; the lifetime is given in Aq
+    /// only, as in the seed's examples.
+    Parq {
+        /// The advertised lifetime, `None` in Sq.
+        lifetime: Option<Duration>,
+    },
+    /// Legacy Active Queueing: `X-Queue: position=…,length=…,limit=…,
+    /// pollMin=…,pollMax=…`.
+    Active {
+        /// Upload slots.
+        limit: u32,
+        /// pollMin.
+        poll_min: Duration,
+        /// pollMax.
+        poll_max: Duration,
+    },
+    /// Passive: only `Retry-After`; the client knows nothing of queues.
+    Passive,
+}
+
+/// A queued answer: a `503` that tells the client its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedReply {
+    /// The entry's ID (sent to PARQ clients; for logs and stats otherwise).
+    pub id: QueueId,
+    /// Position, 1 is next.
+    pub position: u32,
+    /// Entries in the queue.
+    pub length: u32,
+    /// Estimated wait for a slot.
+    pub eta: Duration,
+    /// When the client should come back.
+    pub retry_after: Duration,
+    /// Whether the connection stays open (Sq, legacy); otherwise the reply
+    /// carries `Connection: close`.
+    pub keep_alive: bool,
+    /// The dialect's headers.
+    pub form: ReplyForm,
+    /// Set when the client had a place and lost it with this request.
+    pub lost: Option<LostPlace>,
+}
+
+impl QueuedReply {
+    /// The headers of the `503`: `X-Queue`, `X-Queued`, `Retry-After` and
+    /// `Connection: close` as the dialect and the queue part call for.
+    pub fn to_headers(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        match self.form {
+            ReplyForm::Parq { lifetime } => {
+                map.insert(
+                    X_QUEUE.clone(),
+                    ascii(headers::format_version(QueueVersion::PARQ_1_0)),
+                );
+                let status = QueuedStatus {
+                    position: Some(self.position),
+                    length: Some(self.length),
+                    eta: Some(secs(self.eta)),
+                    lifetime: lifetime.map(secs),
+                    id: Some(self.id),
+                };
+                map.insert(X_QUEUED.clone(), ascii(headers::format_x_queued(&status)));
+            }
+            ReplyForm::Active {
+                limit,
+                poll_min,
+                poll_max,
+            } => {
+                let status = LegacyStatus {
+                    position: Some(self.position),
+                    length: Some(self.length),
+                    limit: Some(limit),
+                    poll_min: Some(secs(poll_min)),
+                    poll_max: Some(secs(poll_max)),
+                };
+                map.insert(X_QUEUE.clone(), ascii(headers::format_legacy(&status)));
+            }
+            ReplyForm::Passive => {}
+        }
+        map.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(secs(self.retry_after)),
+        );
+        if !self.keep_alive {
+            map.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        map
+    }
+}
+
+/// Why a request got no place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// The queue holds `queue_max` entries (seed 001: "any requests which
+    /// would not fit within it are sent a standard, non-queued 503").
+    QueueFull,
+    /// The address broke the rules or hammered too often within the flood
+    /// window.
+    Flooding,
+    /// A legacy client polled sooner than pollMin ("will be seen as
+    /// flooding, and cause a disconnection"): close the connection.
+    PollTooFast,
+}
+
+/// A plain `503` with `Retry-After` and no queue place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why.
+    pub reason: RefusalReason,
+    /// When to try again.
+    pub retry_after: Duration,
+    /// Whether to close the connection after the reply.
+    pub close: bool,
+}
+
+impl Refusal {
+    /// The headers of the `503`: `Retry-After`, and `Connection: close`
+    /// when the connection is to be closed.
+    pub fn to_headers(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(secs(self.retry_after)),
+        );
+        if self.close {
+            map.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        map
+    }
+}
+
+/// A QUEUE callback to make: connect to `node` and send
+/// [`Callback::line`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Callback {
+    /// The entry's ID.
+    pub id: QueueId,
+    /// The client's `X-Node` address.
+    pub node: SocketAddr,
+}
+
+impl Callback {
+    /// The line to send: `QUEUE <ID> <server>\r\n`, where `server` is the
+    /// address the client should come back to.
+    pub fn line(&self, server: SocketAddr) -> String {
+        headers::format_queue_callback(self.id, server)
+    }
+}
+
+/// Seconds, rounded up, as header values carry them.
+fn secs(duration: Duration) -> u32 {
+    let whole = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    u32::try_from(whole).unwrap_or(u32::MAX)
+}
+
+fn ascii(text: String) -> HeaderValue {
+    HeaderValue::try_from(text).expect("queue headers are formatted from numbers and hex")
+}
+
+/// Order key: a smaller sequence number is nearer the head. New entries
+/// count up from the middle of the range, entries put back at the head
+/// (legacy partial follow-up) count down from it.
+type Seq = u64;
+const SEQ_MIDDLE: Seq = 1 << 63;
+
+/// The dialect an entry was queued in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Parq = 1,
+    Passive = 2,
+    Active = 3,
+}
+
+/// One queued request. Kept small: the queue may hold thousands.
+#[derive(Debug, Clone)]
+struct Entry {
+    id: QueueId,
+    /// A retry before this is too early (PARQ, legacy pollMin) or
+    /// hammering (passive).
+    not_before: Instant,
+    /// The entry lapses at this instant (lifetime, 300 s, pollMax).
+    deadline: Instant,
+    peer: IpAddr,
+    node: Option<SocketAddr>,
+    /// The held connection (Sq, legacy).
+    connection: Option<ConnectionId>,
+    /// Hash of the requested resource (legacy same-file rule).
+    resource: u64,
+    /// Body length for the ETA, KiB, saturating.
+    len_kib: u32,
+    /// The position last told to the client.
+    last_position: u32,
+    kind: Kind,
+    disconnects: u8,
+    called_back: bool,
+}
+
+/// An estimate of the memory one queued entry costs, in bytes: the
+/// `Entry` record in the order tree, its item in the lapse tree, its ID
+/// in the ID table and its address or connection in an index table, each
+/// tree or hash node counted with 50 % overhead (B-tree nodes are at least
+/// half full; hash tables keep load below 7/8 plus control bytes).
+pub const ESTIMATED_BYTES_PER_ENTRY: usize = {
+    let order = size_of::<Seq>() + size_of::<Entry>();
+    let lapse = size_of::<(Instant, Seq)>();
+    let ids = expiring_entry_bytes(size_of::<QueueId>());
+    let index = expiring_entry_bytes(size_of::<IpAddr>());
+    (order + lapse + ids + index) * 3 / 2
+};
+
+/// An ExpiringMap entry with a `key`-byte key and a [`Seq`] value: key and
+/// (value, deadline, generation) in its hash map, plus (deadline,
+/// generation) → key in its expiry tree.
+const fn expiring_entry_bytes(key: usize) -> usize {
+    key + size_of::<Seq>() + size_of::<Instant>() + 8 + size_of::<(Instant, u64)>() + key
+}
+
+/// The upload slots and the queue in front of them.
+#[derive(Debug)]
+pub struct UploadQueue {
+    config: QueueConfig,
+    ids: IdGenerator,
+    /// Entries in queue order, head first.
+    entries: BTreeMap<Seq, Entry>,
+    /// (deadline, seq) of every entry, first to lapse first.
+    lapses: BTreeSet<(Instant, Seq)>,
+    by_id: ExpiringMap<QueueId, Seq>,
+    by_address: ExpiringMap<IpAddr, Seq>,
+    by_connection: ExpiringMap<ConnectionId, Seq>,
+    /// PARQ and legacy rule violations per address.
+    strikes: ExpiringMap<IpAddr, u16>,
+    /// Passive requests before Retry-After per address.
+    hammering: ExpiringMap<IpAddr, u16>,
+    /// Tokens of the uploads in progress.
+    uploads: HashSet<u64>,
+    next_token: u64,
+    next_back: Seq,
+    next_front: Seq,
+    /// Callbacks found while purging in `admit`, handed out by `tick`;
+    /// at most `queue_max` are kept.
+    callbacks: Vec<Callback>,
+}
+
+impl UploadQueue {
+    /// An empty queue with no upload in progress.
+    pub fn new(config: QueueConfig, ids: IdGenerator) -> Self {
+        let remanence = config.remanence;
+        let window = config.flood_window;
+        UploadQueue {
+            ids,
+            entries: BTreeMap::new(),
+            lapses: BTreeSet::new(),
+            by_id: ExpiringMap::new(remanence),
+            by_address: ExpiringMap::new(remanence),
+            by_connection: ExpiringMap::new(remanence),
+            strikes: ExpiringMap::new(window),
+            hammering: ExpiringMap::new(window),
+            uploads: HashSet::new(),
+            next_token: 0,
+            next_back: SEQ_MIDDLE,
+            next_front: SEQ_MIDDLE - 1,
+            callbacks: Vec::new(),
+            config,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// Queued entries (lapsed ones not yet purged included).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is queued.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Uploads in progress.
+    pub fn uploads(&self) -> u32 {
+        u32::try_from(self.uploads.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The position of the entry with `id`, if it is live at `now`.
+    pub fn position_of(&self, id: QueueId, now: Instant) -> Option<u32> {
+        let seq = *self.by_id.get(&id, now)?;
+        let entry = self.entries.get(&seq)?;
+        (entry.deadline > now).then(|| self.position(seq))
+    }
+
+    /// Decides what to do with a request: serve it, queue it, or refuse it.
+    /// Auth must have been checked before (A-8): a place is not given to a
+    /// stranger.
+    pub fn admit(&mut self, request: &QueueRequest<'_>, now: Instant) -> Admission {
+        self.purge(now);
+        if self.is_flooding(request.peer, now) {
+            return Admission::Refused(self.flood_refusal());
+        }
+        match request.offer {
+            Some(version) if version.is_parq() => self.admit_parq(request, now),
+            Some(_) if request.persistent => self.admit_active(request, now),
+            // A legacy client without a persistent connection cannot hold
+            // a place by it: it is queued by address like any other.
+            _ => self.admit_passive(request, now),
+        }
+    }
+
+    /// Gives an upload slot back. A legacy client whose partial request
+    /// completed keeps the head of the queue for its next request on the
+    /// same connection (seed 001).
+    pub fn release(&mut self, token: SlotToken, completion: Completion, now: Instant) {
+        if !self.uploads.remove(&token.id) {
+            return;
+        }
+        if let (Completion::Partial, Some((connection, resource))) = (completion, token.legacy) {
+            self.purge(now);
+            let id = self.fresh_id(now);
+            let entry = Entry {
+                id,
+                not_before: now,
+                deadline: now + self.config.partial_follow_up,
+                // Not looked at for legacy entries, which are kept by
+                // connection.
+                peer: IpAddr::from([0u8; 4]),
+                node: None,
+                connection: Some(connection),
+                resource,
+                len_kib: 0,
+                last_position: 1,
+                kind: Kind::Active,
+                disconnects: 0,
+                called_back: false,
+            };
+            self.insert(entry, true, now);
+        }
+    }
+
+    /// Tells the queue a client connection closed: a legacy client loses
+    /// its place; a PARQ client in Sq keeps it for `remanence` (300 s) the
+    /// first `sq_disconnects_allowed` times.
+    pub fn disconnected(&mut self, connection: ConnectionId, now: Instant) {
+        self.purge(now);
+        let Some(seq) = self.by_connection.remove(&connection) else {
+            return;
+        };
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        if entry.connection != Some(connection) {
+            return;
+        }
+        entry.connection = None;
+        match entry.kind {
+            Kind::Parq if entry.disconnects < self.config.sq_disconnects_allowed => {
+                entry.disconnects += 1;
+                let deadline = now + self.config.remanence;
+                self.set_deadline(seq, deadline, now);
+            }
+            _ => {
+                self.remove(seq);
+            }
+        }
+    }
+
+    /// Frees the entries whose time is up and returns the QUEUE callbacks
+    /// to make: a PARQ entry with an `X-Node` gets one callback when its
+    /// lifetime lapses, and `callback_grace` more to come back. Call it
+    /// every second or so.
+    pub fn tick(&mut self, now: Instant) -> Vec<Callback> {
+        self.purge(now);
+        self.by_id.sweep(now);
+        self.by_address.sweep(now);
+        self.by_connection.sweep(now);
+        self.strikes.sweep(now);
+        self.hammering.sweep(now);
+        std::mem::take(&mut self.callbacks)
+    }
+
+    // ---- shared machinery, used by the dialects in parq.rs and active.rs
+
+    fn free_slots(&self) -> u32 {
+        self.config.slots.get().saturating_sub(self.uploads())
+    }
+
+    fn position(&self, seq: Seq) -> u32 {
+        let ahead = self.entries.range(..seq).count();
+        u32::try_from(ahead).unwrap_or(u32::MAX).saturating_add(1)
+    }
+
+    fn length(&self) -> u32 {
+        u32::try_from(self.entries.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether a request not in the queue may be served now: only when the
+    /// free slots outnumber the waiting entries, which hold theirs.
+    fn newcomer_may_be_served(&self) -> bool {
+        self.entries.len() < self.free_slots() as usize
+    }
+
+    fn is_full(&self) -> bool {
+        self.entries.len() >= self.config.queue_max as usize
+    }
+
+    fn full_refusal(&self) -> Refusal {
+        Refusal {
+            reason: RefusalReason::QueueFull,
+            retry_after: self.config.retry_after_far,
+            close: true,
+        }
+    }
+
+    fn flood_refusal(&self) -> Refusal {
+        Refusal {
+            reason: RefusalReason::Flooding,
+            retry_after: self.config.flood_window,
+            close: true,
+        }
+    }
+
+    /// Estimated wait for the entry at `seq`: the bodies up to it at the
+    /// upload bandwidth (seed 000: "summing the whole size of the last
+    /// files requested at each queue position, and assuming an optimal
+    /// transfer rate equal to the maximum upload bandwidth").
+    fn eta(&self, seq: Seq) -> Duration {
+        let kib: u64 = self
+            .entries
+            .range(..=seq)
+            .map(|(_, e)| u64::from(e.len_kib))
+            .sum();
+        let bytes = kib.saturating_mul(1024);
+        Duration::from_secs(bytes.div_ceil(self.config.upload_bandwidth.get()))
+    }
+
+    fn len_kib(&self, request: &QueueRequest<'_>) -> u32 {
+        let len = request.expected_len.unwrap_or(self.config.assumed_body_len);
+        u32::try_from(len.div_ceil(1024)).unwrap_or(u32::MAX)
+    }
+
+    fn is_flooding(&self, peer: IpAddr, now: Instant) -> bool {
+        self.strikes
+            .get(&peer, now)
+            .is_some_and(|&n| n > self.config.flood_max_strikes)
+            || self
+                .hammering
+                .get(&peer, now)
+                .is_some_and(|&n| n > self.config.passive_hammer_max)
+    }
+
+    /// Counts a rule violation; true if the address is now flooding.
+    fn strike(&mut self, peer: IpAddr, now: Instant) -> bool {
+        let count = self.strikes.get_or_insert_with(peer, now, || 0);
+        *count = count.saturating_add(1);
+        *count > self.config.flood_max_strikes
+    }
+
+    /// Counts a passive request before Retry-After; true if the address is
+    /// now hammering.
+    fn hammer(&mut self, peer: IpAddr, now: Instant) -> bool {
+        let count = self.hammering.get_or_insert_with(peer, now, || 0);
+        *count = count.saturating_add(1);
+        *count > self.config.passive_hammer_max
+    }
+
+    fn serve(&mut self, legacy: Option<(ConnectionId, u64)>) -> Admission {
+        let id = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1);
+        self.uploads.insert(id);
+        Admission::Serve(SlotToken { id, legacy })
+    }
+
+    /// A random ID no live entry has.
+    fn fresh_id(&mut self, now: Instant) -> QueueId {
+        loop {
+            let id = self.ids.next_id();
+            if !self.by_id.contains_key(&id, now) {
+                return id;
+            }
+        }
+    }
+
+    /// Adds an entry at the back (or the head) and indexes it.
+    fn insert(&mut self, entry: Entry, front: bool, now: Instant) -> Seq {
+        let seq = if front {
+            let seq = self.next_front;
+            self.next_front -= 1;
+            seq
+        } else {
+            let seq = self.next_back;
+            self.next_back += 1;
+            seq
+        };
+        let ttl = entry.deadline.saturating_duration_since(now);
+        self.by_id.insert_with_ttl(entry.id, seq, ttl, now);
+        match entry.kind {
+            Kind::Passive => {
+                self.by_address.insert_with_ttl(entry.peer, seq, ttl, now);
+            }
+            Kind::Parq | Kind::Active => {
+                if let Some(connection) = entry.connection {
+                    self.by_connection
+                        .insert_with_ttl(connection, seq, ttl, now);
+                }
+            }
+        }
+        self.lapses.insert((entry.deadline, seq));
+        self.entries.insert(seq, entry);
+        seq
+    }
+
+    /// Moves the entry's deadline and its index entries' expiry with it.
+    fn set_deadline(&mut self, seq: Seq, deadline: Instant, now: Instant) {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        self.lapses.remove(&(entry.deadline, seq));
+        entry.deadline = deadline;
+        self.lapses.insert((deadline, seq));
+        let ttl = deadline.saturating_duration_since(now);
+        self.by_id.insert_with_ttl(entry.id, seq, ttl, now);
+        if entry.kind == Kind::Passive {
+            self.by_address.insert_with_ttl(entry.peer, seq, ttl, now);
+        }
+        if let Some(connection) = entry.connection {
+            self.by_connection
+                .insert_with_ttl(connection, seq, ttl, now);
+        }
+    }
+
+    /// Binds the entry to `connection` (Sq, legacy), or unbinds it.
+    fn bind(&mut self, seq: Seq, connection: Option<ConnectionId>, now: Instant) {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        if let Some(old) = entry.connection.take()
+            && self.by_connection.get(&old, now) == Some(&seq)
+        {
+            self.by_connection.remove(&old);
+        }
+        entry.connection = connection;
+        if let Some(connection) = connection {
+            let ttl = entry.deadline.saturating_duration_since(now);
+            self.by_connection
+                .insert_with_ttl(connection, seq, ttl, now);
+        }
+    }
+
+    /// Takes an entry out of the queue and its indexes.
+    fn remove(&mut self, seq: Seq) -> Option<Entry> {
+        let entry = self.entries.remove(&seq)?;
+        self.lapses.remove(&(entry.deadline, seq));
+        if self.by_id.remove(&entry.id).is_some_and(|s| s != seq) {
+            debug_assert!(false, "an ID indexes one entry");
+        }
+        if entry.kind == Kind::Passive {
+            self.by_address.remove(&entry.peer);
+        }
+        if let Some(connection) = entry.connection {
+            self.by_connection.remove(&connection);
+        }
+        Some(entry)
+    }
+
+    /// The live entry of `kind` an index points to.
+    fn live(&self, seq: Option<&Seq>, kind: Kind) -> Option<Seq> {
+        let seq = *seq?;
+        self.entries
+            .get(&seq)
+            .is_some_and(|e| e.kind == kind)
+            .then_some(seq)
+    }
+
+    /// Frees lapsed entries; a PARQ entry with an `X-Node` that was not
+    /// called back yet gets its callback and `callback_grace` instead.
+    fn purge(&mut self, now: Instant) {
+        while let Some(&(deadline, seq)) = self.lapses.first() {
+            if deadline > now {
+                break;
+            }
+            let Some(entry) = self.entries.get_mut(&seq) else {
+                self.lapses.pop_first();
+                continue;
+            };
+            match entry.node {
+                Some(node) if entry.kind == Kind::Parq && !entry.called_back => {
+                    entry.called_back = true;
+                    let id = entry.id;
+                    self.bind(seq, None, now);
+                    self.set_deadline(seq, now + self.config.callback_grace, now);
+                    if self.callbacks.len() >= self.config.queue_max as usize {
+                        self.callbacks.remove(0);
+                    }
+                    self.callbacks.push(Callback { id, node });
+                }
+                _ => {
+                    self.remove(seq);
+                }
+            }
+        }
+    }
+}
+
+/// A stable hash of a resource, so an entry holds 8 bytes, not the URL.
+fn resource_hash(resource: &str) -> u64 {
+    // DefaultHasher::new() uses fixed keys: the same URL always hashes the
+    // same within a process, which is all the same-file rule needs.
+    let mut hasher = std::hash::DefaultHasher::new();
+    resource.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests;
