@@ -39,7 +39,9 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
     check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
-use crate::server::{BodyError, Handler, ProxyBody, counted};
+use crate::queue::QueueConfig;
+use crate::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
+use crate::slots::{Admitted, Slots};
 use crate::tls::TlsSession;
 use hyper_util::client::legacy::connect::capture_connection;
 
@@ -64,6 +66,12 @@ pub struct AcceleratorConfig {
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
     pub max_stored_body: usize,
+    /// Upload slots and their queue (issue 5); `None` serves every request
+    /// at once.
+    pub queue: Option<QueueConfig>,
+    /// Where the queue is saved every second and reloaded at start-up, so
+    /// places survive a restart.
+    pub queue_state: Option<std::path::PathBuf>,
 }
 
 /// Why the configuration cannot be used.
@@ -89,6 +97,7 @@ pub struct Stats {
     coded_against_body: AtomicU64,
     passed: AtomicU64,
     refused: AtomicU64,
+    queued: AtomicU64,
     body_bytes: AtomicU64,
     stream_bytes: AtomicU64,
 }
@@ -102,12 +111,13 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"coded\":{},\"coded_against_body\":{},\"passed\":{},\"refused\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{}}}\n",
+            "{{\"requests\":{},\"coded\":{},\"coded_against_body\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
             get(&self.coded_against_body),
             get(&self.passed),
             get(&self.refused),
+            get(&self.queued),
             get(&self.body_bytes),
             get(&self.stream_bytes),
         )
@@ -117,6 +127,7 @@ impl Stats {
 /// The accelerator role.
 pub struct Accelerator {
     config: AcceleratorConfig,
+    slots: Option<Arc<Slots>>,
     origin_authority: Authority,
     client: Client<HttpConnector, ProxyBody>,
     bodies: Arc<BasisStore>,
@@ -149,13 +160,23 @@ impl Accelerator {
             config.basis_store_bytes,
             config.max_stored_body,
         ));
+        let slots = config
+            .queue
+            .clone()
+            .map(|queue| Arc::new(Slots::new(queue, config.queue_state.clone())));
         Ok(Accelerator {
+            slots,
             stats: Arc::default(),
             bodies,
             config,
             origin_authority,
             client,
         })
+    }
+
+    /// The upload slots, when there are any.
+    pub fn slots(&self) -> Option<&Arc<Slots>> {
+        self.slots.as_ref()
     }
 
     /// Refuses a request with a short plain-text error, counted.
@@ -254,6 +275,31 @@ impl Accelerator {
                 ),
             );
         }
+        // After auth (the gate in front of us) and the checks above, so
+        // neither a stranger nor a bad request takes a place.
+        let token = match self.slots.as_ref().map(|slots| slots.admit(&request)) {
+            None => None,
+            Some(Admitted::Serve(token)) => Some(token),
+            Some(Admitted::Answer(response)) => {
+                Stats::add(&self.stats.queued, 1);
+                return response;
+            }
+        };
+        let slots = self.slots.clone();
+        let response = self.exchange(request, target).await;
+        match (slots, token) {
+            (Some(slots), Some(token)) => slots.release_with(token, response),
+            _ => response,
+        }
+    }
+
+    /// Forwards an admitted request to the origin and answers it, coded or
+    /// passed through.
+    async fn exchange(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        target: PathAndQuery,
+    ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
         let offers_hsync = accepts_hsync(&parts.headers);
         let encodable = offers_hsync
@@ -429,6 +475,12 @@ impl Handler for Accelerator {
         request: Request<Incoming>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.proxy(request)
+    }
+
+    fn connection_closed(&self, number: ConnectionNumber) {
+        if let Some(slots) = &self.slots {
+            slots.disconnected(number);
+        }
     }
 }
 

@@ -420,6 +420,10 @@ impl<H: Handler> Handler for AuthGate<H> {
     ) -> impl std::future::Future<Output = Response<ProxyBody>> + Send {
         self.admit(request)
     }
+
+    fn connection_closed(&self, number: crate::server::ConnectionNumber) {
+        self.role.connection_closed(number);
+    }
 }
 
 /// `Proxy-Authorization: Basic …` for `user` and `password`.

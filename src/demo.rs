@@ -85,6 +85,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         origin_timeout: Duration::from_secs(30),
         basis_store_bytes: 64 << 20,
         max_stored_body: 8 << 20,
+        queue: None,
+        queue_state: None,
     })?;
     let accelerator_addr = start(Arc::new(accelerator)).await?;
 

@@ -29,5 +29,6 @@ pub mod http;
 pub mod inetd;
 pub mod queue;
 pub mod server;
+pub mod slots;
 pub mod static_origin;
 pub mod tls;

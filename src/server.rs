@@ -116,6 +116,24 @@ pub trait Handler: Send + Sync + 'static {
         self: Arc<Self>,
         request: Request<Incoming>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send;
+
+    /// Called once a connection, numbered as in its requests'
+    /// [`ConnectionNumber`], has ended.
+    fn connection_closed(&self, number: ConnectionNumber) {
+        let _ = number;
+    }
+}
+
+/// A process-wide number for each connection, in its requests'
+/// extensions: lets a role tell a held connection from a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionNumber(pub u64);
+
+impl ConnectionNumber {
+    fn next() -> ConnectionNumber {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ConnectionNumber(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// Limits of the HTTP/1.1 connection layer, the same for both roles and
@@ -239,6 +257,7 @@ pub struct Peer(pub SocketAddr);
 #[allow(clippy::type_complexity)]
 fn service<H: Handler>(
     handler: Arc<H>,
+    number: ConnectionNumber,
     peer: Option<SocketAddr>,
     tls: Option<TlsSession>,
     limits: ConnectionLimits,
@@ -250,6 +269,7 @@ fn service<H: Handler>(
 > + Clone {
     service_fn(move |mut request: Request<Incoming>| {
         let handler = handler.clone();
+        request.extensions_mut().insert(number);
         if let Some(peer) = peer {
             request.extensions_mut().insert(Peer(peer));
         }
@@ -277,7 +297,14 @@ pub async fn serve_connection<H, I>(
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    serve_http1(io, service(handler, peer, None, limits), limits).await;
+    let number = ConnectionNumber::next();
+    serve_http1(
+        io,
+        service(handler.clone(), number, peer, None, limits),
+        limits,
+    )
+    .await;
+    handler.connection_closed(number);
 }
 
 async fn serve_http1<I, S>(io: I, service: S, limits: ConnectionLimits)
@@ -347,9 +374,12 @@ async fn serve_tls_connection<H: Handler>(
         server_name: session.server_name().map(str::to_owned),
         local,
     };
-    let service = service(handler, Some(peer), Some(info), limits);
+    let number = ConnectionNumber::next();
+    let service = service(handler.clone(), number, Some(peer), Some(info), limits);
     if !h2 {
-        return serve_http1(tls, service, limits).await;
+        serve_http1(tls, service, limits).await;
+        handler.connection_closed(number);
+        return;
     }
     let result = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
@@ -363,6 +393,7 @@ async fn serve_tls_connection<H: Handler>(
     if let Err(error) = result {
         tracing::debug!(%error, "HTTP/2 connection ended with an error");
     }
+    handler.connection_closed(number);
 }
 
 /// Requests served at once on one HTTP/2 connection.

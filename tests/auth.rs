@@ -218,6 +218,8 @@ async fn start_pair(upstream_password: Option<&str>) -> Pair {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
+        queue: None,
+        queue_state: None,
     })
     .unwrap();
     let accelerator = Arc::new(AuthGate::new(

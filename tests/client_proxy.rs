@@ -386,6 +386,8 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
+        queue: None,
+        queue_state: None,
     }
 }
 

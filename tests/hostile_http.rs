@@ -146,6 +146,8 @@ async fn start_accelerator(origin: SocketAddr) -> SocketAddr {
         origin_timeout: Duration::from_secs(3),
         basis_store_bytes: 1 << 20,
         max_stored_body: 64 << 10,
+        queue: None,
+        queue_state: None,
     })
     .unwrap();
     listen(Arc::new(accelerator)).await

@@ -72,6 +72,8 @@ async fn start(limits: ConnectionLimits) -> Stack {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 0,
         max_stored_body: 0,
+        queue: None,
+        queue_state: None,
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -94,6 +94,8 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
+        queue: None,
+        queue_state: None,
     })
     .unwrap();
     let accelerator = Arc::new(Recording {

@@ -1,6 +1,7 @@
 //! `rproxy accelerator`: flags → [`AcceleratorConfig`], then serve.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::auth::AuthGate;
 use crate::hsync::EncoderOptions;
 use crate::inetd::{Stdio, serve_stdio};
+use crate::queue::QueueConfig;
 use crate::server::{ConnectionLimits, Handler, raise_open_file_limit, serve, serve_tls};
 
 /// Flags of `rproxy accelerator`.
@@ -57,6 +59,19 @@ pub struct AcceleratorArgs {
     /// stdin is a TCP socket: then its local address does).
     #[arg(long)]
     pub inetd: bool,
+    /// Upload slots: responses sent at once. Requests beyond them wait in
+    /// a fair queue (PARQ 1.0.a for `X-Queue: 1.0` clients, Active
+    /// Queueing for `X-Queue: 0.1`, by address for the rest) and get 503
+    /// with their position and Retry-After. 0: no limit.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub slots: u32,
+    /// Most requests waiting for a slot; past it, a plain 503.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub queue_max: u32,
+    /// File the queue is saved to every second and reloaded from at
+    /// start-up, so places survive a restart of up to 300 s.
+    #[arg(long, value_name = "FILE")]
+    pub queue_state: Option<PathBuf>,
     /// PEM certificate chain: serve TLS (HTTP/2 or HTTP/1.1 by ALPN) for
     /// client proxies with an https:// upstream. Needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -116,6 +131,8 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         origin_timeout: Duration::from_secs(args.origin_timeout),
         basis_store_bytes: args.basis_store,
         max_stored_body: args.max_stored_body,
+        queue: NonZeroU32::new(args.slots).map(|slots| QueueConfig::new(slots, args.queue_max)),
+        queue_state: args.queue_state.clone(),
     };
     let limits = args.limits.limits();
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
@@ -128,6 +145,12 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         _ => None,
     };
     if let Some(stdio) = stdio {
+        if args.slots > 0 {
+            return Err(UsageError(
+                "--slots needs the listener: each inetd process serves one connection".into(),
+            )
+            .into());
+        }
         if tls.is_some() {
             return Err(
                 UsageError("--inetd serves plain HTTP; leave TLS to the listener".into()).into(),
@@ -140,6 +163,10 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let listener = crate::server::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
         tracing::info!(listen = %args.listen, origin = %args.origin, tls = tls.is_some(), "accelerator ready");
+        if let Some(slots) = accelerator.role().slots() {
+            let address = listener.local_addr().unwrap_or(args.listen);
+            tokio::spawn(slots.clone().run_timer(address));
+        }
         let stop = async {
             let _ = tokio::signal::ctrl_c().await;
         };

@@ -1,0 +1,271 @@
+//! Upload slots end to end (issue 5, L-9): the accelerator with one slot in
+//! front of an origin whose `/slow` body ends only when the test says so.
+//! While it holds the slot, PARQ clients are queued in arrival order and
+//! served in that order; a newcomer never overtakes them; auth comes
+//! before a place.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use rproxy::hsync::EncoderOptions;
+use rproxy::queue::QueueConfig;
+use rproxy::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, mpsc};
+
+/// `/slow` sends one chunk, then its end once the test sends on `finish`;
+/// anything else is a short body. Counts requests.
+struct Origin {
+    finish: Mutex<Option<mpsc::Receiver<()>>>,
+    requests: AtomicUsize,
+}
+
+impl Handler for Origin {
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        if request.uri().path() != "/slow" {
+            return Response::new(
+                Full::new(Bytes::from_static(b"quick\n"))
+                    .map_err(|n| match n {})
+                    .boxed(),
+            );
+        }
+        let mut finish = self.finish.lock().await.take().expect("one /slow request");
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(1);
+        tokio::spawn(async move {
+            let _ = tx
+                .send(Ok(Frame::data(Bytes::from_static(b"first half\n"))))
+                .await;
+            let _ = finish.recv().await;
+            let _ = tx
+                .send(Ok(Frame::data(Bytes::from_static(b"second half\n"))))
+                .await;
+        });
+        let stream = tokio_stream_from(rx);
+        Response::new(BodyExt::boxed(StreamBody::new(stream)))
+    }
+}
+
+fn tokio_stream_from(
+    rx: mpsc::Receiver<Result<Frame<Bytes>, BodyError>>,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, BodyError>> {
+    struct Receiver(mpsc::Receiver<Result<Frame<Bytes>, BodyError>>);
+    impl futures_core::Stream for Receiver {
+        type Item = Result<Frame<Bytes>, BodyError>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx)
+        }
+    }
+    Receiver(rx)
+}
+
+struct Stack {
+    addr: SocketAddr,
+    origin: Arc<Origin>,
+    finish: mpsc::Sender<()>,
+}
+
+async fn start(state: Option<std::path::PathBuf>) -> Stack {
+    let (finish, finish_rx) = mpsc::channel(1);
+    let origin = Arc::new(Origin {
+        finish: Mutex::new(Some(finish_rx)),
+        requests: AtomicUsize::new(0),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin_addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        origin.clone(),
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    let mut queue = QueueConfig::new(1.try_into().unwrap(), 100);
+    // Retries come at once here rather than after Retry-After (30 s).
+    queue.retry_slack = Duration::from_secs(600);
+    let accelerator = Accelerator::new(AcceleratorConfig {
+        origin: format!("http://{origin_addr}").parse().unwrap(),
+        via_name: HeaderValue::from_static("accel-test"),
+        encoder: EncoderOptions::default(),
+        max_encode_len: 1 << 30,
+        max_signature_bytes: 24 << 10,
+        connect_timeout: Duration::from_secs(2),
+        origin_timeout: Duration::from_secs(5),
+        basis_store_bytes: 0,
+        max_stored_body: 0,
+        queue: Some(queue),
+        queue_state: state,
+    })
+    .unwrap();
+    let mut users = AuthFile::default();
+    users.set("alice", "wonderland").unwrap();
+    let gate = AuthGate::new(
+        accelerator,
+        Some(Authenticator::new(&users, "rproxy").unwrap()),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    if let Some(slots) = gate.role().slots() {
+        tokio::spawn(slots.clone().run_timer(addr));
+    }
+    tokio::spawn(serve(
+        listener,
+        Arc::new(gate),
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    Stack {
+        addr,
+        origin,
+        finish,
+    }
+}
+
+fn request(path: &str, extra: &str) -> String {
+    let credentials = basic_credentials("alice", "wonderland");
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\nProxy-Authorization: {}\r\n{extra}\r\n",
+        credentials.to_str().unwrap()
+    )
+}
+
+/// One request on its own connection, read to the close.
+async fn exchange(addr: SocketAddr, request: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn header<'a>(answer: &'a str, name: &str) -> Option<&'a str> {
+    answer.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// `(position, ID)` of a queued answer.
+fn place(answer: &str) -> (u32, String) {
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let queued = header(answer, "X-Queued").unwrap_or_else(|| panic!("no X-Queued: {answer}"));
+    let field = |name: &str| {
+        queued
+            .split(';')
+            .find_map(|f| f.trim().strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {name} in {queued}"))
+            .to_owned()
+    };
+    (field("position").parse().unwrap(), field("ID"))
+}
+
+fn retry(path: &str, position: u32, id: &str) -> String {
+    request(
+        path,
+        &format!("X-Queue: 1.0\r\nX-Queued: position={position}; ID={id}\r\n"),
+    )
+}
+
+#[tokio::test]
+async fn l9_queued_clients_are_served_first_come_first_served() {
+    let stack = start(None).await;
+
+    // A holds the one slot: its body is under way.
+    let mut holder = TcpStream::connect(stack.addr).await.unwrap();
+    holder
+        .write_all(request("/slow", "").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0; 1024];
+    let n = holder.read(&mut first).await.unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
+
+    // B then C are queued, in that order, with Retry-After.
+    let b = exchange(stack.addr, &request("/b", "X-Queue: 1.0\r\n")).await;
+    let (b_position, b_id) = place(&b);
+    assert_eq!(b_position, 1);
+    assert!(header(&b, "Retry-After").is_some(), "{b}");
+    assert_eq!(header(&b, "X-Queue"), Some("1.0"), "{b}");
+    let c = exchange(stack.addr, &request("/c", "X-Queue: 1.0\r\n")).await;
+    let (c_position, c_id) = place(&c);
+    assert_eq!(c_position, 2);
+    assert_ne!(b_id, c_id);
+
+    // A stranger takes no place.
+    let stranger = exchange(
+        stack.addr,
+        "GET /d HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\nX-Queue: 1.0\r\n\r\n",
+    )
+    .await;
+    assert!(stranger.starts_with("HTTP/1.1 407"), "{stranger}");
+
+    // The slot frees; C asks first but B is ahead: C keeps waiting.
+    stack.finish.send(()).await.unwrap();
+    let mut rest = Vec::new();
+    holder.read_to_end(&mut rest).await.unwrap();
+    let c = exchange(stack.addr, &retry("/c", c_position, &c_id)).await;
+    assert_eq!(place(&c), (2, c_id.clone()), "C does not overtake B");
+    // A newcomer queues behind both.
+    let e = exchange(stack.addr, &request("/e", "X-Queue: 1.0\r\n")).await;
+    assert_eq!(place(&e).0, 3);
+
+    let b = exchange(stack.addr, &retry("/b", b_position, &b_id)).await;
+    assert!(b.starts_with("HTTP/1.1 200"), "B is served first: {b}");
+    // C repeats the position it was last told (PARQ: a different one
+    // would lose the place).
+    let c = exchange(stack.addr, &retry("/c", 2, &c_id)).await;
+    assert!(c.starts_with("HTTP/1.1 200"), "then C: {c}");
+    assert_eq!(
+        stack.origin.requests.load(Ordering::SeqCst),
+        3,
+        "A, B and C reached the origin"
+    );
+}
+
+#[tokio::test]
+async fn queued_places_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("queue");
+    let stack = start(Some(state.clone())).await;
+    let mut holder = TcpStream::connect(stack.addr).await.unwrap();
+    holder
+        .write_all(request("/slow", "").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0; 1024];
+    let _ = holder.read(&mut first).await.unwrap();
+    for path in ["/b", "/c"] {
+        let queued = exchange(stack.addr, &request(path, "X-Queue: 1.0\r\n")).await;
+        place(&queued);
+    }
+    // Saved within a tick (1 s); a new accelerator reloads both places.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reloaded = rproxy::slots::Slots::new(
+        QueueConfig::new(1.try_into().unwrap(), 100),
+        Some(state.clone()),
+    );
+    assert_eq!(reloaded.queued(), 2);
+    // A torn file is refused, not trusted: the queue starts empty.
+    let bytes = std::fs::read(&state).unwrap();
+    std::fs::write(&state, &bytes[..bytes.len() / 2]).unwrap();
+    let torn = rproxy::slots::Slots::new(QueueConfig::new(1.try_into().unwrap(), 100), Some(state));
+    assert_eq!(torn.queued(), 0);
+}
