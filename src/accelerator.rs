@@ -39,7 +39,7 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
     check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
-use crate::queue::QueueConfig;
+use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
 use crate::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
 use crate::slots::{Admitted, Slots};
 use crate::tls::TlsSession;
@@ -320,6 +320,10 @@ impl Accelerator {
         }
         parts.headers.remove(HSYNC_SIGNATURE);
         parts.headers.remove(HSYNC_BASIS);
+        // The queue's headers are between the client and us.
+        for name in [&X_QUEUE, &X_QUEUED, &X_NODE] {
+            parts.headers.remove(name);
+        }
         if encodable {
             // We encode the identity body; the origin must not code it.
             parts.headers.insert(

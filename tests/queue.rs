@@ -27,11 +27,20 @@ use tokio::sync::{Mutex, mpsc};
 struct Origin {
     finish: Mutex<Option<mpsc::Receiver<()>>>,
     requests: AtomicUsize,
+    /// Requests that arrived with a queue header (they belong to the
+    /// client-accelerator hop).
+    queue_headers: AtomicUsize,
 }
 
 impl Handler for Origin {
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         self.requests.fetch_add(1, Ordering::SeqCst);
+        if ["x-queue", "x-queued", "x-node"]
+            .iter()
+            .any(|name| request.headers().contains_key(*name))
+        {
+            self.queue_headers.fetch_add(1, Ordering::SeqCst);
+        }
         if request.uri().path() != "/slow" {
             return Response::new(
                 Full::new(Bytes::from_static(b"quick\n"))
@@ -82,6 +91,7 @@ async fn start(state: Option<std::path::PathBuf>) -> Stack {
     let origin = Arc::new(Origin {
         finish: Mutex::new(Some(finish_rx)),
         requests: AtomicUsize::new(0),
+        queue_headers: AtomicUsize::new(0),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let origin_addr = listener.local_addr().unwrap();
@@ -238,6 +248,7 @@ async fn l9_queued_clients_are_served_first_come_first_served() {
         3,
         "A, B and C reached the origin"
     );
+    assert_eq!(stack.origin.queue_headers.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
@@ -268,4 +279,116 @@ async fn queued_places_survive_a_restart() {
     std::fs::write(&state, &bytes[..bytes.len() / 2]).unwrap();
     let torn = rproxy::slots::Slots::new(QueueConfig::new(1.try_into().unwrap(), 100), Some(state));
     assert_eq!(torn.queued(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The client proxy's side
+
+/// A raw upstream: queues the first request (PARQ, Retry-After: 1) and
+/// serves the next; records every request head.
+async fn queueing_upstream() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let first = {
+                let mut heads = seen.lock().unwrap();
+                heads.push(head);
+                heads.len() == 1
+            };
+            let answer: &[u8] = if first {
+                b"HTTP/1.1 503 Service Unavailable\r\nX-Queue: 1.0\r\nX-Queued: position=3; length=5; ETA=2; lifetime=60; ID=0123456789abcdef0123456789abcdef\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nCache-Control: no-store\r\nConnection: close\r\n\r\nserved"
+            };
+            let _ = stream.write_all(answer).await;
+        }
+    });
+    (addr, heads)
+}
+
+async fn client_in_front_of(
+    upstream: SocketAddr,
+    wait_max: Duration,
+) -> (SocketAddr, tempfile::TempDir) {
+    let cache = tempfile::tempdir().unwrap();
+    let store = rproxy::cache::CacheStore::open(cache.path().join("cache"), 1 << 20).unwrap();
+    let proxy = rproxy::client_proxy::ClientProxy::new(
+        rproxy::client_proxy::ClientConfig {
+            upstream: format!("http://{upstream}").parse().unwrap(),
+            via_name: HeaderValue::from_static("client-test"),
+            scope: rproxy::cache::CacheScope::Shared,
+            default_signature_bytes: 4608,
+            max_signature_bytes: 24 << 10,
+            connect_timeout: Duration::from_secs(2),
+            upstream_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(5),
+            max_object_bytes: 1 << 20,
+            memory_cache_bytes: 0,
+            upstream_credentials: None,
+            upstream_tls: None,
+            queue_wait_max: wait_max,
+        },
+        store,
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        Arc::new(proxy),
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    (addr, cache)
+}
+
+const PLAIN_GET: &str = "GET /page HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n";
+
+#[tokio::test]
+async fn the_client_proxy_keeps_its_place_for_the_user_agent() {
+    let (upstream, heads) = queueing_upstream().await;
+    let (client, _cache) = client_in_front_of(upstream, Duration::from_secs(30)).await;
+    let started = std::time::Instant::now();
+    let answer = exchange(client, PLAIN_GET).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("served"), "{answer}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "waited {waited:?} for Retry-After: 1"
+    );
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    let lower: Vec<String> = heads.iter().map(|h| h.to_ascii_lowercase()).collect();
+    assert!(
+        lower[0].contains("x-queue: 1.0"),
+        "offers PARQ: {}",
+        heads[0]
+    );
+    assert!(!lower[0].contains("x-queued"), "{}", heads[0]);
+    assert!(
+        lower[1].contains("x-queued: position=3; id=0123456789abcdef0123456789abcdef"),
+        "comes back with its place: {}",
+        heads[1]
+    );
+}
+
+#[tokio::test]
+async fn the_client_proxy_gives_up_after_queue_wait_max() {
+    let (upstream, heads) = queueing_upstream().await;
+    let (client, _cache) = client_in_front_of(upstream, Duration::ZERO).await;
+    let answer = exchange(client, PLAIN_GET).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert_eq!(header(&answer, "Retry-After"), Some("1"), "{answer}");
+    assert_eq!(heads.lock().unwrap().len(), 1, "no retry");
 }

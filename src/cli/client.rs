@@ -94,6 +94,11 @@ pub struct ClientArgs {
     /// RPROXY_UPSTREAM_PASSWORD.
     #[arg(long, value_name = "USER")]
     pub upstream_user: Option<String>,
+    /// Seconds a user agent's request may wait in the upstream's queue for
+    /// an upload slot (the accelerator's --slots); then the upstream's 503
+    /// and Retry-After go to the user agent.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub queue_wait_max: u64,
     /// PEM certificates to trust for an https:// upstream, instead of the
     /// system's roots (for an accelerator with its own CA or a
     /// self-signed certificate).
@@ -158,6 +163,7 @@ impl ClientArgs {
             })?,
             upstream_credentials: self.upstream_credentials()?,
             upstream_tls: self.upstream_tls()?,
+            queue_wait_max: Duration::from_secs(self.queue_wait_max),
         })
     }
 

@@ -48,6 +48,7 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
     check_response_head, strip_hop_by_hop,
 };
+use crate::queue::{X_QUEUE, X_QUEUED};
 use crate::server::{BodyError, Handler, ProxyBody, counted};
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
@@ -90,6 +91,9 @@ pub struct ClientConfig {
     pub upstream_credentials: Option<HeaderValue>,
     /// TLS for an `https://` upstream (trust roots, ALPN).
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    /// Longest a user agent's request waits in the upstream's queue for
+    /// an upload slot before it gets the upstream's `503`.
+    pub queue_wait_max: Duration,
 }
 
 /// Why the configuration cannot be used.
@@ -123,6 +127,7 @@ pub struct ClientStats {
     partial_stored: AtomicU64,
     digest_failures: AtomicU64,
     upstream_errors: AtomicU64,
+    queue_waits: AtomicU64,
     signature_bytes: AtomicU64,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
@@ -154,6 +159,9 @@ pub struct StatsSnapshot {
     pub digest_failures: u64,
     /// Upstream unreachable or silent.
     pub upstream_errors: u64,
+    /// Waits in the upstream's queue for an upload slot (one per
+    /// `Retry-After`).
+    pub queue_waits: u64,
     /// Bytes of basis signatures sent upstream (decoded).
     pub signature_bytes: u64,
     /// Body bytes received from upstream (coded, as on the link).
@@ -182,6 +190,7 @@ impl ClientStats {
             partial_stored: get(&self.partial_stored),
             digest_failures: get(&self.digest_failures),
             upstream_errors: get(&self.upstream_errors),
+            queue_waits: get(&self.queue_waits),
             signature_bytes: get(&self.signature_bytes),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
@@ -1070,9 +1079,61 @@ impl ClientProxy {
         request
     }
 
-    /// Sends a request upstream within the time limit; `Err` is the status
-    /// and message for the user agent.
+    /// Sends a request upstream, offering PARQ (`X-Queue: 1.0`): when the
+    /// upstream's upload slots are busy and it queues a bodiless request,
+    /// the user agent waits while we come back at each `Retry-After` with
+    /// our place (`X-Queued: position=…; ID=…`), for at most
+    /// `queue_wait_max`; then the upstream's `503` (with its Retry-After)
+    /// goes to the user agent. `Err` is the status and message for the
+    /// user agent.
     async fn send(
+        &self,
+        request: Request<ProxyBody>,
+        target: &Target,
+    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+        let (mut parts, body) = request.into_parts();
+        parts
+            .headers
+            .insert(X_QUEUE.clone(), HeaderValue::from_static("1.0"));
+        let retryable = matches!(parts.method, Method::GET | Method::HEAD);
+        let give_up = tokio::time::Instant::now() + self.config.queue_wait_max;
+        let mut body = Some(body);
+        loop {
+            let mut request = Request::new(body.take().unwrap_or_else(empty));
+            *request.method_mut() = parts.method.clone();
+            *request.uri_mut() = parts.uri.clone();
+            *request.headers_mut() = parts.headers.clone();
+            let response = self.send_once(request, target).await?;
+            if !retryable || response.status() != StatusCode::SERVICE_UNAVAILABLE {
+                return Ok(response);
+            }
+            let Some(place) = queue_place(response.headers()) else {
+                return Ok(response);
+            };
+            let wake = tokio::time::Instant::now() + place.retry_after;
+            if wake > give_up {
+                tracing::info!(
+                    position = place.position,
+                    waited_max = self.config.queue_wait_max.as_secs(),
+                    "gave up waiting in the upstream's queue"
+                );
+                return Ok(response);
+            }
+            ClientStats::add(&self.stats.queue_waits, 1);
+            tracing::info!(
+                position = place.position,
+                length = place.length,
+                retry_after = place.retry_after.as_secs(),
+                "queued upstream; waiting"
+            );
+            drop(response);
+            tokio::time::sleep_until(wake).await;
+            parts.headers.insert(X_QUEUED.clone(), place.x_queued);
+        }
+    }
+
+    /// [`Self::send`] without the queue.
+    async fn send_once(
         &self,
         request: Request<ProxyBody>,
         target: &Target,
@@ -1142,6 +1203,37 @@ impl Handler for ClientProxy {
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.proxy(request)
     }
+}
+
+/// Where the upstream queued us: from a PARQ `503`.
+struct QueuePlace {
+    position: u32,
+    length: u32,
+    retry_after: Duration,
+    /// What to send back: `position=…; ID=…`.
+    x_queued: HeaderValue,
+}
+
+/// Longest `Retry-After` taken from an upstream queue (PARQ's constant
+/// beyond the formula is 600 s).
+const MAX_QUEUE_RETRY_AFTER: Duration = Duration::from_secs(600);
+
+fn queue_place(headers: &HeaderMap) -> Option<QueuePlace> {
+    let status = crate::queue::headers::parse_x_queued(headers.get(&X_QUEUED)?.as_bytes()).ok()?;
+    let (position, id) = (status.position?, status.id?);
+    let retry_after = headers
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(30), Duration::from_secs)
+        .min(MAX_QUEUE_RETRY_AFTER);
+    let x_queued = HeaderValue::from_str(&format!("position={position}; ID={id}")).ok()?;
+    Some(QueuePlace {
+        position,
+        length: status.length.unwrap_or(position),
+        retry_after,
+        x_queued,
+    })
 }
 
 /// An error and its sources, `: `-separated (hyper's client errors say
