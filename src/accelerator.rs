@@ -40,7 +40,7 @@ use crate::http::{
     check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
+use crate::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted, text_response};
 use crate::slots::{Admitted, Slots};
 use crate::tls::TlsSession;
 use hyper_util::client::legacy::connect::capture_connection;
@@ -72,6 +72,26 @@ pub struct AcceleratorConfig {
     /// Where the queue is saved every second and reloaded at start-up, so
     /// places survive a restart.
     pub queue_state: Option<std::path::PathBuf>,
+}
+
+impl AcceleratorConfig {
+    /// The settings `rproxy accelerator` uses by default, in front of
+    /// `origin` and named `accelerator` in Via.
+    pub fn for_origin(origin: Uri) -> AcceleratorConfig {
+        AcceleratorConfig {
+            origin,
+            via_name: HeaderValue::from_static("accelerator"),
+            encoder: EncoderOptions::default(),
+            max_encode_len: 1 << 30,
+            max_signature_bytes: 24 << 10,
+            connect_timeout: Duration::from_secs(4),
+            origin_timeout: Duration::from_secs(30),
+            basis_store_bytes: 256 << 20,
+            max_stored_body: 8 << 20,
+            queue: None,
+            queue_state: None,
+        }
+    }
 }
 
 /// Why the configuration cannot be used.
@@ -188,17 +208,7 @@ impl Accelerator {
     /// Answers with a short plain-text error.
     fn error(status: StatusCode, message: String) -> Response<ProxyBody> {
         tracing::info!(status = status.as_u16(), %message, "refused");
-        let mut response = Response::new(
-            Full::new(Bytes::from(message + "\n"))
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        response
+        text_response(status, message)
     }
 
     /// The origin-form target, or why the request cannot go to our origin

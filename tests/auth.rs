@@ -18,7 +18,6 @@ use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
 use rproxy::cache::{CacheScope, CacheStore};
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::hsync::EncoderOptions;
 use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use rproxy::static_origin::StaticOrigin;
 use tempfile::TempDir;
@@ -209,17 +208,12 @@ async fn start_pair(upstream_password: Option<&str>) -> Pair {
     });
     let origin_addr = listen(origin.clone()).await;
     let accelerator = Accelerator::new(AcceleratorConfig {
-        origin: format!("http://{origin_addr}").parse().unwrap(),
         via_name: HeaderValue::from_static("accel-test"),
-        encoder: EncoderOptions::default(),
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
-        queue: None,
-        queue_state: None,
+        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
     })
     .unwrap();
     let accelerator = Arc::new(AuthGate::new(

@@ -14,7 +14,6 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::hsync::EncoderOptions;
 use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -63,17 +62,12 @@ async fn start(limits: ConnectionLimits) -> Stack {
         std::future::pending(),
     ));
     let accelerator = Accelerator::new(AcceleratorConfig {
-        origin: format!("http://{origin_addr}").parse().unwrap(),
         via_name: HeaderValue::from_static("accel-test"),
-        encoder: EncoderOptions::default(),
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 0,
         max_stored_body: 0,
-        queue: None,
-        queue_state: None,
+        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -15,7 +15,6 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
-use rproxy::hsync::EncoderOptions;
 use rproxy::queue::QueueConfig;
 use rproxy::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -105,17 +104,14 @@ async fn start(state: Option<std::path::PathBuf>) -> Stack {
     // Retries come at once here rather than after Retry-After (30 s).
     queue.retry_slack = Duration::from_secs(600);
     let accelerator = Accelerator::new(AcceleratorConfig {
-        origin: format!("http://{origin_addr}").parse().unwrap(),
         via_name: HeaderValue::from_static("accel-test"),
-        encoder: EncoderOptions::default(),
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 0,
         max_stored_body: 0,
         queue: Some(queue),
         queue_state: state,
+        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
     })
     .unwrap();
     let mut users = AuthFile::default();

@@ -14,7 +14,6 @@ use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::{CacheScope, CacheStore};
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::hsync::EncoderOptions;
 use rproxy::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
 use rproxy::static_origin::StaticOrigin;
 use tempfile::TempDir;
@@ -85,17 +84,12 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
     ));
 
     let accelerator = Accelerator::new(AcceleratorConfig {
-        origin: format!("http://{origin}").parse().unwrap(),
         via_name: HeaderValue::from_static("accel-test"),
-        encoder: EncoderOptions::default(),
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
-        queue: None,
-        queue_state: None,
+        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
     })
     .unwrap();
     let accelerator = Arc::new(Recording {

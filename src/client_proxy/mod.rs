@@ -49,7 +49,7 @@ use crate::http::{
     check_response_head, strip_hop_by_hop,
 };
 use crate::queue::{X_QUEUE, X_QUEUED};
-use crate::server::{BodyError, Handler, ProxyBody, counted};
+use crate::server::{BodyError, Handler, ProxyBody, counted, text_response};
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
 use transfer::{CachedBody, ClientBasis, Coding, OriginDigest, Relay, Report, StoreTarget, full};
@@ -1552,12 +1552,7 @@ fn respond(status: StatusCode, headers: HeaderMap, body: ProxyBody) -> Response<
 /// A short plain-text error.
 fn error(status: StatusCode, message: String) -> Response<ProxyBody> {
     tracing::info!(status = status.as_u16(), %message, "refused");
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    respond(status, headers, full(message + "\n"))
+    text_response(status, message)
 }
 
 #[cfg(test)]
