@@ -10,6 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -246,6 +247,50 @@ fn refuse_early(
 const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
 
+/// Set by a role on a response after which the client is expected to stay
+/// silent on the connection for a while, and come back on it (a queued
+/// reply on a held connection, PARQ Sq or Active Queueing): the next
+/// request head may take this much longer than the header timeout, and
+/// the idle timeout is stretched as much, instead of closing the
+/// connection and losing the client's place.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldConnection(pub Duration);
+
+/// A connection's current hold (seconds), shared by its service (which
+/// reads [`HoldConnection`] off each response), its timer and its I/O.
+type Hold = Arc<AtomicU64>;
+
+/// hyper's timer, with the connection's hold added to every deadline it
+/// sets (hyper uses it only for the header timeout on HTTP/1.1).
+#[derive(Clone)]
+struct HeldTimer {
+    hold: Hold,
+}
+
+impl HeldTimer {
+    fn extra(&self) -> Duration {
+        Duration::from_secs(self.hold.load(Ordering::Relaxed))
+    }
+}
+
+impl hyper::rt::Timer for HeldTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep(duration + self.extra())
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep_until(deadline + self.extra())
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
+        TokioTimer::new().reset(sleep, new_deadline + self.extra());
+    }
+
+    fn now(&self) -> std::time::Instant {
+        TokioTimer::new().now()
+    }
+}
+
 /// The address of the peer a request came from, in its extensions (absent
 /// on inetd pipes). Failed logins are counted per peer address.
 #[derive(Debug, Clone, Copy)]
@@ -257,6 +302,7 @@ pub struct Peer(pub SocketAddr);
 #[allow(clippy::type_complexity)]
 fn service<H: Handler>(
     handler: Arc<H>,
+    hold: Hold,
     number: ConnectionNumber,
     peer: Option<SocketAddr>,
     tls: Option<TlsSession>,
@@ -278,11 +324,15 @@ fn service<H: Handler>(
         }
         strip_unkeyed(request.headers_mut());
         let refused = refuse_early(&request, &limits);
+        let hold = hold.clone();
         Box::pin(async move {
-            Ok::<_, Infallible>(match refused {
+            let response = match refused {
                 Some(response) => response,
                 None => handler.handle(request).await,
-            })
+            };
+            let held = response.extensions().get::<HoldConnection>();
+            hold.store(held.map_or(0, |h| h.0.as_secs()), Ordering::Relaxed);
+            Ok::<_, Infallible>(response)
         }) as Pin<Box<dyn Future<Output = _> + Send>>
     })
 }
@@ -298,16 +348,13 @@ pub async fn serve_connection<H, I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let number = ConnectionNumber::next();
-    serve_http1(
-        io,
-        service(handler.clone(), number, peer, None, limits),
-        limits,
-    )
-    .await;
+    let hold = Hold::default();
+    let service = service(handler.clone(), hold.clone(), number, peer, None, limits);
+    serve_http1(io, service, hold, limits).await;
     handler.connection_closed(number);
 }
 
-async fn serve_http1<I, S>(io: I, service: S, limits: ConnectionLimits)
+async fn serve_http1<I, S>(io: I, service: S, hold: Hold, limits: ConnectionLimits)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
@@ -319,7 +366,7 @@ where
 {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
+        .timer(HeldTimer { hold: hold.clone() })
         .header_read_timeout(limits.header_read_timeout)
         .max_header_size(limits.max_head_bytes)
         .max_buf_size(limits.max_head_bytes.max(8192));
@@ -328,7 +375,7 @@ where
         // request.
         builder.max_headers(limits.max_headers);
     }
-    let io = Watched::new(io, limits.idle_timeout);
+    let io = Watched::new(io, limits.idle_timeout, hold);
     let mut connection = builder.serve_connection(TokioIo::new(io), service);
     let result = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)).await;
     let mut io = connection.into_parts().io.into_inner();
@@ -375,9 +422,17 @@ async fn serve_tls_connection<H: Handler>(
         local,
     };
     let number = ConnectionNumber::next();
-    let service = service(handler.clone(), number, Some(peer), Some(info), limits);
+    let hold = Hold::default();
+    let service = service(
+        handler.clone(),
+        hold.clone(),
+        number,
+        Some(peer),
+        Some(info),
+        limits,
+    );
     if !h2 {
-        serve_http1(tls, service, limits).await;
+        serve_http1(tls, service, hold, limits).await;
         handler.connection_closed(number);
         return;
     }
@@ -386,7 +441,7 @@ async fn serve_tls_connection<H: Handler>(
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
         .serve_connection(
-            TokioIo::new(Watched::new(tls, limits.idle_timeout)),
+            TokioIo::new(Watched::new(tls, limits.idle_timeout, hold)),
             service,
         )
         .await;
@@ -404,24 +459,27 @@ const MAX_STREAMS: u32 = 256;
 struct Watched<I> {
     io: I,
     idle: Duration,
+    hold: Hold,
     deadline: Pin<Box<Sleep>>,
     idle_expired: bool,
 }
 
 impl<I> Watched<I> {
-    fn new(io: I, idle: Duration) -> Self {
+    fn new(io: I, idle: Duration, hold: Hold) -> Self {
         Watched {
             io,
             idle,
+            hold,
             deadline: Box::pin(tokio::time::sleep(idle)),
             idle_expired: false,
         }
     }
 
     fn moved(&mut self) {
+        let hold = Duration::from_secs(self.hold.load(Ordering::Relaxed));
         self.deadline
             .as_mut()
-            .reset(tokio::time::Instant::now() + self.idle);
+            .reset(tokio::time::Instant::now() + self.idle + hold);
     }
 
     /// Called when the I/O is pending: fails once the deadline passed.

@@ -21,13 +21,16 @@ use tokio::time::Instant;
 
 use crate::queue::headers::{parse_offer, parse_x_node, parse_x_queued};
 use crate::queue::{
-    Admission, Completion, ConnectionId, IdGenerator, QueueConfig, QueueRequest, UploadQueue,
-    X_NODE, X_QUEUE, X_QUEUED,
+    Admission, Completion, ConnectionId, IdGenerator, QueueConfig, QueueRequest, ReplyForm,
+    UploadQueue, X_NODE, X_QUEUE, X_QUEUED,
 };
-use crate::server::{ConnectionNumber, Peer, ProxyBody, counted, text_response};
+use crate::server::{ConnectionNumber, HoldConnection, Peer, ProxyBody, counted, text_response};
 
 /// How often entries are lapsed, callbacks made and the queue saved.
 const TICK: Duration = Duration::from_secs(1);
+/// How much later than it should a client may come back on a held
+/// connection before the connection is closed.
+const HOLD_SLACK: Duration = Duration::from_secs(30);
 /// Longest a QUEUE callback connection may take.
 const CALLBACK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -115,9 +118,19 @@ impl Slots {
             expected_len: None,
         };
         let admission = self.lock().admit(&queued, Instant::now());
+        let mut hold = None;
         let (message, headers) = match admission {
             Admission::Serve(token) => return Admitted::Serve(token),
             Admission::Queued(reply) => {
+                if reply.keep_alive {
+                    // The client comes back on this connection: by
+                    // pollMax (legacy) or at Retry-After (PARQ Sq).
+                    let back_by = match reply.form {
+                        ReplyForm::Active { poll_max, .. } => poll_max,
+                        _ => reply.retry_after,
+                    };
+                    hold = Some(HoldConnection(back_by + HOLD_SLACK));
+                }
                 tracing::info!(
                     position = reply.position,
                     length = reply.length,
@@ -148,6 +161,9 @@ impl Slots {
         };
         let mut response = text_response(StatusCode::SERVICE_UNAVAILABLE, message);
         response.headers_mut().extend(headers);
+        if let Some(hold) = hold {
+            response.extensions_mut().insert(hold);
+        }
         Admitted::Answer(response)
     }
 

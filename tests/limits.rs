@@ -14,7 +14,7 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
+use rproxy::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -288,4 +288,76 @@ async fn connections_past_the_cap_wait_until_one_ends() {
         .unwrap();
     assert_eq!(answer, (200, true));
     assert_eq!(stack.origin_requests(), 3);
+}
+
+/// Answers `/hold` with a [`HoldConnection`] of 3 s, anything else plainly.
+struct Holder;
+
+impl Handler for Holder {
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let held = request.uri().path() == "/hold";
+        let mut response = Response::new(
+            Full::new(Bytes::from_static(b"ok"))
+                .map_err(|n| match n {})
+                .boxed(),
+        );
+        if held {
+            response
+                .extensions_mut()
+                .insert(HoldConnection(Duration::from_secs(3)));
+        }
+        response
+    }
+}
+
+/// Sends `path` on `stream` (keep-alive) and reads its 2-byte answer.
+async fn ask(stream: &mut TcpStream, path: &str) -> bool {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: site.test\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0; 1024];
+    while !answer.ends_with(b"ok") {
+        match tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    answer.starts_with(b"HTTP/1.1 200")
+}
+
+#[tokio::test]
+async fn a_held_connection_outlives_the_header_timeout_once() {
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        Arc::new(Holder),
+        limits,
+        std::future::pending(),
+    ));
+
+    // Plain: idle past the header timeout, the connection is gone.
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    assert!(ask(&mut plain, "/").await);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(!ask(&mut plain, "/").await, "closed at the header timeout");
+
+    // Held: the client may be silent for the hold, and come back.
+    let mut held = TcpStream::connect(addr).await.unwrap();
+    assert!(ask(&mut held, "/hold").await);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(ask(&mut held, "/").await, "still open within the hold");
+    // That answer held nothing: the usual timeout is back.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        !ask(&mut held, "/").await,
+        "closed at the header timeout again"
+    );
 }
