@@ -3,22 +3,20 @@
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use http::HeaderValue;
 
 use super::UsageError;
 use super::auth::AuthArgs;
 use super::limits::LimitArgs;
+use super::serving::{serve_listener, serve_one, take_stdio};
 use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::auth::AuthGate;
 use crate::hsync::EncoderOptions;
-use crate::inetd::{Stdio, serve_stdio};
+use crate::inetd::Stdio;
 use crate::queue::QueueConfig;
-use crate::server::{ConnectionLimits, Handler, raise_open_file_limit, serve, serve_tls};
 
 /// Flags of `rproxy accelerator`.
 #[derive(Debug, Args)]
@@ -109,11 +107,7 @@ pub(super) fn via_name(name: Option<&str>, listen: SocketAddr) -> Result<HeaderV
 /// # Errors
 /// A bad flag ([`UsageError`]) or a listener that cannot bind.
 pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
-    let stdio = args
-        .inetd
-        .then(Stdio::take)
-        .transpose()
-        .context("--inetd: cannot use descriptor 0")?;
+    let stdio = take_stdio(args.inetd)?;
     let address = stdio
         .as_ref()
         .and_then(Stdio::local_addr)
@@ -158,39 +152,16 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         }
         return serve_one(stdio, accelerator, limits);
     }
-    raise_open_file_limit(limits.max_connections);
-    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        let listener = crate::server::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
-        tracing::info!(listen = %args.listen, origin = %args.origin, tls = tls.is_some(), "accelerator ready");
-        if let Some(slots) = accelerator.role().slots() {
-            let address = listener.local_addr().unwrap_or(args.listen);
-            tokio::spawn(slots.clone().run_timer(address));
-        }
-        let stop = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        match tls {
-            Some(tls) => serve_tls(listener, Arc::new(accelerator), limits, tls, stop).await,
-            None => serve(listener, Arc::new(accelerator), limits, stop).await,
-        }
-        Ok(())
-    })
-}
-
-/// Serves the one inetd connection on a single-threaded runtime (one
-/// connection needs no more), then returns. Dropping the runtime waits for
-/// blocking work still running, such as a cache commit.
-pub(super) fn serve_one<H: Handler>(
-    stdio: Stdio,
-    handler: H,
-    limits: ConnectionLimits,
-) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime
-        .block_on(serve_stdio(stdio, Arc::new(handler), limits))
-        .context("cannot serve the connection on stdin")
+    serve_listener(
+        args.listen,
+        accelerator,
+        limits,
+        tls.clone(),
+        |address, accelerator| {
+            tracing::info!(listen = %address, origin = %args.origin, tls = tls.is_some(), "accelerator ready");
+            if let Some(slots) = accelerator.role().slots() {
+                tokio::spawn(slots.clone().run_timer(address));
+            }
+        },
+    )
 }

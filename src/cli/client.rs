@@ -10,14 +10,14 @@ use clap::Args;
 use http::HeaderValue;
 
 use super::UsageError;
-use super::accelerator::{serve_one, via_name};
+use super::accelerator::via_name;
 use super::auth::AuthArgs;
 use super::limits::LimitArgs;
+use super::serving::{serve_listener, serve_one, take_stdio};
 use crate::auth::{AuthGate, basic_credentials};
 use crate::cache::{CacheScope, CacheStore};
 use crate::client_proxy::{ClientConfig, ClientProxy};
 use crate::inetd::Stdio;
-use crate::server::{raise_open_file_limit, serve};
 
 /// Flags of `rproxy client`.
 #[derive(Debug, Args)]
@@ -219,11 +219,7 @@ impl ClientArgs {
 /// A bad flag ([`UsageError`]), a cache directory that cannot be opened or
 /// a listener that cannot bind.
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
-    let stdio = args
-        .inetd
-        .then(Stdio::take)
-        .transpose()
-        .context("--inetd: cannot use descriptor 0")?;
+    let stdio = take_stdio(args.inetd)?;
     let address = stdio
         .as_ref()
         .and_then(Stdio::local_addr)
@@ -238,16 +234,8 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     if let Some(stdio) = stdio {
         return serve_one(stdio, proxy, limits);
     }
-    raise_open_file_limit(limits.max_connections);
-    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        let listener = crate::server::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
-        tracing::info!(listen = %args.listen, upstream = %args.upstream, cache = %args.cache.display(), "client proxy ready");
-        serve(listener, Arc::new(proxy), limits, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
-        Ok(())
+    serve_listener(args.listen, proxy, limits, None, |address, _| {
+        tracing::info!(listen = %address, upstream = %args.upstream, cache = %args.cache.display(), "client proxy ready");
     })
 }
 

@@ -6,6 +6,7 @@ pub mod client;
 pub mod demo;
 pub mod hsync;
 pub mod limits;
+mod serving;
 
 use clap::{Parser, Subcommand};
 

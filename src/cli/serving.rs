@@ -1,0 +1,68 @@
+//! How both roles serve once configured: the one inetd connection on
+//! stdin/stdout, or a listener (plain or TLS) until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::inetd::{Stdio, serve_stdio};
+use crate::server::{ConnectionLimits, Handler, bind, raise_open_file_limit, serve, serve_tls};
+
+/// Descriptor 0 when `--inetd` is given.
+///
+/// # Errors
+/// When descriptor 0 is closed or cannot be duplicated.
+pub(super) fn take_stdio(inetd: bool) -> anyhow::Result<Option<Stdio>> {
+    inetd
+        .then(Stdio::take)
+        .transpose()
+        .context("--inetd: cannot use descriptor 0")
+}
+
+/// Serves the one inetd connection on a single-threaded runtime (one
+/// connection needs no more), then returns. Dropping the runtime waits for
+/// blocking work still running, such as a cache commit.
+pub(super) fn serve_one<H: Handler>(
+    stdio: Stdio,
+    handler: H,
+    limits: ConnectionLimits,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime
+        .block_on(serve_stdio(stdio, Arc::new(handler), limits))
+        .context("cannot serve the connection on stdin")
+}
+
+/// Listens on `listen` (over TLS with `tls`) and serves `handler` until
+/// Ctrl-C. `ready` runs once the listener is bound, inside the runtime,
+/// with its address (to log, or to start the role's own tasks).
+///
+/// # Errors
+/// The runtime cannot start or the address cannot be bound.
+pub(super) fn serve_listener<H: Handler>(
+    listen: SocketAddr,
+    handler: H,
+    limits: ConnectionLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    ready: impl FnOnce(SocketAddr, &H),
+) -> anyhow::Result<()> {
+    raise_open_file_limit(limits.max_connections);
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+        ready(listener.local_addr().unwrap_or(listen), &handler);
+        let stop = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let handler = Arc::new(handler);
+        match tls {
+            Some(tls) => serve_tls(listener, handler, limits, tls, stop).await,
+            None => serve(listener, handler, limits, stop).await,
+        }
+        Ok(())
+    })
+}
