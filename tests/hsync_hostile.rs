@@ -784,7 +784,13 @@ fn d_a4_copy_of_the_wrong_block_is_caught() {
 /// misaligned entries are refused too.
 #[test]
 fn d_a6_altered_signature_entries_are_refused() {
-    let (basis, new, stream) = small_stream(LiteralCodec::Zstd);
+    // Twenty blocks, so that SIG entries come in more than one frame (the
+    // encoder hashes eight blocks at a time).
+    let basis = pseudo_text(17, 20_000);
+    let mut new = basis.clone();
+    new.splice(2000..2100, pseudo_text(18, 700));
+    new.extend_from_slice(b"tail that is new");
+    let stream = encode_against(&basis, &new, options(2048, LiteralCodec::Zstd));
     let (header, frames) = split_stream(&stream);
     let sig_frames: Vec<usize> = frames
         .iter()

@@ -256,10 +256,11 @@ fn r8_push_to_counts_only_what_its_sink_received() {
         }]),
         literals: bytes.to_vec(),
     };
-    let body = pseudo_text(14, 2100);
+    // Eight blocks and a bit: the decoder hashes eight blocks at a time.
+    let body = pseudo_text(14, 8 * 1024 + 52);
     // 100 bytes, then one (wrong) entry for the block they started (not
-    // ahead of the body), then the rest of the block: the check fails in
-    // the second window.
+    // ahead of the body), then the rest of the body: the check fails in
+    // the second window, once its eight blocks are hashed.
     let stream = build_stream(
         header(LiteralCodec::None),
         &[

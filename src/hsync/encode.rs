@@ -13,8 +13,8 @@ use super::decode::Basis;
 use super::delta::{DeltaCommand, split_delta};
 use super::frame::{Frame, Header, LiteralCodec};
 use super::signature::{
-    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, SignatureParams,
-    choose_block_size,
+    BasisSignature, SIMD_BLOCKS, SignatureBuilder, SignatureError, SignatureLimits,
+    SignatureParams, choose_block_size,
 };
 use super::{DEFAULT_STRONG_LEN, MAX_WINDOW_OUTPUT};
 
@@ -205,9 +205,8 @@ impl Encoder {
         // The window must hold the largest basis block twice so that the
         // held-back tail (< one block) never stops progress, and stay a
         // multiple of the new signature's block size. It also holds at
-        // least SIMD_BLOCKS new blocks: fast_rsync hashes 8 equal blocks at
-        // a time in AVX2 lanes and one at a time otherwise, and large
-        // blocks (171 KiB for a 64 MiB body) came fewer than 8 to a window.
+        // least SIMD_BLOCKS new blocks, the batch the signature builder
+        // hashes in SIMD lanes, so that every window sends SIG entries.
         let largest_block = basis.as_ref().map_or(params.block_size, |b| {
             b.params().block_size.max(params.block_size)
         }) as usize;
@@ -485,9 +484,6 @@ const STREAM_WINDOW_LOG: u32 = 23;
 /// The high zstd level is used only when a window's prefix is at most this
 /// many times its literal bytes.
 const HIGH_LEVEL_PREFIX_RATIO: usize = 32;
-
-/// Blocks per window at least, so signatures hash in SIMD lanes.
-const SIMD_BLOCKS: usize = 8;
 
 /// Prefixes from this size on get zstd's long-distance matcher (bytes).
 const LONG_DISTANCE_PREFIX: usize = 1 << 20;
