@@ -496,3 +496,21 @@ fn push_paths_neither_lose_nor_duplicate_bytes() {
         }
     }
 }
+
+/// A codec-2 window whose context and copied bytes pass
+/// `MAX_PREFIX_LEN` (8 MiB) round-trips: the decoder builds that prefix its
+/// own way (copies read once, straight after the context, then rebuilt
+/// from there) rather than through `window_prefix`.
+#[test]
+fn r9_a_window_longer_than_the_prefix_cap_round_trips() {
+    let basis = pseudo_text(21, 10 << 20);
+    let mut new = basis.clone();
+    // Literals late in the one 12 MiB window, after > 8 MiB of copies, and
+    // text that also occurs in the copies, so zstd uses the prefix.
+    new.splice(9_500_000..9_500_100, basis[9_000_000..9_000_300].to_vec());
+    new.splice(100..110, *b"0123456789");
+    let stream = encode_against(&basis, &new, fast(12 << 20, LiteralCodec::ZstdWindow));
+    let run = decode(&basis[..], &stream, &[], DecodeLimits::default());
+    assert!(run.result.is_ok(), "{:?}", run.result);
+    assert!(run.out == new, "the rebuilt body differs");
+}

@@ -17,7 +17,7 @@ use zstd_safe::{InBuffer, OutBuffer};
 use super::delta::{DeltaCommand, DeltaError, parse_commands};
 use super::frame::{Frame, FrameError, Header, LiteralCodec};
 use super::signature::{SignatureBuilder, SignatureParams};
-use super::{MAX_FRAME_LEN, MAX_WINDOW_OUTPUT};
+use super::{MAX_FRAME_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
 /// Random access to the basis body. Slices and `Vec`s qualify as they are;
 /// [`FileBasis`] reads a file by offset, so a large basis is never loaded
@@ -261,9 +261,8 @@ pub struct Decoder<B> {
     window_out: Vec<u8>,
     /// The body's last bytes (codecs 2 and 3).
     context: Vec<u8>,
-    /// A window's copied bytes, its basis slice, and the reference prefix
-    /// built from them (`ZstdWindow`, `ZstdBasis`).
-    copied: Vec<u8>,
+    /// A window's basis slice (`ZstdBasis`) and reference prefix
+    /// (`ZstdWindow`: the context and then the window's copied bytes).
     basis_part: Vec<u8>,
     prefix: Vec<u8>,
 }
@@ -287,7 +286,6 @@ impl<B: Basis> Decoder<B> {
             literal_buf: Vec::new(),
             window_out: Vec::new(),
             context: Vec::new(),
-            copied: Vec::new(),
             basis_part: Vec::new(),
             prefix: Vec::new(),
         }
@@ -469,26 +467,31 @@ impl<B: Basis> Decoder<B> {
                 max: self.limits.max_output,
             });
         }
-        // Codecs 2 and 3 decode literals against a prefix of what we hold:
-        // the window's copied bytes (read once, and reused to rebuild the
-        // copies below) or a slice of the basis, after the body's context.
+        // Codecs 2 and 3 decode literals against a prefix of what we hold
+        // (see `window_prefix`). Codec 2's is the body's context and then
+        // the window's copied bytes: the copies are read from the basis
+        // straight into the prefix, once, and rebuilt from there below.
         let read_error = |e: std::io::Error| DecodeError::Basis {
             reason: e.to_string(),
         };
         let prefixed = header.codec == LiteralCodec::ZstdWindow && literal_len > 0;
-        self.copied.clear();
-        self.basis_part.clear();
+        self.prefix.clear();
+        let mut copies_at = 0;
         if prefixed {
+            self.prefix
+                .extend_from_slice(super::context_tail(&self.context, window_len));
+            copies_at = self.prefix.len();
             for command in parse_commands(commands) {
                 if let DeltaCommand::Copy { offset, len } = command.expect("validated in pass 1") {
                     self.basis
-                        .append_range(offset, len as usize, &mut self.copied)
+                        .append_range(offset, len as usize, &mut self.prefix)
                         .map_err(read_error)?;
                 }
             }
         }
         if header.codec == LiteralCodec::ZstdBasis && literal_len > 0 {
             let range = super::basis_slice(self.rebuilt, window_len, basis_len);
+            self.basis_part.clear();
             self.basis
                 .append_range(
                     range.start,
@@ -496,25 +499,20 @@ impl<B: Basis> Decoder<B> {
                     &mut self.basis_part,
                 )
                 .map_err(read_error)?;
-        }
-        if matches!(
-            header.codec,
-            LiteralCodec::ZstdWindow | LiteralCodec::ZstdBasis
-        ) && literal_len > 0
-        {
             super::window_prefix(
                 &self.basis_part,
                 &self.context,
-                &self.copied,
+                &[],
                 window_len,
                 &mut self.prefix,
             );
         }
+        let reference = &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..];
         let decompressor = self.literals.as_mut().expect("header parsed before frames");
         decompressor.decompress(
             literals,
             literal_len as usize,
-            &self.prefix,
+            reference,
             &mut self.literal_buf,
         )?;
 
@@ -526,7 +524,7 @@ impl<B: Basis> Decoder<B> {
             match command.expect("validated in pass 1") {
                 DeltaCommand::Copy { len, .. } if prefixed => {
                     let end = copied_at + len as usize;
-                    out.extend_from_slice(&self.copied[copied_at..end]);
+                    out.extend_from_slice(&self.prefix[copies_at + copied_at..copies_at + end]);
                     copied_at = end;
                 }
                 DeltaCommand::Copy { offset, len } => {

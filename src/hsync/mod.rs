@@ -178,9 +178,7 @@ pub(crate) fn window_prefix(
     window_len: u64,
     prefix: &mut Vec<u8>,
 ) {
-    let context_len =
-        (CONTEXT_LEN as u64).min(PREFIX_PER_OUTPUT.saturating_mul(window_len)) as usize;
-    let context = &context[context.len().saturating_sub(context_len)..];
+    let context = context_tail(context, window_len);
     prefix.clear();
     let mut skip = (basis.len() + context.len() + copied.len()).saturating_sub(MAX_PREFIX_LEN);
     for part in [basis, context, copied] {
@@ -188,6 +186,14 @@ pub(crate) fn window_prefix(
         prefix.extend_from_slice(&part[dropped..]);
         skip -= dropped;
     }
+}
+
+/// The part of `context` (the body before a window that rebuilds
+/// `window_len` bytes) that goes into the window's prefix: its last
+/// min([`CONTEXT_LEN`], [`PREFIX_PER_OUTPUT`] × `window_len`) bytes.
+pub(crate) fn context_tail(context: &[u8], window_len: u64) -> &[u8] {
+    let len = (CONTEXT_LEN as u64).min(PREFIX_PER_OUTPUT.saturating_mul(window_len)) as usize;
+    &context[context.len().saturating_sub(len)..]
 }
 
 /// Keeps at least the last [`CONTEXT_LEN`] bytes of the body in `context`

@@ -397,7 +397,15 @@ mod tests {
     fn batched_builder_equals_fast_rsync_and_lags_less_than_a_batch() {
         let block = PARAMS.block_size as usize;
         let body = sample(21 * block + 77);
-        for piece in [1, 700, block, block + 1, 3 * block - 5, 8 * block, 9 * block + 3] {
+        for piece in [
+            1,
+            700,
+            block,
+            block + 1,
+            3 * block - 5,
+            8 * block,
+            9 * block + 3,
+        ] {
             let mut builder = SignatureBuilder::new(PARAMS);
             let mut fed = 0;
             for chunk in body.chunks(piece) {
@@ -407,7 +415,11 @@ mod tests {
                 assert!(fed / block - hashed < SIMD_BLOCKS, "piece {piece} at {fed}");
             }
             builder.finish();
-            assert_eq!(builder.to_signature_bytes(), calculate(&body), "piece {piece}");
+            assert_eq!(
+                builder.to_signature_bytes(),
+                calculate(&body),
+                "piece {piece}"
+            );
         }
     }
 
