@@ -121,7 +121,7 @@ fn signature_equals_rdiff_md4_rollsum_signature() {
 #[test]
 fn joined_delta_frames_patch_with_rdiff() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let basis = pseudo_text(6, 120_000);
+    let basis = pseudo_text(6, 240_000);
     let mut new = basis.clone();
     new.splice(30_000..30_050, pseudo_text(7, 2000));
     new.drain(80_000..85_000);

@@ -87,6 +87,7 @@ mod decode;
 mod delta;
 mod encode;
 mod frame;
+mod matcher;
 mod signature;
 
 pub use decode::{Basis, DecodeError, DecodeLimits, Decoded, Decoder, FileBasis, Partial};

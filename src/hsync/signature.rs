@@ -8,8 +8,12 @@
 //!
 //! Main types: [`BasisSignature`], [`SignatureBuilder`], [`SignatureParams`].
 
-use fast_rsync::{IndexedSignature, Signature, SignatureOptions};
-use self_cell::self_cell;
+use std::ops::Range;
+
+use fast_rsync::{Signature, SignatureOptions};
+
+use super::delta::DeltaCommand;
+use super::matcher::BlockIndex;
 
 use super::{
     DEFAULT_STRONG_LEN, MAX_BLOCK_SIZE, MAX_STRONG_LEN, MIN_BLOCK_SIZE, MIN_STRONG_LEN,
@@ -106,7 +110,7 @@ impl SignatureParams {
         header
     }
 
-    fn options(&self) -> SignatureOptions {
+    pub(crate) fn options(&self) -> SignatureOptions {
         SignatureOptions {
             block_size: self.block_size,
             crypto_hash_size: self.strong_len,
@@ -134,17 +138,9 @@ pub fn choose_block_size(
     rounded.clamp(u64::from(min_block_size), u64::from(MAX_BLOCK_SIZE)) as u32
 }
 
-self_cell!(
-    struct IndexedBasis {
-        owner: Signature,
-        #[not_covariant]
-        dependent: IndexedSignature,
-    }
-);
-
 /// A client's basis signature that passed validation, indexed for diffing.
 pub struct BasisSignature {
-    indexed: IndexedBasis,
+    index: BlockIndex,
     params: SignatureParams,
     blocks: usize,
     truncated: bool,
@@ -210,11 +206,8 @@ impl BasisSignature {
             .saturating_sub(params.entry_len())
             .max(SIGNATURE_HEADER_LEN)..end]
             .to_vec();
-        let whole = bytes[..end].to_vec();
-        let signature = Signature::deserialize(whole)
-            .expect("magic, lengths and entry alignment were checked above");
         Ok(BasisSignature {
-            indexed: IndexedBasis::new(signature, |s| s.index()),
+            index: BlockIndex::new(params, &bytes[SIGNATURE_HEADER_LEN..end]),
             params,
             blocks,
             truncated,
@@ -223,7 +216,7 @@ impl BasisSignature {
     }
 
     /// The basis offset of its last block when `tail` (shorter than a
-    /// block) is exactly that block. `fast_rsync::diff` matches whole
+    /// block) is exactly that block. The matcher matches whole
     /// blocks only, so without this an unchanged body would send the
     /// basis's short last block as a literal.
     pub(crate) fn last_block_offset(&self, tail: &[u8]) -> Option<u64> {
@@ -251,12 +244,15 @@ impl BasisSignature {
         self.truncated
     }
 
-    /// Diffs `data` against the basis, writing a librsync delta to `out`.
-    pub(crate) fn diff(&self, data: &[u8], out: &mut Vec<u8>) {
-        self.indexed.with_dependent(|_, index| {
-            fast_rsync::diff(index, data, out)
-                .expect("a validated MD4 signature and a Vec writer cannot fail")
-        })
+    /// Matches `data` against the basis blocks: delta commands, with the
+    /// literals as ranges of `data` (see [`BlockIndex::diff`]).
+    pub(crate) fn diff(
+        &self,
+        data: &[u8],
+        after_copy: bool,
+        out: &mut Vec<(DeltaCommand, Range<usize>)>,
+    ) {
+        self.index.diff(data, after_copy, out);
     }
 }
 
