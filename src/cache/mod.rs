@@ -101,6 +101,18 @@ pub enum CacheError {
 }
 
 impl CacheError {
+    /// Whether this is the disk (or the process's file-size limit or the
+    /// user's quota) running out of room: ENOSPC, EDQUOT or EFBIG.
+    pub fn is_disk_full(&self) -> bool {
+        let CacheError::Io { source, .. } = self else {
+            return false;
+        };
+        matches!(
+            source.raw_os_error(),
+            Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+        )
+    }
+
     /// Wraps an I/O error with the path it happened on.
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> CacheError {
         let path = path.into();
