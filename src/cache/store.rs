@@ -47,6 +47,15 @@
 //! blake3 so the proxy can hash while streaming and abort on a mismatch, and
 //! [`Entry::verify_body`] does the full check for callers that want it first.
 //!
+//! # A full disk (C-E1)
+//!
+//! A failed write drops the entry (temp files removed, reservation given
+//! back) and the caller passes the response through. The store counts
+//! file-system errors ([`CacheStore::write_errors`], in the proxy's
+//! stats) and logs the disk filling up (ENOSPC, EDQUOT, EFBIG) as one
+//! error line, and room coming back as one info line, each at most once a
+//! minute, rather than once per response.
+//!
 //! What it leaves out: persisting LRU order (after a restart entries are
 //! ordered by their metadata's modification time), and any HTTP decisions.
 //!
