@@ -11,9 +11,10 @@ Python 3 standard library only. Two subcommands:
   queue-sim.py run --port A --pid PID --requests 1000 --concurrency 32
       Against the accelerator on 127.0.0.1:A (started with --slots 8):
       holds 8 slow downloads (all the slots), then sends the queued
-      requests, mixed (X-Queue: 1.0; no X-Queue, each from its own
-      127.0.x.y source address so passive places are distinct; X-Queue:
-      0.1 on a connection kept open), at most --concurrency in flight, each
+      requests, mixed (X-Queue: 1.0; no X-Queue; X-Queue: 0.1 on a
+      connection kept open), each from its own 127.0.x.y source address
+      (passive places are kept by address, and one address may hold only a
+      quarter of --queue-max), at most --concurrency in flight, each
       on a fresh connection, and times each from the request's last byte
       written to its response head read. Prints p50/p99/max against the
       50 ms target, the accelerator's RSS before and after (per entry), and
@@ -146,15 +147,14 @@ DIALECTS = ("parq", "passive", "legacy")
 
 async def queued_request(port, i, sem, results, held):
     dialect = DIALECTS[i % 3]
-    local = None
     extra = ""
     if dialect == "parq":
         extra = "X-Queue: 1.0\r\n"
     elif dialect == "legacy":
         extra = "X-Queue: 0.1\r\n"
-    else:
-        # Its own address: passive places are kept by address.
-        local = (f"127.0.{1 + i // 250}.{1 + i % 250}", 0)
+    # Its own address: passive places are kept by address, and one address
+    # may hold only a quarter of --queue-max (--queue-per-address).
+    local = (f"127.0.{1 + i // 250}.{1 + i % 250}", 0)
     async with sem:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local)

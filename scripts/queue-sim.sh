@@ -22,8 +22,8 @@
 # 2. Live: the release binary `rproxy accelerator --slots 8 --queue-max
 #    2000` in front of a python3 origin whose bodies take 10 minutes (one
 #    byte a second). 8 slow downloads hold the slots, then 1,000 requests
-#    (a third each X-Queue: 1.0, none from distinct 127.0.x.y sources,
-#    X-Queue: 0.1), 32 in flight, each on a fresh connection, timed from
+#    (a third each X-Queue: 1.0, none, X-Queue: 0.1; each from its own
+#    127.0.x.y source), 32 in flight, each on a fresh connection, timed from
 #    the request sent to the 503 head read: p50/p99/max (target p99 <=
 #    50 ms); the accelerator's RSS before and after (per entry; target <=
 #    1 KiB); the stats 'queued' counter against the 503s counted; and, after

@@ -86,6 +86,14 @@ struct Stack {
 }
 
 async fn start(state: Option<std::path::PathBuf>) -> Stack {
+    start_with(state, |_| {}).await
+}
+
+/// [`start`] with the queue settings changed by `tweak`.
+async fn start_with(
+    state: Option<std::path::PathBuf>,
+    tweak: impl FnOnce(&mut QueueConfig),
+) -> Stack {
     let (finish, finish_rx) = mpsc::channel(1);
     let origin = Arc::new(Origin {
         finish: Mutex::new(Some(finish_rx)),
@@ -103,6 +111,7 @@ async fn start(state: Option<std::path::PathBuf>) -> Stack {
     let mut queue = QueueConfig::new(1.try_into().unwrap(), 100);
     // Retries come at once here rather than after Retry-After (30 s).
     queue.retry_slack = Duration::from_secs(600);
+    tweak(&mut queue);
     let accelerator = Accelerator::new(AcceleratorConfig {
         via_name: HeaderValue::from_static("accel-test"),
         connect_timeout: Duration::from_secs(2),
@@ -245,6 +254,43 @@ async fn l9_queued_clients_are_served_first_come_first_served() {
         "A, B and C reached the origin"
     );
     assert_eq!(stack.origin.queue_headers.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn one_address_cannot_fill_the_queue() {
+    let stack = start_with(None, |queue| queue.per_address_max = 2).await;
+    let mut holder = TcpStream::connect(stack.addr).await.unwrap();
+    holder
+        .write_all(request("/slow", "").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0; 1024];
+    let _ = holder.read(&mut first).await.unwrap();
+
+    // Every request comes from 127.0.0.1. Asking again for /b without the
+    // ID gives back the same place, not a second one.
+    let b = place(&exchange(stack.addr, &request("/b", "X-Queue: 1.0\r\n")).await);
+    assert_eq!(b.0, 1);
+    for _ in 0..3 {
+        let again = exchange(stack.addr, &request("/b", "X-Queue: 1.0\r\n")).await;
+        assert_eq!(place(&again), b, "the same entry for the same URL");
+    }
+    let c = place(&exchange(stack.addr, &request("/c", "X-Queue: 1.0\r\n")).await);
+    assert_eq!(c.0, 2, "/b holds one place, however often it was asked");
+    assert_ne!(c.1, b.1);
+
+    // The address holds its two: a third URL, in any dialect, gets a plain
+    // 503 with Retry-After and no place.
+    for extra in ["X-Queue: 1.0\r\n", ""] {
+        let refused = exchange(stack.addr, &request("/d", extra)).await;
+        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+        assert!(header(&refused, "Retry-After").is_some(), "{refused}");
+        assert!(header(&refused, "X-Queued").is_none(), "{refused}");
+    }
+    // Its places are intact: /b is still first.
+    let b_again = exchange(stack.addr, &retry("/b", b.0, &b.1)).await;
+    assert_eq!(place(&b_again), b);
+    assert_eq!(stack.origin.requests.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

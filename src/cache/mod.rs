@@ -25,8 +25,9 @@
 //! Left out on purpose: HTTP semantics (freshness, what may be stored —
 //! the proxy decides and passes [`NewEntry`]), signature parsing (the store
 //! keeps the bytes it is given), and an `Fs` trait for power-loss and
-//! failpoint tests (C-K3, C-E*), which a later change can slide under
-//! `store.rs`.
+//! failpoint tests (C-K2, C-K3, C-E2), which a later change can slide
+//! under `store.rs`. A real full disk and a real `kill -9` are tested from
+//! outside, on the binary (`tests/cache_faults.rs`).
 //!
 //! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`], [`CacheKey`],
 //! [`EntryMeta`], [`IndexEntry`]; errors: [`CacheError`].
@@ -101,6 +102,18 @@ pub enum CacheError {
 }
 
 impl CacheError {
+    /// Whether this is the disk (or the process's file-size limit or the
+    /// user's quota) running out of room: ENOSPC, EDQUOT or EFBIG.
+    pub fn is_disk_full(&self) -> bool {
+        let CacheError::Io { source, .. } = self else {
+            return false;
+        };
+        matches!(
+            source.raw_os_error(),
+            Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+        )
+    }
+
     /// Wraps an I/O error with the path it happened on.
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> CacheError {
         let path = path.into();

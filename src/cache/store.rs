@@ -47,6 +47,15 @@
 //! blake3 so the proxy can hash while streaming and abort on a mismatch, and
 //! [`Entry::verify_body`] does the full check for callers that want it first.
 //!
+//! # A full disk (C-E1)
+//!
+//! A failed write drops the entry (temp files removed, reservation given
+//! back) and the caller passes the response through. The store counts
+//! file-system errors ([`CacheStore::write_errors`], in the proxy's
+//! stats) and logs the disk filling up (ENOSPC, EDQUOT, EFBIG) as one
+//! error line, and room coming back as one info line, each at most once a
+//! minute, rather than once per response.
+//!
 //! What it leaves out: persisting LRU order (after a restart entries are
 //! ordered by their metadata's modification time), and any HTTP decisions.
 //!
@@ -58,11 +67,11 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use walkdir::WalkDir;
 
 use super::CacheError;
@@ -89,6 +98,10 @@ const BLOCK: u64 = 4096;
 /// Capacity of the body writer's buffer.
 const WRITE_BUFFER: usize = 64 * 1024;
 
+/// Least time between two "cache disk full" (or "room again") log lines, so
+/// a disk hovering at full does not log once per response.
+const DISK_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Bytes a file of `len` bytes is counted as.
 fn disk_bytes(len: u64) -> u64 {
     len.div_ceil(BLOCK) * BLOCK
@@ -106,6 +119,60 @@ struct Inner {
     quarantine: PathBuf,
     budget: u64,
     state: Mutex<State>,
+    disk: DiskHealth,
+}
+
+/// What the writes have said about the disk (C-E1): failed writes are
+/// counted for the stats, and the operator reads one clear line when the
+/// disk fills up and one when room comes back, not one per response.
+#[derive(Default)]
+struct DiskHealth {
+    /// File-system errors while storing (shared with the proxy's stats).
+    write_errors: Arc<AtomicU64>,
+    /// The last write failed for want of space (ENOSPC, EDQUOT, EFBIG).
+    full: AtomicBool,
+    /// When each of the two lines was last logged.
+    logged_full: Mutex<Option<Instant>>,
+    logged_room: Mutex<Option<Instant>>,
+}
+
+impl DiskHealth {
+    /// Notes the outcome of a write; only file-system errors count.
+    fn note_error(&self, root: &Path, failure: &CacheError) {
+        if !matches!(failure, CacheError::Io { .. }) {
+            return;
+        }
+        self.write_errors.fetch_add(1, Ordering::Relaxed);
+        if !failure.is_disk_full() {
+            // The caller logs the failure with its context.
+            return;
+        }
+        if !self.full.swap(true, Ordering::Relaxed) && due(&self.logged_full) {
+            error!(
+                cache = %root.display(),
+                error = %failure,
+                "cache disk full: responses pass through unstored until space is freed"
+            );
+        }
+    }
+
+    /// A write reached the disk: if it was full, it has room again.
+    fn note_stored(&self, root: &Path) {
+        if self.full.swap(false, Ordering::Relaxed) && due(&self.logged_room) {
+            info!(cache = %root.display(), "cache disk has room again; storing entries");
+        }
+    }
+}
+
+/// Whether a rate-limited line is due now; if so, marks it logged.
+fn due(last: &Mutex<Option<Instant>>) -> bool {
+    let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = Instant::now();
+    if last.is_some_and(|at| now.duration_since(at) < DISK_LOG_INTERVAL) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }
 
 /// One cache hit: checked metadata, the open body and the signature bytes.
@@ -286,6 +353,7 @@ impl CacheStore {
             quarantine,
             budget: budget_bytes,
             state: Mutex::new(State::default()),
+            disk: DiskHealth::default(),
         };
         let report = inner.rebuild();
         {
@@ -320,7 +388,8 @@ impl CacheStore {
     ///
     /// [`CacheError::Io`] when the temp file cannot be created.
     pub fn begin(&self, key: &CacheKey) -> Result<EntryWriter, CacheError> {
-        let (body_tmp, file) = create_temp(&self.inner.tmp, "body")?;
+        let (body_tmp, file) = create_temp(&self.inner.tmp, "body")
+            .inspect_err(|e| self.inner.disk.note_error(&self.inner.root, e))?;
         let complete_at_begin = self
             .inner
             .lock()
@@ -454,8 +523,14 @@ impl CacheStore {
             Ok(true)
         });
         let _ = remove_if_exists(&tmp);
-        if result.as_ref().is_ok_and(|updated| *updated) {
-            fsync_dir(&paths.dir)?;
+        let result = match result {
+            Ok(true) => fsync_dir(&paths.dir).map(|()| true),
+            other => other,
+        };
+        match &result {
+            Ok(true) => self.inner.disk.note_stored(&self.inner.root),
+            Ok(false) => {}
+            Err(e) => self.inner.disk.note_error(&self.inner.root, e),
         }
         result
     }
@@ -528,6 +603,18 @@ impl CacheStore {
     pub fn root(&self) -> &Path {
         &self.inner.root
     }
+
+    /// File-system errors met while storing since the store was opened
+    /// (full disk or other; over-budget refusals are not errors). The
+    /// counter is live: the proxy's stats hold it.
+    pub fn write_errors(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.inner.disk.write_errors)
+    }
+
+    /// Whether the last write failed for want of space.
+    pub fn is_disk_full(&self) -> bool {
+        self.inner.disk.full.load(Ordering::Relaxed)
+    }
 }
 
 impl EntryWriter {
@@ -543,7 +630,10 @@ impl EntryWriter {
             return Err(self.failed_error());
         }
         let result = self.try_write_body(data);
-        self.failed = result.is_err();
+        if let Err(e) = &result {
+            self.failed = true;
+            self.store.disk.note_error(&self.store.root, e);
+        }
         result
     }
 
@@ -606,7 +696,7 @@ impl EntryWriter {
             });
         };
         let digest = hasher.finalize();
-        self.commit_inner(entry, signature, digest)
+        self.commit_noted(entry, signature, digest)
     }
 
     /// The writer will not hash the body: the caller does (the hsync decoder
@@ -639,7 +729,23 @@ impl EntryWriter {
                 url: self.key.url().to_owned(),
             });
         }
-        self.commit_inner(entry, signature, digest)
+        self.commit_noted(entry, signature, digest)
+    }
+
+    /// `commit_inner`, with its outcome noted in the disk's health.
+    fn commit_noted(
+        self,
+        entry: NewEntry,
+        signature: &[u8],
+        body_digest: blake3::Hash,
+    ) -> Result<(), CacheError> {
+        let store = Arc::clone(&self.store);
+        let result = self.commit_inner(entry, signature, body_digest);
+        match &result {
+            Ok(()) => store.disk.note_stored(&store.root),
+            Err(e) => store.disk.note_error(&store.root, e),
+        }
+        result
     }
 
     fn commit_inner(

@@ -66,6 +66,13 @@ pub struct AcceleratorArgs {
     /// Most requests waiting for a slot; past it, a plain 503.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub queue_max: u32,
+    /// Most of those requests one client address may hold (a PARQ request
+    /// for a URL the address already waits for reuses its place); past it,
+    /// a plain 503. Generous by default, since a client proxy queues for
+    /// all its users from one address. 0: no cap [default: a quarter of
+    /// --queue-max]
+    #[arg(long, value_name = "N")]
+    pub queue_per_address: Option<u32>,
     /// File the queue is saved to every second and reloaded from at
     /// start-up, so places survive a restart of up to 300 s.
     #[arg(long, value_name = "FILE")]
@@ -125,7 +132,13 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         origin_timeout: Duration::from_secs(args.origin_timeout),
         basis_store_bytes: args.basis_store,
         max_stored_body: args.max_stored_body,
-        queue: NonZeroU32::new(args.slots).map(|slots| QueueConfig::new(slots, args.queue_max)),
+        queue: NonZeroU32::new(args.slots).map(|slots| {
+            let mut queue = QueueConfig::new(slots, args.queue_max);
+            if let Some(per_address) = args.queue_per_address {
+                queue.per_address_max = per_address;
+            }
+            queue
+        }),
         queue_state: args.queue_state.clone(),
     };
     let limits = args.limits.limits();

@@ -131,6 +131,8 @@ pub struct ClientStats {
     signature_bytes: AtomicU64,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
+    /// The cache store's own counter.
+    cache_write_errors: Arc<AtomicU64>,
 }
 
 /// The counters at one moment.
@@ -168,6 +170,9 @@ pub struct StatsSnapshot {
     pub upstream_bytes: u64,
     /// Body bytes sent to user agents.
     pub downstream_bytes: u64,
+    /// File-system errors while storing (a full disk, say): those
+    /// responses were served but not stored.
+    pub cache_write_errors: u64,
 }
 
 impl ClientStats {
@@ -194,6 +199,7 @@ impl ClientStats {
             signature_bytes: get(&self.signature_bytes),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
+            cache_write_errors: get(&self.cache_write_errors),
         }
     }
 
@@ -268,7 +274,10 @@ impl ClientProxy {
             upstream,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
-            stats: Arc::default(),
+            stats: Arc::new(ClientStats {
+                cache_write_errors: store.write_errors(),
+                ..ClientStats::default()
+            }),
             upstream_authority,
             upstream_scheme,
             store,

@@ -416,7 +416,7 @@ impl Worker {
         {
             // Full disk or over budget: the user agent still gets its
             // bytes (C-E1); the entry is just not kept.
-            tracing::warn!(url = %target.store.root().display(), %error, "cache write failed; not storing this response");
+            tracing::warn!(cache = %target.store.root().display(), %error, "cache write failed; not storing this response");
             self.store = None;
         }
         // A rebuilt window can be many MiB: it goes to the user agent in

@@ -30,7 +30,7 @@ use super::{
 impl UploadQueue {
     pub(super) fn admit_active(&mut self, request: &QueueRequest<'_>, now: Instant) -> Admission {
         let resource = resource_hash(request.resource);
-        let legacy = Some((request.connection, resource));
+        let legacy = Some((request.connection, resource, request.peer));
         let mut lost = None;
         if let Some(seq) = self.live(
             self.by_connection.get(&request.connection, now),
@@ -59,8 +59,8 @@ impl UploadQueue {
         if self.newcomer_may_be_served() {
             return self.serve(legacy);
         }
-        if self.is_full() {
-            return Admission::Refused(self.full_refusal());
+        if let Some(refusal) = self.new_entry_refusal(request.peer) {
+            return Admission::Refused(refusal);
         }
         let entry = Entry {
             id: self.fresh_id(now),
@@ -72,6 +72,7 @@ impl UploadQueue {
             resource,
             len_kib: self.len_kib(request),
             last_position: 0,
+            prev_position: 0,
             kind: Kind::Active,
             disconnects: 0,
             called_back: false,

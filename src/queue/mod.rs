@@ -21,6 +21,11 @@
 //! (lifetime, 300 s by address, pollMax), so a dead client holds a slot
 //! back for a bounded time.
 //!
+//! One address cannot fill the queue: it holds at most `per_address_max`
+//! entries (`--queue-per-address`, all dialects together; past it a plain
+//! `503`), and a PARQ request without an ID for a URL its address already
+//! waits for gets that entry back rather than a new one (see [`parq`]).
+//!
 //! The caller owns the I/O and the clock: every method that needs the time
 //! takes `now` ([`tokio::time::Instant`], so tests drive it directly), and
 //! remanence across restarts ([`UploadQueue::to_bytes`],
@@ -33,8 +38,9 @@
 //! entries expire by age).
 //!
 //! Memory: an entry costs its `Entry` record, its place in the order and
-//! lapse trees and one or two index slots; [`ESTIMATED_BYTES_PER_ENTRY`]
-//! adds these up (519 bytes on x86-64, under the issue's 1 KiB).
+//! lapse trees, two or three index slots and at most one per-address
+//! count; [`ESTIMATED_BYTES_PER_ENTRY`] adds these up (618 bytes on
+//! x86-64, under the issue's 1 KiB).
 //!
 //! Main types: [`UploadQueue`], [`QueueConfig`], [`QueueRequest`],
 //! [`Admission`], [`SlotToken`], [`Callback`].
@@ -45,7 +51,7 @@ pub mod id;
 pub mod parq;
 pub mod remanence;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroU64};
@@ -117,6 +123,17 @@ pub struct QueueConfig {
     pub upload_bandwidth: NonZeroU64,
     /// Body length assumed for the ETA when the request's is unknown.
     pub assumed_body_len: u64,
+    /// Most entries one address may hold, whatever their dialect
+    /// (`--queue-per-address`); past it, a plain 503. 0: no cap. A client
+    /// proxy serves many users from one address, so the default is
+    /// generous: a quarter of `queue_max`.
+    pub per_address_max: u32,
+    /// How long after a PARQ reply another holder of the same ID (a
+    /// request that joined the entry without an ID, see [`parq`]) may come
+    /// back with the position it was told and get the entry's state,
+    /// rather than lose the place as too early or mismatched: the two
+    /// retries are due at the same time and arrive close together.
+    pub twin_window: Duration,
 }
 
 impl QueueConfig {
@@ -141,6 +158,8 @@ impl QueueConfig {
             passive_hammer_max: 60,
             upload_bandwidth: NonZeroU64::new(10 << 20).expect("10 MiB/s is not zero"),
             assumed_body_len: 1 << 20,
+            per_address_max: (queue_max / 4).max(1),
+            twin_window: Duration::from_secs(5),
         }
     }
 }
@@ -190,9 +209,9 @@ pub enum Admission {
 #[must_use = "an unreleased token holds its upload slot for ever"]
 pub struct SlotToken {
     id: u64,
-    /// Set for a legacy client: its connection and resource, for the
-    /// partial follow-up rule.
-    legacy: Option<(ConnectionId, u64)>,
+    /// Set for a legacy client: its connection, resource and address, for
+    /// the partial follow-up rule.
+    legacy: Option<(ConnectionId, u64, IpAddr)>,
 }
 
 /// How an upload ended, for [`UploadQueue::release`].
@@ -321,6 +340,8 @@ pub enum RefusalReason {
     /// The queue holds `queue_max` entries (seed 001: "any requests which
     /// would not fit within it are sent a standard, non-queued 503").
     QueueFull,
+    /// The client's address holds `per_address_max` entries already.
+    AddressFull,
     /// The address broke the rules or hammered too often within the flood
     /// window.
     Flooding,
@@ -418,6 +439,9 @@ struct Entry {
     len_kib: u32,
     /// The position last told to the client.
     last_position: u32,
+    /// The position told in the reply before that, 0 if none: a twin
+    /// holder of the ID may still come back with it (PARQ).
+    prev_position: u32,
     kind: Kind,
     disconnects: u8,
     called_back: bool,
@@ -433,7 +457,11 @@ pub const ESTIMATED_BYTES_PER_ENTRY: usize = {
     let lapse = size_of::<(Instant, Seq)>();
     let ids = expiring_entry_bytes(size_of::<QueueId>());
     let index = expiring_entry_bytes(size_of::<IpAddr>());
-    (order + lapse + ids + index) * 3 / 2
+    // A PARQ entry's (address, resource) and its address's count, each a
+    // hash-table slot plus a control byte.
+    let request = size_of::<((IpAddr, u64), Seq)>() + 1;
+    let address = size_of::<(IpAddr, u32)>() + 1;
+    (order + lapse + ids + index + request + address) * 3 / 2
 };
 
 /// An ExpiringMap entry with a `key`-byte key and a [`Seq`] value: key and
@@ -455,6 +483,14 @@ pub struct UploadQueue {
     by_id: ExpiringMap<QueueId, Seq>,
     by_address: ExpiringMap<IpAddr, Seq>,
     by_connection: ExpiringMap<ConnectionId, Seq>,
+    /// The PARQ entry of each (address, resource hash), so a request
+    /// without an ID finds its address's place for the URL. Holds exactly
+    /// the live PARQ entries with a known resource (`insert`, `remove`),
+    /// so it needs no expiry of its own.
+    by_request: HashMap<(IpAddr, u64), Seq>,
+    /// Entries per address, for `per_address_max`; kept by `insert` and
+    /// `remove` like `by_request`.
+    per_address: HashMap<IpAddr, u32>,
     /// PARQ and legacy rule violations per address.
     strikes: ExpiringMap<IpAddr, u16>,
     /// Passive requests before Retry-After per address.
@@ -481,6 +517,8 @@ impl UploadQueue {
             by_id: ExpiringMap::new(remanence),
             by_address: ExpiringMap::new(remanence),
             by_connection: ExpiringMap::new(remanence),
+            by_request: HashMap::new(),
+            per_address: HashMap::new(),
             strikes: ExpiringMap::new(window),
             hammering: ExpiringMap::new(window),
             uploads: HashSet::new(),
@@ -543,21 +581,22 @@ impl UploadQueue {
         if !self.uploads.remove(&token.id) {
             return;
         }
-        if let (Completion::Partial, Some((connection, resource))) = (completion, token.legacy) {
+        if let (Completion::Partial, Some((connection, resource, peer))) =
+            (completion, token.legacy)
+        {
             self.purge(now);
             let id = self.fresh_id(now);
             let entry = Entry {
                 id,
                 not_before: now,
                 deadline: now + self.config.partial_follow_up,
-                // Not looked at for legacy entries, which are kept by
-                // connection.
-                peer: IpAddr::from([0u8; 4]),
+                peer,
                 node: None,
                 connection: Some(connection),
                 resource,
                 len_kib: 0,
                 last_position: 1,
+                prev_position: 0,
                 kind: Kind::Active,
                 disconnects: 0,
                 called_back: false,
@@ -640,6 +679,33 @@ impl UploadQueue {
         }
     }
 
+    /// Whether `peer` may not get another entry: it holds
+    /// `per_address_max` already.
+    fn address_is_full(&self, peer: IpAddr) -> bool {
+        let max = self.config.per_address_max;
+        max != 0 && self.per_address.get(&peer).is_some_and(|&n| n >= max)
+    }
+
+    fn address_refusal(&self) -> Refusal {
+        Refusal {
+            reason: RefusalReason::AddressFull,
+            retry_after: self.config.retry_after_far,
+            close: true,
+        }
+    }
+
+    /// The refusal a request that would make a new entry gets, if any:
+    /// the queue or the address is full.
+    fn new_entry_refusal(&self, peer: IpAddr) -> Option<Refusal> {
+        if self.is_full() {
+            Some(self.full_refusal())
+        } else if self.address_is_full(peer) {
+            Some(self.address_refusal())
+        } else {
+            None
+        }
+    }
+
     fn flood_refusal(&self) -> Refusal {
         Refusal {
             reason: RefusalReason::Flooding,
@@ -692,7 +758,7 @@ impl UploadQueue {
         *count > self.config.passive_hammer_max
     }
 
-    fn serve(&mut self, legacy: Option<(ConnectionId, u64)>) -> Admission {
+    fn serve(&mut self, legacy: Option<(ConnectionId, u64, IpAddr)>) -> Admission {
         let id = self.next_token;
         self.next_token = self.next_token.wrapping_add(1);
         self.uploads.insert(id);
@@ -734,8 +800,39 @@ impl UploadQueue {
             }
         }
         self.lapses.insert((entry.deadline, seq));
+        *self.per_address.entry(entry.peer).or_default() += 1;
+        if entry.kind == Kind::Parq && entry.resource != 0 {
+            self.by_request
+                .entry((entry.peer, entry.resource))
+                .or_insert(seq);
+        }
         self.entries.insert(seq, entry);
         seq
+    }
+
+    /// The PARQ entry `peer` holds for `resource` (its hash), if any.
+    fn parq_entry_for(&self, peer: IpAddr, resource: u64) -> Option<Seq> {
+        self.live(self.by_request.get(&(peer, resource)), Kind::Parq)
+    }
+
+    /// Moves a PARQ entry to another resource (the client changed its mind
+    /// about the file), keeping the one-entry-per-request index.
+    fn set_resource(&mut self, seq: Seq, resource: u64) {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        if entry.resource == resource {
+            return;
+        }
+        let old = (entry.peer, entry.resource);
+        entry.resource = resource;
+        let new = (entry.peer, resource);
+        if self.by_request.get(&old) == Some(&seq) {
+            self.by_request.remove(&old);
+        }
+        if resource != 0 {
+            self.by_request.entry(new).or_insert(seq);
+        }
     }
 
     /// Moves the entry's deadline and its index entries' expiry with it.
@@ -787,6 +884,16 @@ impl UploadQueue {
         }
         if let Some(connection) = entry.connection {
             self.by_connection.remove(&connection);
+        }
+        let request = (entry.peer, entry.resource);
+        if self.by_request.get(&request) == Some(&seq) {
+            self.by_request.remove(&request);
+        }
+        if let Some(count) = self.per_address.get_mut(&entry.peer) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_address.remove(&entry.peer);
+            }
         }
         Some(entry)
     }

@@ -19,6 +19,22 @@
 //!   next 300 seconds", never in Sq, retries before Retry-After are not
 //!   penalised "other than banning the servent if he clearly hammers".
 //!
+//! Ours, so one address cannot fill the queue (issue 5):
+//! - a PARQ request without a live ID, from an address that already waits
+//!   for the same URL, gets that entry back rather than a new one: same
+//!   ID, and the position and Retry-After it was last told, unchanged
+//!   (once Retry-After has passed it counts as the retry it is). Before
+//!   Retry-After such a request counts as passive hammering, not as a
+//!   violation: it claimed no place. Behind a client proxy this is a
+//!   second user agent asking for a URL the first one waits for;
+//! - the two then hold one ID and retry at the same time. The first retry
+//!   moves the entry on; the second, within `twin_window` of it and with
+//!   the position of the reply before or of the latest one, gets the
+//!   entry's state unchanged instead of losing the place as too early or
+//!   mismatched (it also counts as hammering);
+//! - an address holds at most `per_address_max` entries; past it a plain
+//!   503 ([`RefusalReason::AddressFull`](super::RefusalReason::AddressFull)).
+//!
 //! Main functions: [`parq_retry_after`], [`passive_retry_after`].
 
 use std::time::Duration;
@@ -78,6 +94,9 @@ impl UploadQueue {
                     };
                     match violation {
                         None => return self.parq_keep(seq, request, now),
+                        Some(_) if self.is_twin_retry(seq, claim.position, now) => {
+                            return self.parq_unchanged(seq, request, now);
+                        }
                         Some(reason) => {
                             self.remove(seq);
                             lost = Some(reason);
@@ -89,11 +108,15 @@ impl UploadQueue {
                 }
             }
         }
+        let resource = resource_hash(request.resource);
+        if let Some(seq) = self.parq_entry_for(request.peer, resource) {
+            return self.parq_rejoin(seq, request, now);
+        }
         if self.newcomer_may_be_served() {
             return self.serve(None);
         }
-        if self.is_full() {
-            return Admission::Refused(self.full_refusal());
+        if let Some(refusal) = self.new_entry_refusal(request.peer) {
+            return Admission::Refused(refusal);
         }
         let entry = Entry {
             id: self.fresh_id(now),
@@ -102,9 +125,10 @@ impl UploadQueue {
             peer: request.peer,
             node: request.node,
             connection: None,
-            resource: 0,
+            resource,
             len_kib: self.len_kib(request),
             last_position: 0,
+            prev_position: 0,
             kind: Kind::Parq,
             disconnects: 0,
             called_back: false,
@@ -114,6 +138,59 @@ impl UploadQueue {
         Admission::Queued(self.parq_reply(seq, request, lost, now))
     }
 
+    /// A request without a live ID for a URL its address already waits
+    /// for: the entry as it is before its Retry-After, the retry it is
+    /// after.
+    fn parq_rejoin(&mut self, seq: Seq, request: &QueueRequest<'_>, now: Instant) -> Admission {
+        if now + self.config.retry_slack >= self.entries[&seq].not_before {
+            return self.parq_keep(seq, request, now);
+        }
+        self.parq_unchanged(seq, request, now)
+    }
+
+    /// Whether a retry with the entry's ID that broke a rule is the twin
+    /// of the retry just answered (see the module doc): the entry moved
+    /// within `twin_window`, and the claimed position is the one told
+    /// before that move or after it.
+    fn is_twin_retry(&self, seq: Seq, claimed: Option<u32>, now: Instant) -> bool {
+        let entry = &self.entries[&seq];
+        let retry_after = parq_retry_after(entry.last_position, self.config.retry_after_far);
+        let Some(replied_at) = entry.not_before.checked_sub(retry_after) else {
+            return false;
+        };
+        entry.prev_position != 0
+            && (claimed == Some(entry.prev_position) || claimed == Some(entry.last_position))
+            && now < replied_at + self.config.twin_window
+    }
+
+    /// Tells a request the entry's place as last told, changing nothing
+    /// (its timing, position and held connection belong to the client that
+    /// retried on time). Counted as hammering: a client cannot poll this
+    /// way for ever.
+    fn parq_unchanged(&mut self, seq: Seq, request: &QueueRequest<'_>, now: Instant) -> Admission {
+        if self.hammer(request.peer, now) {
+            self.remove(seq);
+            return Admission::Refused(self.flood_refusal());
+        }
+        let eta = self.eta(seq);
+        let length = self.length();
+        let entry = &self.entries[&seq];
+        // Only the connection the entry is bound to (Sq) stays open.
+        let held = request.persistent && entry.connection == Some(request.connection);
+        Admission::Queued(QueuedReply {
+            id: entry.id,
+            position: entry.last_position,
+            length,
+            eta,
+            retry_after: entry.not_before.saturating_duration_since(now),
+            keep_alive: held,
+            form: ReplyForm::Parq {
+                lifetime: (!held).then(|| entry.deadline.saturating_duration_since(now)),
+            },
+            lost: None,
+        })
+    }
+
     /// A PARQ client that played by the rules: served if its position is
     /// within the free slots, else told its new place.
     fn parq_keep(&mut self, seq: Seq, request: &QueueRequest<'_>, now: Instant) -> Admission {
@@ -121,6 +198,7 @@ impl UploadQueue {
             self.remove(seq);
             return self.serve(None);
         }
+        self.set_resource(seq, resource_hash(request.resource));
         let len_kib = self.len_kib(request);
         if let Some(entry) = self.entries.get_mut(&seq) {
             // The client may change its mind about the file (§6) and its
@@ -149,6 +227,7 @@ impl UploadQueue {
             .entries
             .get_mut(&seq)
             .expect("parq_reply is called on a queued entry");
+        entry.prev_position = entry.last_position;
         entry.last_position = position;
         entry.not_before = now + retry_after;
         let id = entry.id;
@@ -186,8 +265,8 @@ impl UploadQueue {
         if self.newcomer_may_be_served() {
             return self.serve(None);
         }
-        if self.is_full() {
-            return Admission::Refused(self.full_refusal());
+        if let Some(refusal) = self.new_entry_refusal(peer) {
+            return Admission::Refused(refusal);
         }
         let entry = Entry {
             id: self.fresh_id(now),
@@ -199,6 +278,7 @@ impl UploadQueue {
             resource: resource_hash(request.resource),
             len_kib: self.len_kib(request),
             last_position: 0,
+            prev_position: 0,
             kind: Kind::Passive,
             disconnects: 0,
             called_back: false,

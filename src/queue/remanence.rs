@@ -34,7 +34,9 @@
 //! entry bound to a connection is saved as disconnected from Sq: it has at
 //! most `remanence` left. Legacy entries are not saved: seed 001 holds a
 //! place only as long as its connection, and upload slots in progress end
-//! with the process.
+//! with the process. Nor is a PARQ entry's URL: after a restart a request
+//! without its ID makes a new entry rather than finding the old one (the
+//! per-address cap still counts both).
 //!
 //! Any byte string gives a queue or a [`RemanenceError`]; writing the bytes
 //! crash-safely (temp file, fsync, rename) is the caller's.
@@ -353,6 +355,7 @@ fn parse_record(
         resource: 0,
         len_kib,
         last_position,
+        prev_position: 0,
         kind,
         disconnects: record[2],
         called_back: flags & FLAG_CALLED_BACK != 0,

@@ -1,6 +1,7 @@
 //! Unit tests of the queue rules, driven with explicit instants (the
 //! equivalent of tokio's paused clock for sans-IO code).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroU64};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -887,4 +888,300 @@ fn a_thousand_mixed_clients_are_never_overtaken_beyond_the_free_slots() {
     }
     assert_eq!(served_order.len(), n_clients);
     assert!(q.is_empty());
+    assert!(q.by_request.is_empty() && q.per_address.is_empty());
+}
+
+// ---- one address cannot fill the queue
+
+/// A PARQ request from 10.0.0.`n` for `resource` on `connection`.
+fn parq_for(n: u8, resource: &'static str, connection: u64) -> QueueRequest<'static> {
+    QueueRequest {
+        resource,
+        connection: ConnectionId(connection),
+        ..parq_closing(n)
+    }
+}
+
+/// Checks the address tables against the entries: each address's count,
+/// at most one PARQ entry per (address, resource), all of them indexed.
+#[track_caller]
+fn assert_address_tables(q: &UploadQueue) {
+    let mut counts: HashMap<IpAddr, u32> = HashMap::new();
+    let mut requests = HashMap::new();
+    for (&seq, entry) in &q.entries {
+        *counts.entry(entry.peer).or_default() += 1;
+        if entry.kind == Kind::Parq && entry.resource != 0 {
+            let earlier = requests.insert((entry.peer, entry.resource), seq);
+            assert!(earlier.is_none(), "two PARQ entries for one request");
+        }
+    }
+    assert_eq!(q.per_address, counts);
+    assert_eq!(q.by_request, requests);
+}
+
+#[test]
+fn parq_request_without_id_for_a_url_its_address_waits_for_gets_the_same_entry() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/b", 20), t0));
+    let c = queued(q.admit(&parq_for(3, "/c", 30), t0));
+    assert_eq!((b.position, c.position), (1, 2));
+
+    // The same address and URL, another connection, no ID, before
+    // Retry-After: the same entry, as last told.
+    let b2 = queued(q.admit(&parq_for(2, "/b", 21), t0 + 5 * S));
+    assert_eq!((b2.id, b2.position, b2.length), (b.id, 1, 2));
+    assert_eq!(b2.retry_after, b.retry_after - 5 * S);
+    assert_eq!(b2.lost, None);
+    assert_eq!(q.len(), 2);
+    // Its Retry-After and lifetime are the entry's, unchanged: the first
+    // client's retry at its own Retry-After is still on time.
+    let b1 = queued(q.admit(&again(&parq_for(2, "/b", 20), &b), t0 + b.retry_after));
+    assert_eq!((b1.id, b1.position, b1.lost), (b.id, 1, None));
+
+    // Another URL from the same address is another request: its own place.
+    let d = queued(q.admit(&parq_for(2, "/d", 22), t0 + 40 * S));
+    assert_ne!(d.id, b.id);
+    assert_eq!(d.position, 3);
+    // Another address for the same URL too.
+    let e = queued(q.admit(&parq_for(4, "/b", 40), t0 + 40 * S));
+    assert_eq!(e.position, 4);
+    assert_address_tables(&q);
+}
+
+#[test]
+fn parq_request_without_id_after_retry_after_is_the_retry() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/b", 20), t0));
+    q.release(a, Completion::Complete, t0 + 10 * S);
+    // Position 1 with a free slot: served, though it lost its ID.
+    let _b = served(q.admit(&parq_for(2, "/b", 21), t0 + b.retry_after));
+    assert!(q.is_empty());
+    assert_address_tables(&q);
+}
+
+#[test]
+fn parq_requests_without_id_before_retry_after_count_as_hammering() {
+    let t0 = Instant::now();
+    let mut cfg = config(1, 100);
+    cfg.passive_hammer_max = 3;
+    let mut q = UploadQueue::new(cfg, IdGenerator::from_seed([4; 32]));
+    let _a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/b", 20), t0));
+    for i in 1..=3 {
+        let again = queued(q.admit(&parq_for(2, "/b", 20), t0 + i * S));
+        assert_eq!((again.id, again.position), (b.id, 1));
+    }
+    let refusal = refused(q.admit(&parq_for(2, "/b", 20), t0 + 4 * S));
+    assert_eq!(refusal.reason, RefusalReason::Flooding);
+    assert_eq!(q.position_of(b.id, t0 + 4 * S), None);
+    assert_address_tables(&q);
+}
+
+#[test]
+fn two_holders_of_one_id_retrying_together_both_keep_the_place() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let a = served(q.admit(&parq(1), t0));
+    let ahead = queued(q.admit(&parq_for(3, "/x", 30), t0));
+    let first = parq_for(2, "/b", 20);
+    let second = parq_for(2, "/b", 21);
+    let b = queued(q.admit(&first, t0));
+    assert_eq!(b.position, 2);
+    // A second user agent behind the same client proxy joins the entry.
+    let joined = queued(q.admit(&second, t0 + 5 * S));
+    assert_eq!((joined.id, joined.position), (b.id, 2));
+
+    // The entry ahead is served: the first holder, on time, is told
+    // position 1.
+    q.release(a, Completion::Complete, t0 + 20 * S);
+    let _ahead = served(q.admit(
+        &again(&parq_for(3, "/x", 30), &ahead),
+        t0 + ahead.retry_after,
+    ));
+    let due = t0 + b.retry_after;
+    let moved = queued(q.admit(&again(&first, &b), due));
+    assert_eq!((moved.id, moved.position), (b.id, 1));
+    // The second, a moment later with the position it was told (2): the
+    // entry as it now is, not a lost place.
+    let twin = queued(q.admit(&again(&second, &joined), due + S));
+    assert_eq!((twin.id, twin.position, twin.lost), (b.id, 1, None));
+    assert_eq!(twin.retry_after, moved.retry_after - S);
+    // Both come back at the new Retry-After with position 1.
+    let next = due + moved.retry_after;
+    let again_first = queued(q.admit(&again(&first, &moved), next));
+    assert_eq!((again_first.id, again_first.lost), (b.id, None));
+    let again_second = queued(q.admit(&again(&second, &twin), next + S));
+    assert_eq!((again_second.id, again_second.lost), (b.id, None));
+    assert_eq!(q.len(), 1);
+    assert!(!q.is_flooding(ip(2), next + S), "no strike for either");
+}
+
+#[test]
+fn too_early_retry_outside_the_twin_window_still_loses_the_place() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/b", 20), t0));
+    let due = t0 + b.retry_after;
+    let b1 = queued(q.admit(&again(&parq_for(2, "/b", 20), &b), due));
+    // Within the twin window with the same position: unchanged.
+    let echo = queued(q.admit(&again(&parq_for(2, "/b", 20), &b1), due + 2 * S));
+    assert_eq!((echo.id, echo.lost), (b.id, None));
+    // After it, too early is too early (PARQ: the slot is freed).
+    let late = queued(q.admit(&again(&parq_for(2, "/b", 20), &b1), due + 10 * S));
+    assert_eq!(late.lost, Some(LostPlace::TooEarly));
+    assert_ne!(late.id, b.id);
+    // And a mismatched position within the window is still a mismatch.
+    let wrong = QueueRequest {
+        queued: Some(QueuedStatus {
+            position: Some(late.position + 5),
+            id: Some(late.id),
+            ..QueuedStatus::default()
+        }),
+        ..parq_for(2, "/b", 20)
+    };
+    let t1 = due + 10 * S + late.retry_after;
+    let mismatched = queued(q.admit(&wrong, t1));
+    assert_eq!(mismatched.lost, Some(LostPlace::PositionMismatch));
+    assert_address_tables(&q);
+}
+
+#[test]
+fn one_address_holds_at_most_per_address_max_entries() {
+    let t0 = Instant::now();
+    let mut cfg = config(1, 100);
+    cfg.per_address_max = 3;
+    let mut q = UploadQueue::new(cfg, IdGenerator::from_seed([5; 32]));
+    let a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/1", 20), t0));
+    queued(q.admit(&parq_for(2, "/2", 21), t0));
+    queued(q.admit(&legacy(2, "/3"), t0));
+    for request in [
+        parq_for(2, "/4", 22),
+        passive(2),
+        QueueRequest {
+            connection: ConnectionId(23),
+            ..legacy(2, "/5")
+        },
+    ] {
+        let refusal = refused(q.admit(&request, t0 + S));
+        assert_eq!(refusal.reason, RefusalReason::AddressFull);
+        let headers = refusal.to_headers();
+        assert_eq!(headers[header::RETRY_AFTER], "600");
+        assert_eq!(headers[header::CONNECTION], "close");
+    }
+    // Its own entries still answer, and other addresses still queue.
+    let b2 = queued(q.admit(&parq_for(2, "/1", 24), t0 + S));
+    assert_eq!(b2.id, b.id);
+    assert_eq!(queued(q.admit(&passive(3), t0 + S)).position, 4);
+    assert_eq!(q.len(), 4);
+    assert_address_tables(&q);
+
+    // Once one of its entries is served, the address may queue again.
+    q.release(a, Completion::Complete, t0 + 10 * S);
+    let _b = served(q.admit(&again(&parq_for(2, "/1", 20), &b), t0 + b.retry_after));
+    let d = queued(q.admit(&parq_for(2, "/4", 22), t0 + b.retry_after));
+    assert_eq!(d.position, 4);
+    assert_address_tables(&q);
+}
+
+#[test]
+fn per_address_max_defaults_to_a_quarter_of_the_queue_and_zero_means_no_cap() {
+    assert_eq!(config(8, 1000).per_address_max, 250);
+    assert_eq!(config(8, 2).per_address_max, 1);
+    let t0 = Instant::now();
+    let mut cfg = config(1, 50);
+    cfg.per_address_max = 0;
+    let mut q = UploadQueue::new(cfg, IdGenerator::from_seed([6; 32]));
+    let _a = served(q.admit(&parq(1), t0));
+    let urls: Vec<String> = (0..50).map(|i| format!("/f{i}")).collect();
+    for url in &urls {
+        let request = QueueRequest {
+            resource: url,
+            ..parq_closing(2)
+        };
+        queued(q.admit(&request, t0));
+    }
+    let refusal = refused(q.admit(&parq_for(2, "/last", 2), t0));
+    assert_eq!(refusal.reason, RefusalReason::QueueFull);
+}
+
+#[test]
+fn legacy_follow_up_counts_under_its_address() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let token = served(q.admit(&legacy(7, "/f"), t0));
+    q.release(token, Completion::Partial, t0 + S);
+    assert_eq!(q.per_address.get(&ip(7)), Some(&1));
+    assert_address_tables(&q);
+    q.tick(t0 + 100 * S);
+    assert!(q.per_address.is_empty());
+}
+
+#[test]
+fn a_parq_client_that_changes_its_file_moves_its_index_with_it() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/old", 20), t0));
+    let moved = queued(q.admit(&again(&parq_for(2, "/new", 20), &b), t0 + b.retry_after));
+    assert_eq!(moved.id, b.id);
+    assert_address_tables(&q);
+    // The old URL is now a new request; the new one finds the entry.
+    let old = queued(q.admit(&parq_for(2, "/old", 21), t0 + b.retry_after));
+    assert_ne!(old.id, b.id);
+    let new = queued(q.admit(&parq_for(2, "/new", 22), t0 + b.retry_after + S));
+    assert_eq!(new.id, b.id);
+    assert_address_tables(&q);
+}
+
+proptest! {
+    /// Whatever a few addresses send, in whatever order and timing, the
+    /// address tables match the entries and no address passes its cap.
+    #[test]
+    fn address_tables_follow_the_entries(
+        steps in proptest::collection::vec((0u8..4, 0u8..4, 0u8..3, 0u64..40, any::<bool>()), 1..120),
+    ) {
+        const URLS: [&str; 4] = ["/a", "/b", "/c", "/d"];
+        let t0 = Instant::now();
+        let mut cfg = config(2, 12);
+        cfg.per_address_max = 3;
+        let mut q = UploadQueue::new(cfg, IdGenerator::from_seed([8; 32]));
+        let mut now = t0;
+        let mut replies: HashMap<(u8, u8), QueuedReply> = HashMap::new();
+        let mut tokens = Vec::new();
+        for (i, (who, url, dialect, wait, with_id)) in steps.into_iter().enumerate() {
+            now += Duration::from_secs(wait);
+            let n = who + 1;
+            let base = match dialect {
+                0 => parq_for(n, URLS[url as usize], i as u64),
+                1 => passive(n),
+                _ => QueueRequest {
+                    connection: ConnectionId(u64::from(n)),
+                    ..legacy(n, URLS[url as usize])
+                },
+            };
+            let request = match replies.get(&(who, url)) {
+                Some(reply) if with_id && dialect == 0 => again(&base, reply),
+                _ => base,
+            };
+            match q.admit(&request, now) {
+                Admission::Serve(token) => tokens.push(token),
+                Admission::Queued(reply) => {
+                    replies.insert((who, url), reply);
+                }
+                Admission::Refused(_) => {}
+            }
+            if tokens.len() > 1 || (wait > 30 && !tokens.is_empty()) {
+                q.release(tokens.remove(0), Completion::Complete, now);
+            }
+            q.tick(now);
+            assert_address_tables(&q);
+            prop_assert!(q.per_address.values().all(|&c| c <= 3));
+        }
+    }
 }
