@@ -275,9 +275,12 @@ async fn client(upstream: SocketAddr, queue: QueueWaitConfig) -> Client {
     }
 }
 
+/// Waits of at most `wait_max`, whether the user agent holds its
+/// connection or has a page (the tests' servers never close an idle one).
 fn waits(wait_max: u64) -> QueueWaitConfig {
     QueueWaitConfig {
         wait_max: Duration::from_secs(wait_max),
+        held_max: Duration::from_secs(wait_max),
         ..QueueWaitConfig::default()
     }
 }
@@ -365,7 +368,11 @@ async fn parq_waits_keep_their_sq_places_on_held_connections_first_come_first_se
         (&listed[1]["position"], &listed[1]["length"]),
         (&2.into(), &2.into())
     );
-    assert!(listed[1]["eta_secs"].is_u64(), "PARQ's ETA: {now}");
+    // The accelerator's ETA says 1 s, but no slot comes before we ask
+    // again: the ETA shown is at least the time to the next poll.
+    let (next, eta) = (&listed[1]["next_poll_secs"], &listed[1]["eta_secs"]);
+    assert!(next.as_u64().unwrap() >= 49, "B comes back at 50 s: {now}");
+    assert!(eta.as_u64().unwrap() >= next.as_u64().unwrap(), "{now}");
 
     // A comes back at 30 s (position 1) and B at 50 s (position 2): both
     // still queued, in Sq, on connections of their own. The slot frees
@@ -502,6 +509,14 @@ async fn a_navigation_gets_a_waiting_page_and_its_reload_gets_the_answer() {
         "{html}"
     );
     assert!(html.contains("<td>1 of 1</td>"), "{html}");
+    assert!(
+        html.contains("<td>in 27 s</td>"),
+        "next poll at 30 s: {html}"
+    );
+    assert!(
+        html.contains("<td>about 27 s</td>"),
+        "no sooner than that: {html}"
+    );
     assert!(
         html.contains("page?a=1&amp;b=%3C2%3E</code>"),
         "escaped: {html}"
@@ -767,9 +782,19 @@ async fn the_client_proxy_keeps_its_place_for_the_user_agent() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_client_proxy_gives_up_after_queue_wait_max() {
+async fn a_request_its_user_agent_waits_on_gives_up_by_its_own_bound() {
     let (upstream, heads) = parq_upstream(30, usize::MAX).await;
-    let client = client(upstream, waits(45)).await;
+    // Background waits may go on for 300 s; a user agent on the line (no
+    // page) is answered within 45 s.
+    let client = client(
+        upstream,
+        QueueWaitConfig {
+            held_max: Duration::from_secs(45),
+            ..waits(300)
+        },
+    )
+    .await;
+    let started = Instant::now();
     // A user agent's own queue headers are not passed on.
     let answer = exchange(
         client.addr,
@@ -780,6 +805,11 @@ async fn the_client_proxy_gives_up_after_queue_wait_max() {
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_secs(30)..Duration::from_secs(31)).contains(&waited),
+        "gave up at the poll after which the next would be too late: {waited:?}"
+    );
     assert_eq!(header(&answer, "Retry-After"), Some("30"), "{answer}");
     assert_eq!(
         header(&answer, "X-Queued"),

@@ -95,12 +95,12 @@ pub struct ClientArgs {
     /// RPROXY_UPSTREAM_PASSWORD.
     #[arg(long, value_name = "USER")]
     pub upstream_user: Option<String>,
-    /// Seconds a user agent's request may wait in the upstream's queue for
-    /// an upload slot (the accelerator's --slots); then the upstream's 503
-    /// and Retry-After go to the user agent. Must stay below
-    /// --idle-timeout, which closes a connection whose request waits
-    /// longer.
-    #[arg(long, default_value_t = 50, value_name = "SECS")]
+    /// Seconds a request may wait in the upstream's queue for an upload
+    /// slot (the accelerator's --slots); then the upstream's 503 and
+    /// Retry-After go to the user agent. A request whose user agent waits
+    /// on its connection (no waiting page) gives up 10 s before
+    /// --idle-timeout at the latest, which would close the connection.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
     pub queue_wait_max: u64,
     /// Seconds a browser's page load (a navigation) waits in the
     /// upstream's queue before it gets a page showing its position, length
@@ -129,6 +129,11 @@ pub struct ClientArgs {
     #[arg(long, value_name = "FILE", requires = "upstream_user")]
     pub upstream_password_file: Option<PathBuf>,
 }
+
+/// How long before --idle-timeout a request whose user agent waits on its
+/// connection gives up waiting in the upstream's queue, so that the
+/// upstream's answer still reaches it.
+const HELD_WAIT_MARGIN: Duration = Duration::from_secs(10);
 
 /// The environment variable holding the upstream password.
 pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
@@ -162,12 +167,20 @@ impl ClientArgs {
                  give --auth-file (see rproxy passwd), or --allow-open to run an open proxy there"
             )));
         }
-        if self.queue_wait_max >= self.limits.idle_timeout {
-            // No byte moves on the user agent's connection while it waits.
+        // No byte moves on a user agent's connection while its request
+        // waits: the idle timeout would close it.
+        let held_max = self
+            .limits
+            .idle_timeout
+            .saturating_sub(HELD_WAIT_MARGIN.as_secs())
+            .min(self.queue_wait_max);
+        if self.queue_page_after >= held_max && self.queue_page_after < self.queue_wait_max {
             return Err(UsageError(format!(
-                "--queue-wait-max {}: a request waiting that long is cut by --idle-timeout {} \
-                 first; lower the one or raise the other",
-                self.queue_wait_max, self.limits.idle_timeout
+                "--queue-page-after {}: a navigation waiting that long is cut by --idle-timeout {} \
+                 first (less {} s); lower the one or raise the other",
+                self.queue_page_after,
+                self.limits.idle_timeout,
+                HELD_WAIT_MARGIN.as_secs()
             )));
         }
         Ok(ClientConfig {
@@ -194,6 +207,7 @@ impl ClientArgs {
             upstream_tls: self.upstream_tls()?,
             queue: QueueWaitConfig {
                 wait_max: Duration::from_secs(self.queue_wait_max),
+                held_max: Duration::from_secs(held_max),
                 page_after: Duration::from_secs(self.queue_page_after),
                 node: self.queue_node()?,
             },
@@ -375,7 +389,12 @@ mod tests {
     fn queue_flags_have_sane_defaults_and_callbacks_need_a_reachable_address() {
         let loopback: SocketAddr = "127.0.0.1:8082".parse().unwrap();
         let queue = args(&[]).config(loopback).unwrap().queue;
-        assert_eq!(queue.wait_max, Duration::from_secs(50));
+        assert_eq!(queue.wait_max, Duration::from_secs(300));
+        assert_eq!(
+            queue.held_max,
+            Duration::from_secs(50),
+            "10 s before the idle timeout"
+        );
         assert_eq!(queue.page_after, Duration::from_secs(3));
         assert_eq!(queue.node, None, "no callbacks by default");
         let node = args(&["--queue-callback", "127.0.0.1:6346"])
@@ -403,15 +422,17 @@ mod tests {
                 .config(loopback)
                 .is_err()
         );
-        let cut = args(&["--queue-wait-max", "60"]).config(loopback);
+        let short = args(&["--queue-wait-max", "20"]).config(loopback).unwrap();
+        assert_eq!(short.queue.held_max, Duration::from_secs(20));
+        let cut = args(&["--queue-page-after", "55"]).config(loopback);
         assert!(
             cut.unwrap_err().to_string().contains("--idle-timeout 60"),
-            "a wait longer than the idle timeout would be cut"
+            "a page later than the idle timeout would never be seen"
         );
-        assert!(
-            args(&["--queue-wait-max", "300", "--idle-timeout", "310"])
-                .config(loopback)
-                .is_ok()
+        let patient = args(&["--queue-page-after", "55", "--idle-timeout", "120"]);
+        assert_eq!(
+            patient.config(loopback).unwrap().queue.held_max,
+            Duration::from_secs(110)
         );
         use clap::Parser;
         assert!(

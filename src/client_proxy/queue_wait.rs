@@ -80,10 +80,14 @@ const OFFER_LEGACY: HeaderValue = HeaderValue::from_static("0.1");
 #[derive(Debug, Clone)]
 pub struct QueueWaitConfig {
     /// Longest a request waits; then the upstream's `503` goes to the
-    /// user agent (`--queue-wait-max`). Keep it below the connection
-    /// layer's idle timeout, which closes a connection whose request waits
-    /// without a byte moving.
+    /// user agent (`--queue-wait-max`). Bounds the background waits behind
+    /// waiting pages.
     pub wait_max: Duration,
+    /// Longest a request waits while its user agent holds the connection
+    /// open for the answer (no waiting page): keep it below the connection
+    /// layer's idle timeout, which closes a connection where no byte
+    /// moves. At most `wait_max`.
+    pub held_max: Duration,
     /// How long a navigation waits before it gets the waiting page
     /// (`--queue-page-after`).
     pub page_after: Duration,
@@ -95,7 +99,8 @@ pub struct QueueWaitConfig {
 impl Default for QueueWaitConfig {
     fn default() -> Self {
         QueueWaitConfig {
-            wait_max: Duration::from_secs(50),
+            wait_max: Duration::from_secs(300),
+            held_max: Duration::from_secs(50),
             page_after: Duration::from_secs(3),
             node: None,
         }
@@ -117,7 +122,19 @@ struct Shown {
     dialect: Dialect,
     position: u32,
     length: Option<u32>,
+    /// The upstream's estimate, or ours from the progress.
     eta: Option<Duration>,
+    /// When we come back: no answer can come sooner.
+    next_poll: Instant,
+}
+
+impl Shown {
+    /// The estimated wait from now: never less than the time to the next
+    /// poll, whatever the estimate says (a slot is given only when we ask).
+    fn eta(&self) -> Option<Duration> {
+        let to_poll = self.next_poll.saturating_duration_since(Instant::now());
+        self.eta.map(|eta| eta.max(to_poll))
+    }
 }
 
 impl Wait {
@@ -140,7 +157,8 @@ impl Wait {
             dialect: shown.dialect,
             position: shown.position,
             length: shown.length,
-            eta: shown.eta,
+            eta: shown.eta(),
+            next_check: shown.next_poll.saturating_duration_since(Instant::now()),
             waited: self.since.elapsed(),
         }
     }
@@ -157,8 +175,11 @@ pub struct WaitView {
     pub position: u32,
     /// Queue length, when known.
     pub length: Option<u32>,
-    /// Estimated seconds to go, when known.
+    /// Estimated seconds to go, when known (never less than
+    /// `next_poll_secs`).
     pub eta_secs: Option<u64>,
+    /// Seconds until we ask the upstream again.
+    pub next_poll_secs: u64,
     /// Seconds waited so far.
     pub waited_secs: u64,
 }
@@ -199,6 +220,7 @@ struct ParkedSlot {
 struct Registered<'a> {
     waits: &'a QueueWaits,
     number: u64,
+    wait: Arc<Wait>,
 }
 
 impl Registered<'_> {
@@ -254,11 +276,12 @@ impl QueueWaits {
 
     fn register(&self, wait: Arc<Wait>) -> Registered<'_> {
         let number = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock_waiting().order.insert(number, wait);
+        self.lock_waiting().order.insert(number, wait.clone());
         ClientStats::add(&self.stats.queue_waiting, 1);
         Registered {
             waits: self,
             number,
+            wait,
         }
     }
 
@@ -297,7 +320,11 @@ impl QueueWaits {
                     .to_owned(),
                     position: shown.position,
                     length: shown.length,
-                    eta_secs: shown.eta.map(|eta| eta.as_secs()),
+                    eta_secs: shown.eta().map(|eta| eta.as_secs()),
+                    next_poll_secs: shown
+                        .next_poll
+                        .saturating_duration_since(Instant::now())
+                        .as_secs(),
                     waited_secs: wait.since.elapsed().as_secs(),
                 })
             })
@@ -439,12 +466,19 @@ impl ClientProxy {
         else {
             return Ok(response);
         };
-        let wait = match parts.extensions.get::<Observed>() {
-            Some(Observed(wait)) => wait.clone(),
-            None => Arc::new(Wait::new(target.url.to_string(), started)),
+        // A navigation can be given the waiting page, and then waits in
+        // the background; any other request waits with its user agent on
+        // the line.
+        let (wait, max) = match parts.extensions.get::<Observed>() {
+            Some(Observed(wait)) => (wait.clone(), self.waits.config.wait_max),
+            None => (
+                Arc::new(Wait::new(target.url.to_string(), started)),
+                self.waits.config.held_max.min(self.waits.config.wait_max),
+            ),
         };
-        let registered = self.waits.register(wait.clone());
-        self.wait_in_queue(&mut parts, response, place, target, &wait, &registered)
+        let give_up = wait.since + max;
+        let registered = self.waits.register(wait);
+        self.wait_in_queue(&mut parts, response, place, target, &registered, give_up)
             .await
     }
 
@@ -455,10 +489,10 @@ impl ClientProxy {
         mut response: Response<Incoming>,
         mut place: Place,
         target: &Target,
-        wait: &Wait,
         registered: &Registered<'_>,
+        give_up: Instant,
     ) -> Result<Response<Incoming>, (StatusCode, String)> {
-        let give_up = wait.since + self.waits.config.wait_max;
+        let wait = &registered.wait;
         let mut progress = EtaEstimate::default();
         let mut held: Option<HeldConnection> = None;
         let mut lost_connections = 0;
@@ -466,13 +500,6 @@ impl ClientProxy {
             let now = Instant::now();
             progress.observe(place.position, now);
             let eta = place.eta.or_else(|| progress.eta());
-            wait.shown.send_replace(Some(Shown {
-                dialect: place.dialect,
-                position: place.position,
-                length: place.length,
-                eta,
-            }));
-            registered.set_id(place.id);
             // A legacy place on a pooled connection cannot be polled on
             // that connection: a place on a held one is taken at once.
             let moving = place.dialect == Dialect::Legacy && held.is_none();
@@ -482,13 +509,23 @@ impl ClientProxy {
                 place.come_back_after()
             };
             let at = now + come_back;
+            let shown = Shown {
+                dialect: place.dialect,
+                position: place.position,
+                length: place.length,
+                eta,
+                next_poll: at,
+            };
+            wait.shown.send_replace(Some(shown));
+            registered.set_id(place.id);
             if at > give_up {
                 tracing::info!(
                     url = %wait.url,
                     dialect = ?place.dialect,
                     position = place.position,
                     waited_secs = wait.since.elapsed().as_secs(),
-                    wait_max_secs = self.waits.config.wait_max.as_secs(),
+                    back_in_secs = come_back.as_secs(),
+                    may_wait_secs = give_up.saturating_duration_since(wait.since).as_secs(),
                     "gave up waiting in the upstream's queue"
                 );
                 // The place and its ID are ours, not the user agent's.
@@ -502,7 +539,7 @@ impl ClientProxy {
                 dialect = ?place.dialect,
                 position = place.position,
                 length = place.length,
-                eta_secs = eta.map(|e| e.as_secs()),
+                eta_secs = shown.eta().map(|e| e.as_secs()),
                 back_in_secs = come_back.as_secs_f64(),
                 waited_secs = wait.since.elapsed().as_secs(),
                 "queued upstream; waiting"

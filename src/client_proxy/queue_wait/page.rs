@@ -113,6 +113,8 @@ pub struct PageView<'a> {
     pub length: Option<u32>,
     /// Estimated wait, when known.
     pub eta: Option<Duration>,
+    /// Time until the upstream is asked again.
+    pub next_check: Duration,
     /// Time waited so far.
     pub waited: Duration,
 }
@@ -161,6 +163,7 @@ pub fn waiting_page(view: &PageView<'_>, refresh: Duration) -> Response<ProxyBod
 <table>
 <tr><th>Position</th><td>{place}</td></tr>
 <tr><th>Estimated wait</th><td>{eta}</td></tr>
+<tr><th>Next check with the server</th><td>in {next_check}</td></tr>
 <tr><th>Waited so far</th><td>{waited}</td></tr>
 </table>
 <p><small>Queued by the server's {dialect} upload queue.</small></p>
@@ -170,6 +173,7 @@ pub fn waiting_page(view: &PageView<'_>, refresh: Duration) -> Response<ProxyBod
         url = escape(view.url),
         place = escape(&place),
         eta = escape(&eta),
+        next_check = escape(&approximately(view.next_check)),
         waited = escape(&approximately(view.waited)),
         dialect = escape(dialect),
     );
@@ -276,6 +280,7 @@ mod tests {
             position: 3,
             length: Some(12),
             eta: Some(Duration::from_secs(95)),
+            next_check: Duration::from_secs(26),
             waited: Duration::from_secs(4),
         };
         let page = waiting_page(&view, PAGE_REFRESH);
@@ -291,6 +296,7 @@ mod tests {
         assert!(body.contains("<td>3 of 12</td>"), "{body}");
         assert!(body.contains("about 2 min"), "{body}");
         assert!(body.contains("<td>4 s</td>"), "{body}");
+        assert!(body.contains("<td>in 26 s</td>"), "{body}");
         assert!(!body.contains("<script>"), "{body}");
         assert!(!body.contains("\"2\""), "{body}");
         assert!(
