@@ -106,7 +106,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
             memory_cache_bytes: 16 << 20,
             upstream_credentials: None,
             upstream_tls: None,
-            queue_wait_max: Duration::from_secs(60),
+            queue: Default::default(),
         },
         store,
     )?);

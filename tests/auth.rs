@@ -237,7 +237,7 @@ async fn start_pair(upstream_password: Option<&str>) -> Pair {
             memory_cache_bytes: 16 << 20,
             upstream_credentials: upstream_password.map(|p| basic_credentials("accel", p)),
             upstream_tls: None,
-            queue_wait_max: Duration::from_secs(60),
+            queue: Default::default(),
         },
         store,
     )

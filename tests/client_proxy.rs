@@ -485,7 +485,7 @@ fn client_config(upstream: SocketAddr) -> ClientConfig {
         memory_cache_bytes: 16 << 20,
         upstream_credentials: None,
         upstream_tls: None,
-        queue_wait_max: Duration::from_secs(60),
+        queue: Default::default(),
     }
 }
 

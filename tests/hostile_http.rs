@@ -178,7 +178,7 @@ impl Client {
                     memory_cache_bytes: 1 << 20,
                     upstream_credentials: None,
                     upstream_tls: None,
-                    queue_wait_max: Duration::from_secs(60),
+                    queue: Default::default(),
                 },
                 store,
             )

@@ -132,7 +132,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
                 memory_cache_bytes: 0,
                 upstream_credentials: None,
                 upstream_tls: Some(Arc::new(tls)),
-                queue_wait_max: Duration::from_secs(60),
+                queue: Default::default(),
             },
             store,
         )

@@ -16,6 +16,7 @@ use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
 use crate::auth::{AuthGate, basic_credentials};
 use crate::cache::{CacheScope, CacheStore};
+use crate::client_proxy::queue_wait::QueueWaitConfig;
 use crate::client_proxy::{ClientConfig, ClientProxy};
 use crate::inetd::Stdio;
 
@@ -94,11 +95,31 @@ pub struct ClientArgs {
     /// RPROXY_UPSTREAM_PASSWORD.
     #[arg(long, value_name = "USER")]
     pub upstream_user: Option<String>,
-    /// Seconds a user agent's request may wait in the upstream's queue for
-    /// an upload slot (the accelerator's --slots); then the upstream's 503
-    /// and Retry-After go to the user agent.
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    /// Seconds a request may wait in the upstream's queue for an upload
+    /// slot (the accelerator's --slots); then the upstream's 503 and
+    /// Retry-After go to the user agent. A request whose user agent waits
+    /// on its connection (no waiting page) gives up 10 s before
+    /// --idle-timeout at the latest, which would close the connection.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
     pub queue_wait_max: u64,
+    /// Seconds a browser's page load (a navigation) waits in the
+    /// upstream's queue before it gets a page showing its position, length
+    /// and ETA that reloads itself every 5 s; the wait goes on meanwhile
+    /// and the reload gets the answer. At or past --queue-wait-max: no
+    /// page.
+    #[arg(long, default_value_t = 3, value_name = "SECS")]
+    pub queue_page_after: u64,
+    /// Listen on this address for the accelerator's QUEUE callbacks
+    /// (PARQ), and tell the accelerator where it is (X-Node): a callback
+    /// makes a waiting request come back at once instead of losing its
+    /// place. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub queue_callback: Option<SocketAddr>,
+    /// The address sent in X-Node for QUEUE callbacks, when the
+    /// accelerator reaches --queue-callback by another (it listens on
+    /// 0.0.0.0, or behind NAT).
+    #[arg(long, value_name = "ADDR", requires = "queue_callback")]
+    pub queue_node: Option<SocketAddr>,
     /// PEM certificates to trust for an https:// upstream, instead of the
     /// system's roots (for an accelerator with its own CA or a
     /// self-signed certificate).
@@ -108,6 +129,11 @@ pub struct ClientArgs {
     #[arg(long, value_name = "FILE", requires = "upstream_user")]
     pub upstream_password_file: Option<PathBuf>,
 }
+
+/// How long before --idle-timeout a request whose user agent waits on its
+/// connection gives up waiting in the upstream's queue, so that the
+/// upstream's answer still reaches it.
+const HELD_WAIT_MARGIN: Duration = Duration::from_secs(10);
 
 /// The environment variable holding the upstream password.
 pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
@@ -141,6 +167,22 @@ impl ClientArgs {
                  give --auth-file (see rproxy passwd), or --allow-open to run an open proxy there"
             )));
         }
+        // No byte moves on a user agent's connection while its request
+        // waits: the idle timeout would close it.
+        let held_max = self
+            .limits
+            .idle_timeout
+            .saturating_sub(HELD_WAIT_MARGIN.as_secs())
+            .min(self.queue_wait_max);
+        if self.queue_page_after >= held_max && self.queue_page_after < self.queue_wait_max {
+            return Err(UsageError(format!(
+                "--queue-page-after {}: a navigation waiting that long is cut by --idle-timeout {} \
+                 first (less {} s); lower the one or raise the other",
+                self.queue_page_after,
+                self.limits.idle_timeout,
+                HELD_WAIT_MARGIN.as_secs()
+            )));
+        }
         Ok(ClientConfig {
             upstream: self
                 .upstream
@@ -163,8 +205,39 @@ impl ClientArgs {
             })?,
             upstream_credentials: self.upstream_credentials()?,
             upstream_tls: self.upstream_tls()?,
-            queue_wait_max: Duration::from_secs(self.queue_wait_max),
+            queue: QueueWaitConfig {
+                wait_max: Duration::from_secs(self.queue_wait_max),
+                held_max: Duration::from_secs(held_max),
+                page_after: Duration::from_secs(self.queue_page_after),
+                node: self.queue_node()?,
+            },
         })
+    }
+
+    /// Where the accelerator reaches our QUEUE callback listener. A port 0
+    /// is filled in once the listener is bound ([`run`]).
+    fn queue_node(&self) -> Result<Option<SocketAddr>, UsageError> {
+        let Some(listen) = self.queue_callback else {
+            return Ok(None);
+        };
+        if self.inetd {
+            return Err(UsageError(
+                "--queue-callback needs the listener: each inetd process serves one connection"
+                    .into(),
+            ));
+        }
+        let node = self.queue_node.unwrap_or(listen);
+        if node.ip().is_unspecified() {
+            return Err(UsageError(format!(
+                "--queue-callback {listen}: the accelerator cannot call back to {}; \
+                 give --queue-node with the address it reaches us on",
+                node.ip()
+            )));
+        }
+        if self.queue_node.is_some() && node.port() == 0 {
+            return Err(UsageError(format!("--queue-node {node}: needs a port")));
+        }
+        Ok(Some(node))
     }
 
     /// TLS for an https:// upstream.
@@ -224,7 +297,19 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         .as_ref()
         .and_then(Stdio::local_addr)
         .unwrap_or(args.listen);
-    let config = args.config(address)?;
+    let mut config = args.config(address)?;
+    let callbacks = match args.queue_callback {
+        Some(listen) => {
+            let listener = std::net::TcpListener::bind(listen)
+                .with_context(|| format!("--queue-callback: cannot listen on {listen}"))?;
+            listener.set_nonblocking(true)?;
+            if args.queue_node.is_none() {
+                config.queue.node = Some(listener.local_addr()?);
+            }
+            Some(listener)
+        }
+        None => None,
+    };
     let auth = args.auth.authenticator()?;
     let store = CacheStore::open(&args.cache, args.cache_size)
         .with_context(|| format!("cannot open the cache in {}", args.cache.display()))?;
@@ -234,8 +319,18 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     if let Some(stdio) = stdio {
         return serve_one(stdio, proxy, limits);
     }
-    serve_listener(args.listen, proxy, limits, None, |address, _| {
+    serve_listener(args.listen, proxy, limits, None, |address, proxy| {
         tracing::info!(listen = %address, upstream = %args.upstream, cache = %args.cache.display(), "client proxy ready");
+        if let Some(listener) = callbacks {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => {
+                    let node = proxy.role().queue_waits().config().node;
+                    tracing::info!(listen = ?listener.local_addr().ok(), node = ?node, "QUEUE callbacks ready");
+                    tokio::spawn(proxy.role().serve_queue_callbacks(listener));
+                }
+                Err(error) => tracing::error!(%error, "cannot serve QUEUE callbacks"),
+            }
+        }
     })
 }
 
@@ -288,6 +383,63 @@ mod tests {
         );
         let bad_user = args(&["--upstream-user", "a:b"]).config(loopback);
         assert!(bad_user.is_err());
+    }
+
+    #[test]
+    fn queue_flags_have_sane_defaults_and_callbacks_need_a_reachable_address() {
+        let loopback: SocketAddr = "127.0.0.1:8082".parse().unwrap();
+        let queue = args(&[]).config(loopback).unwrap().queue;
+        assert_eq!(queue.wait_max, Duration::from_secs(300));
+        assert_eq!(
+            queue.held_max,
+            Duration::from_secs(50),
+            "10 s before the idle timeout"
+        );
+        assert_eq!(queue.page_after, Duration::from_secs(3));
+        assert_eq!(queue.node, None, "no callbacks by default");
+        let node = args(&["--queue-callback", "127.0.0.1:6346"])
+            .config(loopback)
+            .unwrap()
+            .queue
+            .node;
+        assert_eq!(node, Some("127.0.0.1:6346".parse().unwrap()));
+        let anywhere = args(&["--queue-callback", "0.0.0.0:6346"]).config(loopback);
+        assert!(
+            anywhere.unwrap_err().to_string().contains("--queue-node"),
+            "0.0.0.0 is no address to call back to"
+        );
+        let natted = args(&[
+            "--queue-callback",
+            "0.0.0.0:6346",
+            "--queue-node",
+            "192.0.2.7:16346",
+        ])
+        .config(loopback)
+        .unwrap();
+        assert_eq!(natted.queue.node, Some("192.0.2.7:16346".parse().unwrap()));
+        assert!(
+            args(&["--queue-callback", "127.0.0.1:6346", "--inetd"])
+                .config(loopback)
+                .is_err()
+        );
+        let short = args(&["--queue-wait-max", "20"]).config(loopback).unwrap();
+        assert_eq!(short.queue.held_max, Duration::from_secs(20));
+        let cut = args(&["--queue-page-after", "55"]).config(loopback);
+        assert!(
+            cut.unwrap_err().to_string().contains("--idle-timeout 60"),
+            "a page later than the idle timeout would never be seen"
+        );
+        let patient = args(&["--queue-page-after", "55", "--idle-timeout", "120"]);
+        assert_eq!(
+            patient.config(loopback).unwrap().queue.held_max,
+            Duration::from_secs(110)
+        );
+        use clap::Parser;
+        assert!(
+            crate::cli::Cli::try_parse_from(["rproxy", "client", "--queue-node", "192.0.2.7:1"])
+                .is_err(),
+            "--queue-node needs --queue-callback"
+        );
     }
 
     #[test]

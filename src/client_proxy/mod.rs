@@ -19,13 +19,16 @@
 //! through, streaming; a successful unsafe method invalidates the entry
 //! (RFC 9111 §4.4).
 //!
-//! Leaves out: TLS, HTTP/2 and authentication (issue 4), the admission
-//! queue (issue 5), CONNECT tunnels (501).
+//! When the upstream's upload slots are busy, requests wait in its queue
+//! ([`queue_wait`]).
+//!
+//! Leaves out: CONNECT tunnels (501).
 //!
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
 
 pub mod coalesce;
 pub mod hot;
+pub mod queue_wait;
 pub mod transfer;
 pub mod upstream;
 
@@ -48,10 +51,10 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
     check_response_head, strip_hop_by_hop,
 };
-use crate::queue::{X_QUEUE, X_QUEUED};
 use crate::server::{BodyError, Handler, ProxyBody, counted, text_response};
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
+use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits, WaitView};
 use transfer::{CachedBody, ClientBasis, Coding, OriginDigest, Relay, Report, StoreTarget, full};
 use upstream::Upstream;
 
@@ -91,9 +94,8 @@ pub struct ClientConfig {
     pub upstream_credentials: Option<HeaderValue>,
     /// TLS for an `https://` upstream (trust roots, ALPN).
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
-    /// Longest a user agent's request waits in the upstream's queue for
-    /// an upload slot before it gets the upstream's `503`.
-    pub queue_wait_max: Duration,
+    /// Waits in the upstream's queue for an upload slot.
+    pub queue: QueueWaitConfig,
 }
 
 /// Why the configuration cannot be used.
@@ -128,6 +130,7 @@ pub struct ClientStats {
     digest_failures: AtomicU64,
     upstream_errors: AtomicU64,
     queue_waits: AtomicU64,
+    queue_waiting: AtomicU64,
     signature_bytes: AtomicU64,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
@@ -164,6 +167,9 @@ pub struct StatsSnapshot {
     /// Waits in the upstream's queue for an upload slot (one per
     /// `Retry-After`).
     pub queue_waits: u64,
+    /// Requests waiting in the upstream's queue now.
+    #[serde(default)]
+    pub queue_waiting: u64,
     /// Bytes of basis signatures sent upstream (decoded).
     pub signature_bytes: u64,
     /// Body bytes received from upstream (coded, as on the link).
@@ -196,6 +202,7 @@ impl ClientStats {
             digest_failures: get(&self.digest_failures),
             upstream_errors: get(&self.upstream_errors),
             queue_waits: get(&self.queue_waits),
+            queue_waiting: get(&self.queue_waiting),
             signature_bytes: get(&self.signature_bytes),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
@@ -203,9 +210,20 @@ impl ClientStats {
         }
     }
 
-    /// The counters as a JSON object.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(&self.snapshot()).expect("plain integers serialise") + "\n"
+    /// The counters and the requests waiting in the upstream's queue
+    /// (`queue`) as a JSON object.
+    pub fn to_json(&self, waiting: &[WaitView]) -> String {
+        #[derive(serde::Serialize)]
+        struct Stats<'a> {
+            #[serde(flatten)]
+            counters: StatsSnapshot,
+            queue: &'a [WaitView],
+        }
+        let stats = Stats {
+            counters: self.snapshot(),
+            queue: waiting,
+        };
+        serde_json::to_string(&stats).expect("integers and strings serialise") + "\n"
     }
 }
 
@@ -242,6 +260,7 @@ pub struct ClientProxy {
     in_flight: InFlight,
     hot: HotCache,
     stats: Arc<ClientStats>,
+    waits: Arc<QueueWaits>,
 }
 
 impl ClientProxy {
@@ -270,14 +289,16 @@ impl ClientProxy {
         };
         let upstream = Upstream::new(upstream_authority.clone(), tls, config.connect_timeout)
             .map_err(ConfigError::TlsName)?;
+        let stats = Arc::new(ClientStats {
+            cache_write_errors: store.write_errors(),
+            ..ClientStats::default()
+        });
         Ok(ClientProxy {
             upstream,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
-            stats: Arc::new(ClientStats {
-                cache_write_errors: store.write_errors(),
-                ..ClientStats::default()
-            }),
+            waits: Arc::new(QueueWaits::new(config.queue.clone(), stats.clone())),
+            stats,
             upstream_authority,
             upstream_scheme,
             store,
@@ -351,7 +372,8 @@ impl ClientProxy {
             && request.uri().authority().is_none()
             && request.uri().path() == STATS_PATH
         {
-            let mut response = Response::new(full(self.stats.to_json()));
+            let waiting = self.waits.views(MAX_LISTED_WAITS);
+            let mut response = Response::new(full(self.stats.to_json(&waiting)));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
@@ -445,6 +467,10 @@ impl ClientProxy {
         if parts.method == Method::HEAD {
             return self.pass(parts, body, target).await;
         }
+        let navigation = queue_wait::page::is_navigation(&parts.method, &parts.headers);
+        if navigation && let Some(response) = self.attach_to_wait(&key, &parts.headers).await {
+            return response;
+        }
         let leader = match self.in_flight.join(key.digest()) {
             Role::Leader(leader) => Some(leader),
             Role::Follower(follower) => {
@@ -469,6 +495,11 @@ impl ClientProxy {
                 None
             }
         };
+        if navigation {
+            return self
+                .fetch_navigation(parts, target, key, stale, leader)
+                .await;
+        }
         self.fetch(parts, target, key, stale, leader).await
     }
 
@@ -1073,6 +1104,9 @@ impl ClientProxy {
             HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header"),
         );
         let mut request = Request::new(body);
+        if let Some(observed) = parts.extensions.get::<queue_wait::Observed>() {
+            request.extensions_mut().insert(observed.clone());
+        }
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = target.url.clone();
         if !target.forward {
@@ -1088,66 +1122,26 @@ impl ClientProxy {
         request
     }
 
-    /// Sends a request upstream, offering PARQ (`X-Queue: 1.0`): when the
-    /// upstream's upload slots are busy and it queues a bodiless request,
-    /// the user agent waits while we come back at each `Retry-After` with
-    /// our place (`X-Queued: position=…; ID=…`), for at most
-    /// `queue_wait_max`; then the upstream's `503` (with its Retry-After)
-    /// goes to the user agent. `Err` is the status and message for the
-    /// user agent.
-    async fn send(
-        &self,
-        request: Request<ProxyBody>,
-        target: &Target,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
-        let (mut parts, body) = request.into_parts();
-        parts
-            .headers
-            .insert(X_QUEUE.clone(), HeaderValue::from_static("1.0"));
-        let retryable = matches!(parts.method, Method::GET | Method::HEAD);
-        let give_up = tokio::time::Instant::now() + self.config.queue_wait_max;
-        let mut body = Some(body);
-        loop {
-            let mut request = Request::new(body.take().unwrap_or_else(empty));
-            *request.method_mut() = parts.method.clone();
-            *request.uri_mut() = parts.uri.clone();
-            *request.headers_mut() = parts.headers.clone();
-            let response = self.send_once(request, target).await?;
-            if !retryable || response.status() != StatusCode::SERVICE_UNAVAILABLE {
-                return Ok(response);
-            }
-            let Some(place) = queue_place(response.headers()) else {
-                return Ok(response);
-            };
-            let wake = tokio::time::Instant::now() + place.retry_after;
-            if wake > give_up {
-                tracing::info!(
-                    position = place.position,
-                    waited_max = self.config.queue_wait_max.as_secs(),
-                    "gave up waiting in the upstream's queue"
-                );
-                return Ok(response);
-            }
-            ClientStats::add(&self.stats.queue_waits, 1);
-            tracing::info!(
-                position = place.position,
-                length = place.length,
-                retry_after = place.retry_after.as_secs(),
-                "queued upstream; waiting"
-            );
-            drop(response);
-            tokio::time::sleep_until(wake).await;
-            parts.headers.insert(X_QUEUED.clone(), place.x_queued);
-        }
-    }
-
-    /// [`Self::send`] without the queue.
+    /// Sends a request upstream once, on a pooled connection (the queue
+    /// is [`Self::send`]'s).
     async fn send_once(
         &self,
         request: Request<ProxyBody>,
         target: &Target,
     ) -> Result<Response<Incoming>, (StatusCode, String)> {
-        let sent = self.upstream.send(request, target.forward);
+        self.checked(self.upstream.send(request, target.forward))
+            .await
+    }
+
+    /// The upstream's answer to a request `sent` (pooled or on a held
+    /// connection), within the upstream timeout and checked; `Err` is the
+    /// status and message for the user agent. After a malformed head the
+    /// connection must not be used again (`Upstream::send` sees to it for
+    /// pooled ones).
+    async fn checked<E: std::error::Error>(
+        &self,
+        sent: impl Future<Output = Result<Response<Incoming>, E>>,
+    ) -> Result<Response<Incoming>, (StatusCode, String)> {
         match tokio::time::timeout(self.config.upstream_timeout, sent).await {
             // The upstream's challenge is for us, not for the user agent
             // (whose credentials never go upstream): a gateway error.
@@ -1165,8 +1159,6 @@ impl ClientProxy {
             }
             Ok(Ok(mut response)) => {
                 if let Err(message) = check_response_head(response.headers()) {
-                    // Upstream::send has made sure its connection is not
-                    // used again.
                     ClientStats::add(&self.stats.upstream_errors, 1);
                     return Err((
                         StatusCode::BAD_GATEWAY,
@@ -1212,37 +1204,6 @@ impl Handler for ClientProxy {
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.proxy(request)
     }
-}
-
-/// Where the upstream queued us: from a PARQ `503`.
-struct QueuePlace {
-    position: u32,
-    length: u32,
-    retry_after: Duration,
-    /// What to send back: `position=…; ID=…`.
-    x_queued: HeaderValue,
-}
-
-/// Longest `Retry-After` taken from an upstream queue (PARQ's constant
-/// beyond the formula is 600 s).
-const MAX_QUEUE_RETRY_AFTER: Duration = Duration::from_secs(600);
-
-fn queue_place(headers: &HeaderMap) -> Option<QueuePlace> {
-    let status = crate::queue::headers::parse_x_queued(headers.get(&X_QUEUED)?.as_bytes()).ok()?;
-    let (position, id) = (status.position?, status.id?);
-    let retry_after = headers
-        .get(header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::from_secs(30), Duration::from_secs)
-        .min(MAX_QUEUE_RETRY_AFTER);
-    let x_queued = HeaderValue::from_str(&format!("position={position}; ID={id}")).ok()?;
-    Some(QueuePlace {
-        position,
-        length: status.length.unwrap_or(position),
-        retry_after,
-        x_queued,
-    })
 }
 
 /// An error and its sources, `: `-separated (hyper's client errors say

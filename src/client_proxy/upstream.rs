@@ -9,20 +9,29 @@
 //! table whose entries expire (an upgraded accelerator is noticed within
 //! the TTL).
 //!
-//! Main types: [`Upstream`], [`Advertised`].
+//! A queue wait that keeps its place by its connection (Active Queueing
+//! 0.1, PARQ's synchronous part) needs the same connection for every poll,
+//! which a pool cannot promise: [`Upstream::hold`] opens one of our own,
+//! HTTP/1.1 over the same connector, and [`PooledConnection`] lets the
+//! caller retire the pooled connection a queued answer came on.
+//!
+//! Main types: [`Upstream`], [`Advertised`], [`HeldConnection`].
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::uri::Authority;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{Connected, Connection, capture_connection};
+use hyper_util::client::legacy::connect::{
+    CaptureConnection, Connected, Connection, capture_connection,
+};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
@@ -32,6 +41,10 @@ use tokio_rustls::TlsConnector;
 use crate::expiring::ExpiringMap;
 use crate::http::{HSYNC_ACCEPT, check_response_head};
 use crate::server::ProxyBody;
+
+/// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
+/// a connection is an HTTP/1.1 notion (an HTTP/2 connection is shared).
+const HTTP_1_1_ALPN: &[u8] = b"http/1.1";
 
 /// How long an upstream's `Hsync-Accept` is believed without being seen
 /// again.
@@ -72,7 +85,73 @@ pub struct Upstream {
     authority: Authority,
     gateway: Client<UpstreamConnector, ProxyBody>,
     forward: Client<UpstreamConnector, ProxyBody>,
+    /// Connects held connections (HTTP/1.1 only over TLS).
+    held: UpstreamConnector,
     advertised: Mutex<ExpiringMap<Authority, Advertised>>,
+}
+
+/// The pooled connection a response came on (a response extension): a
+/// queue place held by that connection is given up by retiring it.
+#[derive(Clone)]
+pub struct PooledConnection(CaptureConnection);
+
+impl PooledConnection {
+    /// Takes the connection out of the pool and, for HTTP/1.1, closes it,
+    /// so the upstream frees whatever it held by it. (Poisoning alone would
+    /// leave it open if hyper had put it back in the pool already, which it
+    /// does as soon as a short response was read.) An HTTP/2 connection is
+    /// only kept from new requests: others' streams are on it.
+    pub fn retire(&self) {
+        if let Some(connected) = self.0.connection_metadata().as_ref() {
+            connected.poison();
+            if connected.is_negotiated_h2() {
+                return;
+            }
+            let mut extras = http::Extensions::new();
+            connected.get_extras(&mut extras);
+            if let Some(closer) = extras.get::<Closer>() {
+                closer.close();
+            }
+        }
+    }
+}
+
+/// Closes a pooled connection from outside hyper: its reads end, hyper
+/// sees the end of the connection and drops it (an idle pooled connection
+/// is still read, to notice a close).
+#[derive(Clone, Default)]
+struct Closer(Arc<CloserState>);
+
+#[derive(Default)]
+struct CloserState {
+    closed: AtomicBool,
+    /// The task reading the connection, to wake when closing.
+    reader: Mutex<Option<Waker>>,
+}
+
+impl Closer {
+    fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+        let reader = self
+            .0
+            .reader
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(waker) = reader {
+            waker.wake();
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+
+    /// Remembers who to wake; true if closed meanwhile.
+    fn register(&self, waker: &Waker) -> bool {
+        *self.0.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(waker.clone());
+        self.is_closed()
+    }
 }
 
 impl Upstream {
@@ -87,7 +166,7 @@ impl Upstream {
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
     ) -> Result<Upstream, String> {
-        let tls = match tls {
+        let (tls, held_tls) = match tls {
             Some(config) => {
                 let host = authority
                     .host()
@@ -95,15 +174,24 @@ impl Upstream {
                     .trim_end_matches(']');
                 let name = ServerName::try_from(host.to_owned())
                     .map_err(|e| format!("{host}: not a TLS server name: {e}"))?;
-                Some((TlsConnector::from(config), name))
+                let mut http1 = (*config).clone();
+                http1.alpn_protocols = vec![HTTP_1_1_ALPN.to_vec()];
+                (
+                    Some((TlsConnector::from(config), name.clone())),
+                    Some((TlsConnector::from(Arc::new(http1)), name)),
+                )
             }
-            None => None,
+            None => (None, None),
         };
         let connector = |proxied| UpstreamConnector {
             authority: authority.clone(),
             connect_timeout,
             tls: tls.clone(),
             proxied,
+        };
+        let held = UpstreamConnector {
+            tls: held_tls,
+            ..connector(false)
         };
         let gateway = Client::builder(TokioExecutor::new()).build(connector(false));
         let forward = Client::builder(TokioExecutor::new())
@@ -114,6 +202,7 @@ impl Upstream {
             authority,
             gateway,
             forward,
+            held,
             advertised: Mutex::new(ExpiringMap::new(ADVERTISED_TTL)),
         })
     }
@@ -124,7 +213,8 @@ impl Upstream {
     }
 
     /// Sends `request`: a URI whose authority is the upstream's goes in
-    /// origin-form, any other in absolute-form to the upstream.
+    /// origin-form, any other in absolute-form to the upstream. The
+    /// response carries its [`PooledConnection`].
     ///
     /// # Errors
     /// The client's error: connect failure, reset, malformed response.
@@ -133,8 +223,8 @@ impl Upstream {
         mut request: Request<ProxyBody>,
         forward: bool,
     ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
-        let connection = capture_connection(&mut request);
-        let response = if forward {
+        let connection = PooledConnection(capture_connection(&mut request));
+        let mut response = if forward {
             self.forward.request(request).await?
         } else {
             self.gateway.request(request).await?
@@ -142,10 +232,14 @@ impl Upstream {
         if check_response_head(response.headers()).is_err() {
             // Framing the two ends may read differently: whatever hyper
             // made of it, this connection is not used again (P-17).
-            if let Some(connected) = connection.connection_metadata().as_ref() {
-                connected.poison();
-            }
+            connection.retire();
         }
+        self.remember_advertised(&response);
+        response.extensions_mut().insert(connection);
+        Ok(response)
+    }
+
+    fn remember_advertised(&self, response: &Response<Incoming>) {
         if let Some(advertised) = response
             .headers()
             .get(HSYNC_ACCEPT)
@@ -156,7 +250,29 @@ impl Upstream {
                 .expect("no panics under this lock")
                 .insert(self.authority.clone(), advertised, Instant::now());
         }
-        Ok(response)
+    }
+
+    /// Opens a connection of our own to the upstream, HTTP/1.1 (ALPN
+    /// `http/1.1` over TLS), outside the pools: every request on it goes
+    /// on the same connection, as a queue place held by the connection
+    /// needs.
+    ///
+    /// # Errors
+    /// Connect, TLS or handshake failure.
+    pub async fn hold(&self) -> io::Result<HeldConnection> {
+        let mut connector = self.held.clone();
+        let stream = tower_service::Service::call(&mut connector, Uri::from_static("/")).await?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(stream)
+            .await
+            .map_err(io::Error::other)?;
+        // Ends when the connection closes: after the last response once the
+        // sender is dropped, or when the upstream closes it.
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "held upstream connection ended");
+            }
+        });
+        Ok(HeldConnection { sender })
     }
 
     /// What the upstream advertised last, if it is still believed.
@@ -166,6 +282,38 @@ impl Upstream {
             .expect("no panics under this lock")
             .get(&self.authority, Instant::now())
             .copied()
+    }
+}
+
+/// A connection of our own to the upstream, for a queue wait whose place
+/// the upstream keeps by the connection. Closed when dropped (once a
+/// response still streaming on it is done).
+pub struct HeldConnection {
+    sender: hyper::client::conn::http1::SendRequest<ProxyBody>,
+}
+
+impl HeldConnection {
+    /// Sends `request` on this connection, in absolute-form when
+    /// `forward`, else in origin-form, after the previous response's body
+    /// was read to its end.
+    ///
+    /// # Errors
+    /// The connection closed or failed, or the response was malformed.
+    pub async fn send(
+        &mut self,
+        mut request: Request<ProxyBody>,
+        forward: bool,
+    ) -> Result<Response<Incoming>, hyper::Error> {
+        if !forward && let Some(path) = request.uri().path_and_query().cloned() {
+            *request.uri_mut() = Uri::from(path);
+        }
+        self.sender.ready().await?;
+        self.sender.send_request(request).await
+    }
+
+    /// Whether the connection is gone (the upstream closed it).
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
     }
 }
 
@@ -221,6 +369,7 @@ impl tower_service::Service<Uri> for UpstreamConnector {
                 io: TokioIo::new(transport),
                 proxied: this.proxied,
                 h2,
+                closer: Closer::default(),
             })
         })
     }
@@ -297,11 +446,14 @@ pub struct UpstreamStream {
     io: TokioIo<Transport>,
     proxied: bool,
     h2: bool,
+    closer: Closer,
 }
 
 impl Connection for UpstreamStream {
     fn connected(&self) -> Connected {
-        let connected = Connected::new().proxy(self.proxied);
+        let connected = Connected::new()
+            .proxy(self.proxied)
+            .extra(self.closer.clone());
         if self.h2 {
             connected.negotiated_h2()
         } else {
@@ -316,7 +468,16 @@ impl hyper::rt::Read for UpstreamStream {
         cx: &mut Context<'_>,
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        if self.closer.is_closed() {
+            // The end of the connection, as if the upstream had closed it.
+            return Poll::Ready(Ok(()));
+        }
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        // The lock is taken only before the task sleeps.
+        if polled.is_pending() && self.closer.register(cx.waker()) {
+            return Poll::Ready(Ok(()));
+        }
+        polled
     }
 }
 
