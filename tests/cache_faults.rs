@@ -9,7 +9,8 @@
 //! otherwise), so nothing is left mounted when the process dies; the test
 //! sees the proxy's view of the directory through `/proc/PID/root`. Where
 //! no namespace can be made, it falls back to `RLIMIT_FSIZE` on the proxy
-//! with SIGXFSZ ignored, so writes past the limit fail with EFBIG.
+//! (which handles SIGXFSZ itself, so writes past the limit fail with EFBIG
+//! rather than kill it).
 //! `RPROXY_TEST_DISK_FAULT=fsize` forces the fallback. The test prints
 //! which fault it used.
 //!
@@ -230,8 +231,8 @@ enum DiskFault {
     /// A 1 MiB tmpfs over the cache directory, in a mount namespace made by
     /// `unshare` with these flags.
     Tmpfs { unshare: &'static str },
-    /// `RLIMIT_FSIZE` of 1 MiB on the proxy, SIGXFSZ ignored: a write past
-    /// it fails with EFBIG. "Full" lowers it to 0.
+    /// `RLIMIT_FSIZE` of 1 MiB on the proxy, whose SIGXFSZ handler turns a
+    /// write past it into EFBIG. "Full" lowers it to 0.
     FileSizeLimit,
 }
 
@@ -287,7 +288,7 @@ impl DiskFault {
                 let mut command = Command::new("sh");
                 command.args([
                     "-c",
-                    &format!("trap '' XFSZ; exec prlimit --fsize={DISK_BYTES}: \"$0\" \"$@\""),
+                    &format!("exec prlimit --fsize={DISK_BYTES}: \"$0\" \"$@\""),
                     env!("CARGO_BIN_EXE_rproxy"),
                 ]);
                 command

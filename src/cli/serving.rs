@@ -33,7 +33,10 @@ pub(super) fn serve_one<H: Handler>(
         .build()
         .context("cannot start the async runtime")?;
     runtime
-        .block_on(serve_stdio(stdio, Arc::new(handler), limits))
+        .block_on(async {
+            survive_file_size_limit();
+            serve_stdio(stdio, Arc::new(handler), limits).await
+        })
         .context("cannot serve the connection on stdin")
 }
 
@@ -53,6 +56,7 @@ pub(super) fn serve_listener<H: Handler>(
     raise_open_file_limit(limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
+        survive_file_size_limit();
         let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
         ready(listener.local_addr().unwrap_or(listen), &handler);
         let stop = async {
@@ -65,4 +69,24 @@ pub(super) fn serve_listener<H: Handler>(
         }
         Ok(())
     })
+}
+
+/// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose
+/// default action kills the process. With a handler in place the write
+/// fails with EFBIG instead, which the cache treats as a full disk
+/// (responses pass through unstored).
+fn survive_file_size_limit() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::from_raw(libc::SIGXFSZ)) {
+        Ok(mut raised) => {
+            tokio::spawn(async move {
+                while raised.recv().await.is_some() {
+                    tracing::debug!("SIGXFSZ: a write passed the file-size limit");
+                }
+            });
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot handle SIGXFSZ: a file-size limit will stop the process");
+        }
+    }
 }
