@@ -127,8 +127,8 @@ pub struct Framing {
     in_trailer: bool,
     /// The field whose value is being read.
     field: Field,
-    /// Bytes of the current field name (saturating).
-    name_len: u8,
+    /// Bytes of the current field name.
+    name_len: usize,
     /// The name read so far is a prefix of `content-length` …
     maybe_content_length: bool,
     /// … or of `transfer-encoding` (ASCII case-insensitive).
@@ -268,6 +268,28 @@ fn span(bytes: &[u8], table: &[bool; 256]) -> usize {
         .unwrap_or(bytes.len())
 }
 
+/// [`span`] for a table that holds every byte but the control bytes (and
+/// perhaps HTAB): eight bytes at a time while none is a control byte,
+/// since this runs over every byte of every head.
+fn text_span(bytes: &[u8], table: &[bool; 256]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while let Some(word) = bytes.get(i..i + 8) {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        // Whether a byte is below 0x20, or is 0x7f (the usual SWAR test
+        // for a byte below n, and for a zero byte after xor).
+        let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH_BITS;
+        let del = word ^ (ONES * 0x7f);
+        let is_del = del.wrapping_sub(ONES) & !del & HIGH_BITS;
+        if below_space | is_del != 0 {
+            break;
+        }
+        i += 8;
+    }
+    i + span(&bytes[i..], table)
+}
+
 impl Default for Framing {
     fn default() -> Self {
         Framing::new()
@@ -334,7 +356,7 @@ impl Framing {
                     };
                 }
                 State::RequestLine => {
-                    let n = span(&chunk[i..], &REQUEST_LINE_BYTE);
+                    let n = text_span(&chunk[i..], &REQUEST_LINE_BYTE);
                     for &b in &chunk[i + n.saturating_sub(8)..i + n] {
                         self.request_line_tail = self.request_line_tail << 8 | u64::from(b);
                     }
@@ -362,34 +384,34 @@ impl Framing {
                     }
                 },
                 State::Name => {
-                    if TCHAR[usize::from(b)] {
-                        let at = usize::from(self.name_len);
-                        let lower = b.to_ascii_lowercase();
-                        self.maybe_content_length &= CONTENT_LENGTH.get(at) == Some(&lower);
-                        self.maybe_transfer_encoding &= TRANSFER_ENCODING.get(at) == Some(&lower);
-                        self.name_len = self.name_len.saturating_add(1);
-                    } else if b == b':' && self.name_len > 0 {
-                        let len = usize::from(self.name_len);
-                        self.field = if self.maybe_content_length && len == CONTENT_LENGTH.len() {
-                            Field::ContentLength
-                        } else if self.maybe_transfer_encoding && len == TRANSFER_ENCODING.len() {
-                            Field::TransferEncoding
-                        } else {
-                            Field::Other
-                        };
-                        self.blank = false;
-                        self.digits = 0;
-                        self.number = 0;
-                        self.state = State::Value;
-                    } else if b == b'\r' {
-                        return self.fail(Reason::MissingColon, start, i);
-                    } else {
-                        return self.fail(stray(b, Reason::BadFieldName), start, i);
+                    let n = span(&chunk[i..], &TCHAR);
+                    self.name_part(&chunk[i..i + n]);
+                    i += n;
+                    match chunk.get(i) {
+                        None => break,
+                        Some(b':') if self.name_len > 0 => {
+                            let len = self.name_len;
+                            self.field = if self.maybe_content_length && len == CONTENT_LENGTH.len()
+                            {
+                                Field::ContentLength
+                            } else if self.maybe_transfer_encoding && len == TRANSFER_ENCODING.len()
+                            {
+                                Field::TransferEncoding
+                            } else {
+                                Field::Other
+                            };
+                            self.blank = false;
+                            self.digits = 0;
+                            self.number = 0;
+                            self.state = State::Value;
+                        }
+                        Some(b'\r') => return self.fail(Reason::MissingColon, start, i),
+                        Some(&b) => return self.fail(stray(b, Reason::BadFieldName), start, i),
                     }
                 }
                 State::Value => match self.field {
                     Field::Other => {
-                        i += span(&chunk[i..], &FIELD_BYTE);
+                        i += text_span(&chunk[i..], &FIELD_BYTE);
                         match chunk.get(i) {
                             None => break,
                             Some(b'\r') => self.state = State::ValueLf,
@@ -482,7 +504,7 @@ impl Framing {
                     _ => return self.fail(stray(b, Reason::BadChunkSize), start, i),
                 },
                 State::ChunkExtension => {
-                    i += span(&chunk[i..], &FIELD_BYTE);
+                    i += text_span(&chunk[i..], &FIELD_BYTE);
                     match chunk.get(i) {
                         None => break,
                         Some(b'\r') => self.state = State::ChunkLineLf,
@@ -524,6 +546,19 @@ impl Framing {
             safe: chunk.len(),
             violation: None,
         }
+    }
+
+    /// The next `part` of a field name (token characters).
+    fn name_part(&mut self, part: &[u8]) {
+        let at = self.name_len;
+        let continues = |name: &[u8]| {
+            name.get(at..at + part.len())
+                .is_some_and(|expected| expected.eq_ignore_ascii_case(part))
+        };
+        // While a flag holds, `at` is at most the length of its name.
+        self.maybe_content_length = self.maybe_content_length && continues(CONTENT_LENGTH);
+        self.maybe_transfer_encoding = self.maybe_transfer_encoding && continues(TRANSFER_ENCODING);
+        self.name_len = at.saturating_add(part.len());
     }
 
     fn start_chunk(&mut self) {
@@ -605,6 +640,24 @@ mod tests {
     }
 
     const CHUNKS: &str = "5\r\nhello\r\n0\r\n\r\n";
+
+    #[test]
+    fn eight_bytes_at_a_time_stop_where_one_at_a_time_would() {
+        for table in [&FIELD_BYTE, &REQUEST_LINE_BYTE] {
+            for byte in 0..=255u8 {
+                for at in 0..20 {
+                    let mut bytes = vec![b'a'; 20];
+                    bytes[at] = byte;
+                    bytes.push(0xff);
+                    assert_eq!(
+                        text_span(&bytes, table),
+                        span(&bytes, table),
+                        "{byte} at {at}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn well_formed_requests_pass_whole() {
