@@ -24,6 +24,7 @@ pub mod client_proxy;
 pub mod demo;
 pub mod expiring;
 pub mod freshness;
+pub mod head_guard;
 pub mod hsync;
 pub mod http;
 pub mod inetd;

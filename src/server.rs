@@ -10,7 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
+use crate::head_guard::{Framing, Part, Violation};
 use crate::http::{check_request_head, strip_unkeyed};
 use crate::tls::TlsSession;
 
@@ -375,11 +376,41 @@ where
         // request.
         builder.max_headers(limits.max_headers);
     }
-    let io = Watched::new(io, limits.idle_timeout, hold);
+    let refusing = Arc::new(AtomicBool::new(false));
+    let io = Watched::new(
+        Guarded::new(io, refusing.clone()),
+        limits.idle_timeout,
+        hold,
+    );
     let mut connection = builder.serve_connection(TokioIo::new(io), service);
-    let result = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)).await;
+    let mut shutting_down = false;
+    let result = std::future::poll_fn(|cx| {
+        loop {
+            let polled = connection.poll_without_shutdown(cx);
+            if polled.is_pending() && !shutting_down && refusing.load(Ordering::Relaxed) {
+                // hyper waits at a refused head: let it finish the requests
+                // in flight, then stop.
+                shutting_down = true;
+                Pin::new(&mut connection).graceful_shutdown();
+                continue;
+            }
+            return polled;
+        }
+    })
+    .await;
     let mut io = connection.into_parts().io.into_inner();
     match result {
+        _ if let Some(violation) = io.io.refusal() => {
+            tracing::info!(status = 400, reason = %violation.reason, at = violation.at, "refused");
+            let message = format!("{}\n", violation.reason);
+            let response = format!(
+                "HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\
+                 Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\r\n{message}",
+                message.len()
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(response.as_bytes()))
+                .await;
+        }
         Ok(()) => {}
         Err(error) if error.is_timeout() && !io.idle_expired => {
             tracing::debug!("no whole request head in time: 408");
@@ -553,6 +584,123 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
             Poll::Pending => this.check(cx).map(Err),
             ready => ready,
         }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A connection whose request bytes pass [`Framing`] before hyper reads
+/// them. Once a request breaks its rules hyper gets no further byte: at a
+/// refused head it waits (and the connection shuts down gracefully, so
+/// requests in flight are still answered) or, when it already has part of
+/// that head, or is reading a body whose chunking broke, it reads the end
+/// of the stream.
+struct Guarded<I> {
+    io: I,
+    framing: Framing,
+    /// Set when hyper waits at a refused head: the serving loop then shuts
+    /// the connection down gracefully.
+    refusing: Arc<AtomicBool>,
+    stop: Option<Stop>,
+    /// hyper asked for the refused head: nobody has answered it.
+    owes_refusal: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Stop {
+    violation: Violation,
+    /// hyper has none of the refused head (it begins at a message boundary
+    /// of what went on), so an end of stream would look like the client
+    /// leaving and cut the requests in flight.
+    hold: bool,
+}
+
+impl<I> Guarded<I> {
+    fn new(io: I, refusing: Arc<AtomicBool>) -> Self {
+        Guarded {
+            io,
+            framing: Framing::new(),
+            refusing,
+            stop: None,
+            owes_refusal: false,
+        }
+    }
+
+    /// The violation of a request that got no answer: a `400` is owed.
+    fn refusal(&self) -> Option<Violation> {
+        self.stop.filter(|_| self.owes_refusal).map(|s| s.violation)
+    }
+
+    /// What hyper reads once a request broke the rules.
+    fn stopped(&mut self, stop: Stop) -> Poll<io::Result<()>> {
+        let in_head = matches!(stop.violation.part, Part::Head { .. });
+        self.owes_refusal |= in_head;
+        if stop.hold {
+            self.refusing.store(true, Ordering::Relaxed);
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Guarded<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(stop) = this.stop {
+            return this.stopped(stop);
+        }
+        let before = buf.filled().len();
+        let chunk_start = this.framing.checked();
+        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        let checked = this.framing.check(&buf.filled()[before..]);
+        let Some(violation) = checked.violation else {
+            return Poll::Ready(Ok(()));
+        };
+        buf.set_filled(before + checked.safe);
+        let stop = Stop {
+            violation,
+            hold: matches!(violation.part, Part::Head { start } if start >= chunk_start),
+        };
+        this.stop = Some(stop);
+        if checked.safe > 0 {
+            // hyper reads what went on first; it asks again once it has
+            // used it.
+            return Poll::Ready(Ok(()));
+        }
+        this.stopped(stop)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
