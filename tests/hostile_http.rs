@@ -1435,7 +1435,6 @@ async fn p5_malformed_upstream_chunks_are_never_relayed_as_whole_or_stored() {
 // never served as a hit, only offered as a basis). The table says nothing
 // may be kept. Through the accelerator nothing is kept.
 #[tokio::test]
-#[ignore = "P-5: the client proxy keeps a Partial entry (the good first chunk) after a malformed upstream chunk"]
 async fn p5_malformed_upstream_chunks_leave_no_partial_entry() {
     assert_none(upstream_refused(&P5_RESPONSES, true).await);
 }

@@ -254,6 +254,25 @@ pub fn relay(
     StreamBody::new(ReceiverStream(from_worker)).boxed()
 }
 
+/// Whether a body error says the upstream's framing was malformed (hyper
+/// reports a bad chunk as an `InvalidInput`/`InvalidData` I/O error under
+/// its body error) rather than that the stream was cut or reset.
+fn is_malformed(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+            )
+        {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
 async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<Bytes, BodyError>>) {
     while let Some(frame) = upstream.frame().await {
         let item = match frame {
@@ -290,6 +309,10 @@ struct Worker {
 enum Stop {
     /// Upstream failed (reset, cut): keep a partial entry.
     Interrupted(String),
+    /// Upstream sent a malformed body (a bad chunk): keep nothing, since
+    /// no byte of it can be trusted to be the body (P-5); the basis is
+    /// not at fault.
+    Malformed(String),
     /// The bytes are wrong: store nothing, drop the basis.
     Corrupt(String),
     /// Nobody wants the rest.
@@ -399,7 +422,14 @@ impl Worker {
         mut step: impl FnMut(&mut Worker, &[u8]) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
         while let Some(item) = from_upstream.blocking_recv() {
-            let chunk = item.map_err(|e| Stop::Interrupted(format!("upstream body: {e}")))?;
+            let chunk = item.map_err(|e| {
+                let reason = format!("upstream body: {e}");
+                if is_malformed(&*e) {
+                    Stop::Malformed(reason)
+                } else {
+                    Stop::Interrupted(reason)
+                }
+            })?;
             self.upstream_bytes += chunk.len() as u64;
             step(self, &chunk)?;
         }
@@ -513,6 +543,15 @@ impl Worker {
                 }
                 self.abort_agent(&reason);
                 Outcome::Corrupt { reason }
+            }
+            Stop::Malformed(reason) => {
+                if let Some(target) = self.store.take() {
+                    target.writer.abort();
+                }
+                self.abort_agent(&reason);
+                Outcome::Interrupted {
+                    partial_stored: false,
+                }
             }
             Stop::Interrupted(reason) => {
                 let partial_stored = match (self.store.take(), signature) {
