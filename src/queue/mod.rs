@@ -15,11 +15,42 @@
 //!   is kept by the persistent connection, polled between pollMin and
 //!   pollMax.
 //!
-//! A request is served when its position is within the free slots: a free
-//! slot is held for the entries at the head until they come back or lapse,
-//! so a newcomer never overtakes a waiting client. Every entry lapses
-//! (lifetime, 300 s by address, pollMax), so a dead client holds a slot
-//! back for a bounded time.
+//! Who gets a free slot. Seed 000 holds a free slot for the head of the
+//! queue until it comes back ("If all the slots before become cancelled,
+//! this will force the server to reserve the slot for that amount of
+//! time", the Retry-After), but a client that gave up cannot say so (PARQ
+//! has no cancel: "the client simply stops sending requests"), so held
+//! until the place lapses, a slot stayed idle for Retry-After + 300 s
+//! behind every abandoned head. Our reading, fair to whoever plays by the
+//! rules and bounded for whoever does not:
+//!
+//! - an entry *claims* a free slot from each reply until its Retry-After
+//!   (pollMin for legacy) plus `slot_hold_grace` (10 s), or a grace after
+//!   its QUEUE callback; a request is served when fewer entries before it
+//!   claim a slot than there are free slots, and a newcomer when fewer
+//!   entries claim one at all. So a client that comes back on time is
+//!   never overtaken by one behind it (beyond the free slots);
+//! - an entry whose claim ran out keeps its place (position, ID, address)
+//!   until it lapses as before. When it comes back, it is served if a
+//!   slot is free and no claim is ahead of it, and otherwise told its place
+//!   with a fresh Retry-After and claim: it gets the next free slot before
+//!   those behind it. The slot it was not there for went to the next
+//!   claimant in line meanwhile;
+//! - a PARQ entry with `X-Node` that a free slot is held for before its
+//!   Retry-After is called back at once (seed 000 §6: "the server would
+//!   then send back QUEUE requests to them, and they would get back their
+//!   slot immediately"), once per request of its client, and its answer
+//!   counts as on time: a callback never makes a client too early. A lapse
+//!   callback does the same;
+//! - every place outlives the Retry-After it was told plus slack: Aq by its
+//!   lifetime (Retry-After + `lifetime_grace`), a place disconnected from
+//!   Sq until `lifetime_grace` past its Retry-After and at least
+//!   `remanence` (the seed's "300 seconds max the first time" would lose
+//!   positions 15 to 50, told 310 to 600 s), passive 300 s against at most
+//!   250 s.
+//!
+//! Positions, ETAs and claims are prefix sums in a Fenwick tree over the
+//! entries' order (`ranks.rs`): O(log n) per request.
 //!
 //! One address cannot fill the queue: it holds at most `per_address_max`
 //! entries (`--queue-per-address`, all dialects together; past it a plain
@@ -37,10 +68,10 @@
 //! [`ExpiringMap`]s (seed 003: tables whose
 //! entries expire by age).
 //!
-//! Memory: an entry costs its `Entry` record, its place in the order and
-//! lapse trees, two or three index slots and at most one per-address
-//! count; [`ESTIMATED_BYTES_PER_ENTRY`] adds these up (618 bytes on
-//! x86-64, under the issue's 1 KiB).
+//! Memory: an entry costs its `Entry` record, its place in the order,
+//! lapse and claim trees, its share of the rank tree, two or three index
+//! slots and at most one per-address count; [`ESTIMATED_BYTES_PER_ENTRY`]
+//! adds these up (762 bytes on x86-64, under the issue's 1 KiB).
 //!
 //! Main types: [`UploadQueue`], [`QueueConfig`], [`QueueRequest`],
 //! [`Admission`], [`SlotToken`], [`Callback`].

@@ -13,8 +13,9 @@
 //!   as a new one (at the back), and a violation counts as a flood strike;
 //! - Sq (positions up to `sq_len`) on a persistent connection: no
 //!   `Connection: close`, no lifetime, the entry is bound to the connection
-//!   (a disconnection keeps the place for 300 s); Aq: `Connection: close`
-//!   and a lifetime;
+//!   (a disconnection keeps the place for 300 s, or until the lifetime
+//!   past its Retry-After if later: see [`super`]); Aq: `Connection:
+//!   close` and a lifetime;
 //! - passive: kept by address "as long as the servent retries within the
 //!   next 300 seconds", never in Sq, retries before Retry-After are not
 //!   penalised "other than banning the servent if he clearly hammers".
