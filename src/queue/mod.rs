@@ -133,9 +133,10 @@ pub struct QueueConfig {
     /// to come back.
     pub callback_grace: Duration,
     /// How long after its Retry-After (or pollMin, or a QUEUE callback) an
-    /// entry that has not come back still claims a free upload slot; past
-    /// it the slot goes to the next entry in line that claims one, and the
-    /// entry keeps its place (see the module docs).
+    /// entry that has not come back still claims a free upload slot
+    /// (`--queue-hold-grace`); past it the slot goes to the next entry in
+    /// line that claims one, and the entry keeps its place (see the module
+    /// docs).
     pub slot_hold_grace: Duration,
     /// How much earlier than Retry-After (or pollMin) a retry may come and
     /// still count as on time: clocks and timers are not exact.
