@@ -10,11 +10,13 @@
 //! - good: comes back at Retry-After (pollMin for legacy), up to 1 s late;
 //! - late: comes back later, but within the lifetime (PARQ Aq), the 300 s
 //!   of passive queueing, or pollMax (legacy);
-//! - vanish: stops coming back after a few replies (some close their held
-//!   connection, some just go quiet);
+//! - vanish: stops coming back, half of them after a few replies, half
+//!   once told position 1 or 2 (a user agent that gave up near the head);
+//!   some close their held connection, some just go quiet;
 //! - flooder: comes back every 0.5 s whatever it was told (150 requests);
 //! - lapse (PARQ only): gives an `X-Node`, lets its lifetime lapse, and
-//!   comes back when the QUEUE callback reaches it.
+//!   comes back when the QUEUE callback reaches it (and answers every
+//!   callback, such as the one for a free slot held for it, at once).
 //!
 //! 8 slots, uploads of random length. The accelerator's 1 s timer is a
 //! `tick` every simulated second. Run twice: with held connections kept
@@ -32,8 +34,7 @@
 //! next to its target with "met" / "NOT met".
 //!
 //! Options: `--clients N` (1000), `--slots N` (8), `--seed N` (1),
-//! `--entries N` (entries for the memory measurement, 20000; admit
-//! counts the entries ahead of one, so 100000 takes minutes),
+//! `--entries N` (entries for the memory measurement, 20000),
 //! `--verbose` (every lost place and overtaking).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -46,8 +47,8 @@ use std::time::Duration;
 
 use rproxy::queue::{
     Admission, Completion, ConnectionId, ESTIMATED_BYTES_PER_ENTRY, IdGenerator, LostPlace,
-    QueueConfig, QueueId, QueueRequest, QueueVersion, QueuedStatus, RefusalReason, ReplyForm,
-    SlotToken, UploadQueue,
+    QueueConfig, QueueId, QueueRequest, QueueVersion, QueuedReply, QueuedStatus, RefusalReason,
+    ReplyForm, SlotToken, UploadQueue,
 };
 use tokio::time::Instant;
 
@@ -166,12 +167,18 @@ struct Client {
     requests: u32,
     replies: u32,
     vanish_after: u32,
+    /// Vanish: gives up once told position 1 or 2 (a user agent that gave
+    /// up near the head) rather than after `vanish_after` replies.
+    vanish_near_head: bool,
     first_queued_ms: Option<u64>,
     served_ms: Option<u64>,
     /// Gave up (vanished, flooder out of requests).
     gone: bool,
     /// Waiting for its QUEUE callback (lapse).
     awaiting_callback: bool,
+    /// Bumped when its next request is scheduled: a scheduled request of
+    /// an older generation was replaced (by a callback's).
+    request_gen: u64,
     lost: Vec<(u64, LostPlace)>,
     refused: Vec<(u64, RefusalReason)>,
     /// Closed by the server while idle (keep-alive idle close).
@@ -186,8 +193,9 @@ enum Event {
     Done(usize),
     /// The server closes a held connection that waited too long.
     IdleClose(usize, u64),
-    /// The client (re)sends its request.
-    Request(usize),
+    /// The client (re)sends its request, unless a later one was scheduled
+    /// since (generation).
+    Request(usize, u64),
 }
 
 struct Settings {
@@ -269,10 +277,12 @@ impl<'a> Sim<'a> {
                 requests: 0,
                 replies: 0,
                 vanish_after: u32::try_from(rng.range(1, 3)).expect("small"),
+                vanish_near_head: i % 2 == 1,
                 first_queued_ms: None,
                 served_ms: None,
                 gone: false,
                 awaiting_callback: false,
+                request_gen: 0,
                 lost: Vec::new(),
                 refused: Vec::new(),
                 idle_closed: 0,
@@ -300,7 +310,7 @@ impl<'a> Sim<'a> {
         };
         for i in 0..sim.clients.len() {
             let at = sim.clients[i].arrival_ms;
-            sim.push(at, Event::Request(i));
+            sim.push(at, Event::Request(i, 0));
         }
         sim.push(1000, Event::Tick);
         sim
@@ -325,7 +335,11 @@ impl<'a> Sim<'a> {
                 Event::Tick => self.tick(t),
                 Event::Done(upload) => self.done(t, upload),
                 Event::IdleClose(c, generation) => self.idle_closed(t, c, generation),
-                Event::Request(c) => self.request(t, c),
+                Event::Request(c, generation) => {
+                    if self.clients[c].request_gen == generation {
+                        self.request(t, c);
+                    }
+                }
             }
             self.max_len = self.max_len.max(self.queue.len());
         }
@@ -357,10 +371,19 @@ impl<'a> Sim<'a> {
             self.callbacks += 1;
             if let Some(&c) = self.by_node.get(&callback.node) {
                 let client = &mut self.clients[c];
-                if client.awaiting_callback && client.parq.map(|(id, _)| id) == Some(callback.id) {
+                // A client with X-Node listens all the time (as the client
+                // proxy with --queue-callback does): the accelerator also
+                // calls it back when a free slot is held for it. It comes
+                // back instead of at its scheduled time.
+                if !client.gone
+                    && client.served_ms.is_none()
+                    && client.parq.map(|(id, _)| id) == Some(callback.id)
+                {
                     client.awaiting_callback = false;
+                    client.request_gen += 1;
+                    let generation = client.request_gen;
                     let delay = self.rng.range(200, 5000);
-                    self.push(t + delay, Event::Request(c));
+                    self.push(t + delay, Event::Request(c, generation));
                 }
             }
         }
@@ -464,7 +487,7 @@ impl<'a> Sim<'a> {
                     ReplyForm::Parq { lifetime } => lifetime,
                     _ => None,
                 };
-                self.queued(t, c, reply.retry_after, lifetime, reply.keep_alive);
+                self.queued(t, c, &reply, lifetime);
             }
             Admission::Refused(refusal) => {
                 let client = &mut self.clients[c];
@@ -484,22 +507,16 @@ impl<'a> Sim<'a> {
     }
 
     /// Schedules the client's next request after a queued reply.
-    fn queued(
-        &mut self,
-        t: u64,
-        c: usize,
-        retry_after: Duration,
-        lifetime: Option<Duration>,
-        keep_alive: bool,
-    ) {
-        let retry = ms(retry_after);
+    fn queued(&mut self, t: u64, c: usize, reply: &QueuedReply, lifetime: Option<Duration>) {
+        let retry = ms(reply.retry_after);
+        let keep_alive = reply.keep_alive;
         let client = &self.clients[c];
-        let (dialect, behaviour, replies, vanish_after) = (
-            client.dialect,
-            client.behaviour,
-            client.replies,
-            client.vanish_after,
-        );
+        let (dialect, behaviour) = (client.dialect, client.behaviour);
+        let gives_up = if client.vanish_near_head {
+            reply.position <= 2
+        } else {
+            client.replies >= client.vanish_after
+        };
         let config = self.queue.config();
         // Latest a late client may come back and keep its place.
         let latest = match dialect {
@@ -512,7 +529,7 @@ impl<'a> Sim<'a> {
         let delay = match behaviour {
             Behaviour::Good => retry + self.rng.range(0, 1000),
             Behaviour::Late => self.rng.range(retry, latest),
-            Behaviour::Vanish if replies >= vanish_after => {
+            Behaviour::Vanish if gives_up => {
                 self.clients[c].gone = true;
                 // Half of them close their held connection, half go quiet.
                 if self.rng.range(0, 1) == 0
@@ -524,7 +541,7 @@ impl<'a> Sim<'a> {
             }
             Behaviour::Vanish => retry + self.rng.range(0, 1000),
             Behaviour::Flooder => 500,
-            Behaviour::Lapse if replies == 1 => {
+            Behaviour::Lapse if self.clients[c].replies == 1 => {
                 // Goes quiet (closing a held connection) and waits for
                 // its QUEUE callback.
                 self.clients[c].awaiting_callback = true;
@@ -558,7 +575,9 @@ impl<'a> Sim<'a> {
             client.gone = true;
             return;
         }
-        self.push(t + delay, Event::Request(c));
+        client.request_gen += 1;
+        let generation = client.request_gen;
+        self.push(t + delay, Event::Request(c, generation));
     }
 }
 
@@ -716,11 +735,26 @@ fn report(sim: &Sim<'_>, title: &str) -> bool {
             waited[i].0 as f64 / 1000.0,
             waited[i].1 as f64 / 1000.0
         );
+        for &(arrived, served) in &waited[i + 1..] {
+            if served < waited[i].1 {
+                let who = sim
+                    .clients
+                    .iter()
+                    .find(|c| c.arrival_ms == arrived)
+                    .map(|c| format!("{:?}", c.dialect))
+                    .unwrap_or_default();
+                println!(
+                    "      overtaken by a {who} client arrived {:.1} s, served {:.1} s",
+                    arrived as f64 / 1000.0,
+                    served as f64 / 1000.0
+                );
+            }
+        }
     }
     println!("  most later arrivals of any kind served before one good client: {max_by_anyone}");
     let total = end.max(1) * u64::from(set.slots);
     println!(
-        "slots busy {:.1} % of the time; slot time free while clients waited in the queue: {:.1} % (a place held for a client not yet back)",
+        "slots busy {:.1} % of the time; slot time free while clients waited in the queue: {:.1} % (held for a client due back, or nobody to serve)",
         100.0 * sim.busy_slot_ms as f64 / total as f64,
         100.0 * sim.idle_slot_ms as f64 / total as f64
     );

@@ -8,8 +8,9 @@
 #    with a simulated clock. 1,000 clients arrive over ~20 min in three
 #    dialects (PARQ 1.0 with IDs, passive by address, legacy 0.1 on a held
 #    connection) and five behaviours (retry at Retry-After, retry late
-#    within the lifetime, vanish, flood too early, let the lifetime lapse
-#    with X-Node and answer the QUEUE callback); uploads take 10..110 s.
+#    within the lifetime, vanish far back or near the head, flood too
+#    early, let the lifetime lapse with X-Node and answer QUEUE callbacks);
+#    uploads take 10..110 s.
 #    Run twice: held connections open as long as the client wants, and
 #    closed after 10 s idle as the accelerator's default
 #    --header-read-timeout does. Prints clients served, places lost, served
@@ -37,7 +38,7 @@
 # Usage: scripts/queue-sim.sh
 #   CLIENTS=1000      simulated clients (part 1)    SEED=1  simulation seed
 #   ENTRIES=20000     entries for the memory measurement (part 1; 100000
-#                     takes ~3 min: admit counts the entries ahead, O(n))
+#                     takes about a second)
 #   REQUESTS=1000     live queued requests          CONCURRENCY=32 in flight
 #   IDLE_WAIT=12      seconds the held legacy connections are left idle (0 skips)
 #   RPROXY, CARGO_TARGET_DIR, KEEP_TMP: see scripts/lib-nginx.sh

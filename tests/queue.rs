@@ -305,9 +305,10 @@ async fn queued_places_survive_a_restart() {
         .unwrap();
     let mut first = [0; 1024];
     let _ = holder.read(&mut first).await.unwrap();
+    let mut places = Vec::new();
     for path in ["/b", "/c"] {
         let queued = exchange(stack.addr, &request(path, "X-Queue: 1.0\r\n")).await;
-        place(&queued);
+        places.push(place(&queued));
     }
     // Saved within a tick (1 s); a new accelerator reloads both places.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -316,9 +317,108 @@ async fn queued_places_survive_a_restart() {
         Some(state.clone()),
     );
     assert_eq!(reloaded.queued(), 2);
+    // With their URLs: a request for /b without its ID (a user agent
+    // asking again) finds /b's place rather than making a second one.
+    let copy = dir.path().join("queue-copy");
+    std::fs::copy(&state, &copy).unwrap();
+    let restarted = start_with(Some(copy), |queue| {
+        queue.retry_slack = Duration::from_secs(1);
+    })
+    .await;
+    let again = exchange(restarted.addr, &request("/b", "X-Queue: 1.0\r\n")).await;
+    assert_eq!(place(&again), places[0], "the same place for the same URL");
+    let other = exchange(restarted.addr, &request("/d", "X-Queue: 1.0\r\n")).await;
+    assert_eq!(place(&other).0, 3);
     // A torn file is refused, not trusted: the queue starts empty.
     let bytes = std::fs::read(&state).unwrap();
     std::fs::write(&state, &bytes[..bytes.len() / 2]).unwrap();
     let torn = rproxy::slots::Slots::new(QueueConfig::new(1.try_into().unwrap(), 100), Some(state));
     assert_eq!(torn.queued(), 0);
+}
+
+/// A log written by `tracing` into memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `Slots::new` on `state`, with what it logged.
+fn reload_logged(state: &std::path::Path) -> (rproxy::slots::Slots, String) {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let slots = tracing::subscriber::with_default(subscriber, || {
+        rproxy::slots::Slots::new(
+            QueueConfig::new(1.try_into().unwrap(), 100),
+            Some(state.to_owned()),
+        )
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    (slots, log)
+}
+
+/// The state file as version 1 wrote it: records without the URL digest
+/// (78 bytes each in version 2, 70 in version 1), re-signed.
+fn as_version_1(bytes: &[u8]) -> Vec<u8> {
+    let count = u32::from_be_bytes(bytes[13..17].try_into().unwrap()) as usize;
+    assert_eq!(bytes.len(), 17 + count * 78 + 32, "a version 2 file");
+    let mut out = bytes[..17].to_vec();
+    out[4] = 1;
+    for i in 0..count {
+        out.extend_from_slice(&bytes[17 + i * 78..17 + i * 78 + 70]);
+    }
+    let checksum = blake3::hash(&out);
+    out.extend_from_slice(checksum.as_bytes());
+    out
+}
+
+#[tokio::test]
+async fn a_state_file_of_version_1_is_read_and_an_unknown_version_refused_with_a_log_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("queue");
+    let stack = start(Some(state.clone())).await;
+    let mut holder = TcpStream::connect(stack.addr).await.unwrap();
+    holder
+        .write_all(request("/slow", "").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0; 1024];
+    let _ = holder.read(&mut first).await.unwrap();
+    for path in ["/b", "/c", "/d"] {
+        place(&exchange(stack.addr, &request(path, "X-Queue: 1.0\r\n")).await);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let saved = std::fs::read(&state).unwrap();
+    assert_eq!(saved[4], 2, "version 2 is written");
+
+    let old = dir.path().join("queue-v1");
+    std::fs::write(&old, as_version_1(&saved)).unwrap();
+    let (slots, log) = reload_logged(&old);
+    assert_eq!(slots.queued(), 3, "{log}");
+    assert!(log.contains("queue reloaded"), "{log}");
+
+    let mut future = saved.clone();
+    future[4] = 3;
+    let body = future.len() - 32;
+    let checksum = blake3::hash(&future[..body]);
+    future[body..].copy_from_slice(checksum.as_bytes());
+    let unknown = dir.path().join("queue-v3");
+    std::fs::write(&unknown, future).unwrap();
+    let (slots, log) = reload_logged(&unknown);
+    assert_eq!(slots.queued(), 0, "refused: the queue starts empty");
+    assert!(
+        log.contains("saved queue not used") && log.contains("format version 3 is not supported"),
+        "{log}"
+    );
 }

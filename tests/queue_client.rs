@@ -829,3 +829,44 @@ async fn a_request_its_user_agent_waits_on_gives_up_by_its_own_bound() {
         heads[0].1
     );
 }
+
+// ---------------------------------------------------------------------------
+// A wait given up upstream (PARQ has no cancel)
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_given_up_at_the_head_does_not_keep_the_free_slot_from_the_next() {
+    let accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
+    // A's user agent is on the line: its client proxy answers it by 45 s.
+    let impatient = client(
+        accel.addr,
+        QueueWaitConfig {
+            held_max: Duration::from_secs(45),
+            ..waits(300)
+        },
+    )
+    .await;
+    let patient = client(accel.addr, waits(600)).await;
+    let started = Instant::now();
+    let a = tokio::spawn(exchange(impatient.addr, get("/a", "")));
+    until("A waits", || impatient.proxy.queue_waits().waiting() == 1).await;
+    let b = tokio::spawn(exchange(patient.addr, get("/b", "")));
+    until("B waits", || patient.proxy.queue_waits().waiting() == 1).await;
+
+    // A gives up at its poll at 30 s (the next, at 60 s, would be too
+    // late), leaving its place at the head upstream until its lifetime
+    // lapses (Retry-After 30 s + 300 s).
+    let a = a.await.unwrap();
+    assert!(a.starts_with("HTTP/1.1 503"), "{a}");
+    let (origin, _) = accel.free_the_slot().await;
+
+    // The slot waits for A only until its Retry-After and a grace (70 s):
+    // B, at position 2, polls at 50 s (held for A) and at 100 s (served).
+    let b = b.await.unwrap();
+    assert!(b.starts_with("HTTP/1.1 200"), "{b}");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(120),
+        "B served at {waited:?}, not when A's place lapsed (about 350 s)"
+    );
+    assert_eq!(*origin.paths.lock().unwrap(), ["/slow", "/b"]);
+}

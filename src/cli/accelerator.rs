@@ -73,6 +73,12 @@ pub struct AcceleratorArgs {
     /// --queue-max]
     #[arg(long, value_name = "N")]
     pub queue_per_address: Option<u32>,
+    /// Seconds a free slot still waits for a queued client after the time
+    /// it was told to come back (Retry-After, pollMin) or a QUEUE callback;
+    /// then the next client in line that is due takes it, and the late one
+    /// keeps its place and gets the next free slot when it is back.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub queue_hold_grace: u64,
     /// File the queue is saved to every second and reloaded from at
     /// start-up, so places survive a restart of up to 300 s.
     #[arg(long, value_name = "FILE")]
@@ -137,6 +143,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
             if let Some(per_address) = args.queue_per_address {
                 queue.per_address_max = per_address;
             }
+            queue.slot_hold_grace = Duration::from_secs(args.queue_hold_grace);
             queue
         }),
         queue_state: args.queue_state.clone(),

@@ -47,7 +47,7 @@ impl UploadQueue {
                 });
             }
             if entry.resource == resource {
-                if self.position(seq) <= self.free_slots() {
+                if self.may_be_served(seq) {
                     self.remove(seq);
                     return self.serve(legacy);
                 }
@@ -76,6 +76,8 @@ impl UploadQueue {
             kind: Kind::Active,
             disconnects: 0,
             called_back: false,
+            claims: false,
+            woken: false,
         };
         let seq = self.insert(entry, false, now);
         Admission::Queued(self.active_reply(seq, lost, now))
@@ -92,8 +94,8 @@ impl UploadQueue {
             .get_mut(&seq)
             .expect("active_reply is called on a queued entry");
         entry.last_position = position;
-        entry.not_before = now + poll_min;
         let id = entry.id;
+        self.set_not_before(seq, now + poll_min, now);
         self.set_deadline(seq, now + poll_max, now);
         QueuedReply {
             id,

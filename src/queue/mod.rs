@@ -15,11 +15,42 @@
 //!   is kept by the persistent connection, polled between pollMin and
 //!   pollMax.
 //!
-//! A request is served when its position is within the free slots: a free
-//! slot is held for the entries at the head until they come back or lapse,
-//! so a newcomer never overtakes a waiting client. Every entry lapses
-//! (lifetime, 300 s by address, pollMax), so a dead client holds a slot
-//! back for a bounded time.
+//! Who gets a free slot. Seed 000 holds a free slot for the head of the
+//! queue until it comes back ("If all the slots before become cancelled,
+//! this will force the server to reserve the slot for that amount of
+//! time", the Retry-After), but a client that gave up cannot say so (PARQ
+//! has no cancel: "the client simply stops sending requests"), so held
+//! until the place lapses, a slot stayed idle for Retry-After + 300 s
+//! behind every abandoned head. Our reading, fair to whoever plays by the
+//! rules and bounded for whoever does not:
+//!
+//! - an entry *claims* a free slot from each reply until its Retry-After
+//!   (pollMin for legacy) plus `slot_hold_grace` (10 s), or a grace after
+//!   its QUEUE callback; a request is served when fewer entries before it
+//!   claim a slot than there are free slots, and a newcomer when fewer
+//!   entries claim one at all. So a client that comes back on time is
+//!   never overtaken by one behind it (beyond the free slots);
+//! - an entry whose claim ran out keeps its place (position, ID, address)
+//!   until it lapses as before. When it comes back, it is served if a
+//!   slot is free and no claim is ahead of it, and otherwise told its place
+//!   with a fresh Retry-After and claim: it gets the next free slot before
+//!   those behind it. The slot it was not there for went to the next
+//!   claimant in line meanwhile;
+//! - a PARQ entry with `X-Node` that a free slot is held for before its
+//!   Retry-After is called back at once (seed 000 §6: "the server would
+//!   then send back QUEUE requests to them, and they would get back their
+//!   slot immediately"), once per request of its client, and its answer
+//!   counts as on time: a callback never makes a client too early. A lapse
+//!   callback does the same;
+//! - every place outlives the Retry-After it was told plus slack: Aq by its
+//!   lifetime (Retry-After + `lifetime_grace`), a place disconnected from
+//!   Sq until `lifetime_grace` past its Retry-After and at least
+//!   `remanence` (the seed's "300 seconds max the first time" would lose
+//!   positions 15 to 50, told 310 to 600 s), passive 300 s against at most
+//!   250 s.
+//!
+//! Positions, ETAs and claims are prefix sums in a Fenwick tree over the
+//! entries' order (`ranks.rs`): O(log n) per request.
 //!
 //! One address cannot fill the queue: it holds at most `per_address_max`
 //! entries (`--queue-per-address`, all dialects together; past it a plain
@@ -37,10 +68,10 @@
 //! [`ExpiringMap`]s (seed 003: tables whose
 //! entries expire by age).
 //!
-//! Memory: an entry costs its `Entry` record, its place in the order and
-//! lapse trees, two or three index slots and at most one per-address
-//! count; [`ESTIMATED_BYTES_PER_ENTRY`] adds these up (618 bytes on
-//! x86-64, under the issue's 1 KiB).
+//! Memory: an entry costs its `Entry` record, its place in the order,
+//! lapse and claim trees, its share of the rank tree, two or three index
+//! slots and at most one per-address count; [`ESTIMATED_BYTES_PER_ENTRY`]
+//! adds these up (762 bytes on x86-64, under the issue's 1 KiB).
 //!
 //! Main types: [`UploadQueue`], [`QueueConfig`], [`QueueRequest`],
 //! [`Admission`], [`SlotToken`], [`Callback`].
@@ -49,10 +80,10 @@ pub mod active;
 pub mod headers;
 pub mod id;
 pub mod parq;
+mod ranks;
 pub mod remanence;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
@@ -61,6 +92,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use tokio::time::Instant;
 
 use crate::expiring::ExpiringMap;
+use ranks::{Ranks, Sums};
 
 pub use headers::{HeaderError, LegacyStatus, QueueVersion, QueuedStatus, XQueue};
 pub use id::{IdGenerator, QueueId};
@@ -100,6 +132,12 @@ pub struct QueueConfig {
     /// How long an entry is held after its QUEUE callback, for the client
     /// to come back.
     pub callback_grace: Duration,
+    /// How long after its Retry-After (or pollMin, or a QUEUE callback) an
+    /// entry that has not come back still claims a free upload slot
+    /// (`--queue-hold-grace`); past it the slot goes to the next entry in
+    /// line that claims one, and the entry keeps its place (see the module
+    /// docs).
+    pub slot_hold_grace: Duration,
     /// How much earlier than Retry-After (or pollMin) a retry may come and
     /// still count as on time: clocks and timers are not exact.
     pub retry_slack: Duration,
@@ -149,6 +187,7 @@ impl QueueConfig {
             remanence: Duration::from_secs(300),
             sq_disconnects_allowed: 1,
             callback_grace: Duration::from_secs(60),
+            slot_hold_grace: Duration::from_secs(10),
             retry_slack: Duration::from_secs(1),
             legacy_poll_min: Duration::from_secs(45),
             legacy_poll_max: Duration::from_secs(120),
@@ -445,6 +484,24 @@ struct Entry {
     kind: Kind,
     disconnects: u8,
     called_back: bool,
+    /// Whether it claims a free upload slot: until `not_before` +
+    /// `slot_hold_grace`. Kept in step with `claim_ends` and the rank tree
+    /// by `set_not_before` and `purge`.
+    claims: bool,
+    /// Whether it was called back early, to a slot held for it, since its
+    /// client's last request (one such callback per request).
+    woken: bool,
+}
+
+impl Entry {
+    /// What the entry adds to the rank tree.
+    fn sums(&self) -> Sums {
+        Sums {
+            entries: 1,
+            claims: u32::from(self.claims),
+            kib: u64::from(self.len_kib),
+        }
+    }
 }
 
 /// An estimate of the memory one queued entry costs, in bytes: the
@@ -454,14 +511,18 @@ struct Entry {
 /// half full; hash tables keep load below 7/8 plus control bytes).
 pub const ESTIMATED_BYTES_PER_ENTRY: usize = {
     let order = size_of::<Seq>() + size_of::<Entry>();
-    let lapse = size_of::<(Instant, Seq)>();
+    // Its lapse and the end of its claim on a slot.
+    let lapse = 2 * size_of::<(Instant, Seq)>();
+    // The rank tree's window is 2 to 8 times the entries, so 4 nodes each
+    // on average (the 50 % overhead below covers the rest).
+    let ranks = 4 * size_of::<Sums>();
     let ids = expiring_entry_bytes(size_of::<QueueId>());
     let index = expiring_entry_bytes(size_of::<IpAddr>());
     // A PARQ entry's (address, resource) and its address's count, each a
     // hash-table slot plus a control byte.
     let request = size_of::<((IpAddr, u64), Seq)>() + 1;
     let address = size_of::<(IpAddr, u32)>() + 1;
-    (order + lapse + ids + index + request + address) * 3 / 2
+    (order + lapse + ranks + ids + index + request + address) * 3 / 2
 };
 
 /// An ExpiringMap entry with a `key`-byte key and a [`Seq`] value: key and
@@ -480,6 +541,11 @@ pub struct UploadQueue {
     entries: BTreeMap<Seq, Entry>,
     /// (deadline, seq) of every entry, first to lapse first.
     lapses: BTreeSet<(Instant, Seq)>,
+    /// (end of claim, seq) of the entries that claim a free slot.
+    claim_ends: BTreeSet<(Instant, Seq)>,
+    /// Entries, claims and body lengths by seq, for positions, ETAs and
+    /// who may take a free slot in O(log n).
+    ranks: Ranks,
     by_id: ExpiringMap<QueueId, Seq>,
     by_address: ExpiringMap<IpAddr, Seq>,
     by_connection: ExpiringMap<ConnectionId, Seq>,
@@ -514,6 +580,8 @@ impl UploadQueue {
             ids,
             entries: BTreeMap::new(),
             lapses: BTreeSet::new(),
+            claim_ends: BTreeSet::new(),
+            ranks: Ranks::new(),
             by_id: ExpiringMap::new(remanence),
             by_address: ExpiringMap::new(remanence),
             by_connection: ExpiringMap::new(remanence),
@@ -600,14 +668,18 @@ impl UploadQueue {
                 kind: Kind::Active,
                 disconnects: 0,
                 called_back: false,
+                claims: false,
+                woken: false,
             };
             self.insert(entry, true, now);
         }
     }
 
     /// Tells the queue a client connection closed: a legacy client loses
-    /// its place; a PARQ client in Sq keeps it for `remanence` (300 s) the
-    /// first `sq_disconnects_allowed` times.
+    /// its place; a PARQ client in Sq keeps it the first
+    /// `sq_disconnects_allowed` times, for `remanence` (300 s) or until
+    /// `lifetime_grace` after the Retry-After it was told, whichever is
+    /// later (positions 15 to 50 of Sq are told 310 to 600 s).
     pub fn disconnected(&mut self, connection: ConnectionId, now: Instant) {
         self.purge(now);
         let Some(seq) = self.by_connection.remove(&connection) else {
@@ -623,7 +695,9 @@ impl UploadQueue {
         match entry.kind {
             Kind::Parq if entry.disconnects < self.config.sq_disconnects_allowed => {
                 entry.disconnects += 1;
-                let deadline = now + self.config.remanence;
+                let deadline = (now + self.config.remanence)
+                    .max(entry.not_before + self.config.lifetime_grace)
+                    .max(entry.deadline);
                 self.set_deadline(seq, deadline, now);
             }
             _ => {
@@ -634,10 +708,12 @@ impl UploadQueue {
 
     /// Frees the entries whose time is up and returns the QUEUE callbacks
     /// to make: a PARQ entry with an `X-Node` gets one callback when its
-    /// lifetime lapses, and `callback_grace` more to come back. Call it
-    /// every second or so.
+    /// lifetime lapses, and `callback_grace` more to come back; and one
+    /// when a free slot is held for it before its Retry-After (see the
+    /// module docs). Call it every second or so.
     pub fn tick(&mut self, now: Instant) -> Vec<Callback> {
         self.purge(now);
+        self.wake_slot_holders(now);
         self.by_id.sweep(now);
         self.by_address.sweep(now);
         self.by_connection.sweep(now);
@@ -653,8 +729,13 @@ impl UploadQueue {
     }
 
     fn position(&self, seq: Seq) -> u32 {
-        let ahead = self.entries.range(..seq).count();
-        u32::try_from(ahead).unwrap_or(u32::MAX).saturating_add(1)
+        self.ranks.before(seq).entries.saturating_add(1)
+    }
+
+    /// Whether the entry at `seq`, whose client asks now, may take a free
+    /// slot: fewer entries before it claim one than there are free slots.
+    fn may_be_served(&self, seq: Seq) -> bool {
+        self.ranks.before(seq).claims < self.free_slots()
     }
 
     fn length(&self) -> u32 {
@@ -662,9 +743,9 @@ impl UploadQueue {
     }
 
     /// Whether a request not in the queue may be served now: only when the
-    /// free slots outnumber the waiting entries, which hold theirs.
+    /// free slots outnumber the entries that claim one.
     fn newcomer_may_be_served(&self) -> bool {
-        self.entries.len() < self.free_slots() as usize
+        self.ranks.total().claims < self.free_slots()
     }
 
     fn is_full(&self) -> bool {
@@ -719,11 +800,7 @@ impl UploadQueue {
     /// files requested at each queue position, and assuming an optimal
     /// transfer rate equal to the maximum upload bandwidth").
     fn eta(&self, seq: Seq) -> Duration {
-        let kib: u64 = self
-            .entries
-            .range(..=seq)
-            .map(|(_, e)| u64::from(e.len_kib))
-            .sum();
+        let kib = self.ranks.through(seq).kib;
         let bytes = kib.saturating_mul(1024);
         Duration::from_secs(bytes.div_ceil(self.config.upload_bandwidth.get()))
     }
@@ -775,8 +852,10 @@ impl UploadQueue {
         }
     }
 
-    /// Adds an entry at the back (or the head) and indexes it.
+    /// Adds an entry at the back (or the head) and indexes it. It claims a
+    /// free slot until `not_before` + `slot_hold_grace`.
     fn insert(&mut self, entry: Entry, front: bool, now: Instant) -> Seq {
+        self.make_room(front, now);
         let seq = if front {
             let seq = self.next_front;
             self.next_front -= 1;
@@ -786,6 +865,67 @@ impl UploadQueue {
             self.next_back += 1;
             seq
         };
+        let sums = self.link(seq, entry, now);
+        self.ranks.add(seq, sums);
+        seq
+    }
+
+    /// Makes the rank tree cover the next seq at the back (or the head):
+    /// rebuilt over a wider window, or, when that window would be much
+    /// wider than the queue (seqs are not reused, and entries come and go
+    /// while an old one waits), over the entries renumbered from
+    /// `SEQ_MIDDLE`. Either costs O(n) or so once per n insertions.
+    fn make_room(&mut self, front: bool, now: Instant) {
+        let next = |q: &Self| if front { q.next_front } else { q.next_back };
+        if self.ranks.covers(next(self)) {
+            return;
+        }
+        let live = u64::try_from(self.entries.len()).unwrap_or(u64::MAX) + 1;
+        let (lo, hi) = self.span_with(next(self));
+        if Ranks::capacity_for(lo, hi) > Ranks::capacity_for(0, live.saturating_mul(4)) {
+            self.renumber(now);
+        }
+        let (lo, hi) = self.span_with(next(self));
+        self.ranks
+            .rebuild(lo, hi, self.entries.iter().map(|(&seq, e)| (seq, e.sums())));
+    }
+
+    /// The first and last seq of the entries and `seq`.
+    fn span_with(&self, seq: Seq) -> (Seq, Seq) {
+        let lo = self.entries.first_key_value().map_or(seq, |(&s, _)| s);
+        let hi = self.entries.last_key_value().map_or(seq, |(&s, _)| s);
+        (lo.min(seq), hi.max(seq))
+    }
+
+    /// Gives the entries new seqs from `SEQ_MIDDLE`, in order, and indexes
+    /// them again; the rank tree is left for the caller to rebuild.
+    fn renumber(&mut self, now: Instant) {
+        let entries = std::mem::take(&mut self.entries);
+        self.lapses.clear();
+        self.claim_ends.clear();
+        self.by_id = ExpiringMap::new(self.config.remanence);
+        self.by_address = ExpiringMap::new(self.config.remanence);
+        self.by_connection = ExpiringMap::new(self.config.remanence);
+        self.by_request.clear();
+        self.per_address.clear();
+        self.ranks = Ranks::new();
+        self.next_back = SEQ_MIDDLE;
+        self.next_front = SEQ_MIDDLE - 1;
+        for entry in entries.into_values() {
+            let seq = self.next_back;
+            self.next_back += 1;
+            self.link(seq, entry, now);
+        }
+    }
+
+    /// Puts the entry under `seq` in every table but the rank tree, and
+    /// returns what it adds there.
+    fn link(&mut self, seq: Seq, mut entry: Entry, now: Instant) -> Sums {
+        entry.claims = entry.not_before + self.config.slot_hold_grace > now;
+        if entry.claims {
+            self.claim_ends
+                .insert((entry.not_before + self.config.slot_hold_grace, seq));
+        }
         let ttl = entry.deadline.saturating_duration_since(now);
         self.by_id.insert_with_ttl(entry.id, seq, ttl, now);
         match entry.kind {
@@ -806,8 +946,90 @@ impl UploadQueue {
                 .entry((entry.peer, entry.resource))
                 .or_insert(seq);
         }
+        let sums = entry.sums();
         self.entries.insert(seq, entry);
-        seq
+        sums
+    }
+
+    /// Sets when the entry's client may come back, and with it the end of
+    /// its claim on a free slot.
+    fn set_not_before(&mut self, seq: Seq, not_before: Instant, now: Instant) {
+        let grace = self.config.slot_hold_grace;
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        let claimed = entry.claims;
+        if claimed {
+            self.claim_ends.remove(&(entry.not_before + grace, seq));
+        }
+        entry.not_before = not_before;
+        entry.claims = not_before + grace > now;
+        if entry.claims {
+            self.claim_ends.insert((not_before + grace, seq));
+        }
+        match (claimed, entry.claims) {
+            (false, true) => self.ranks.add(seq, CLAIM),
+            (true, false) => self.ranks.sub(seq, CLAIM),
+            _ => {}
+        }
+    }
+
+    /// Sets the body length the entry counts for in ETAs.
+    fn set_len_kib(&mut self, seq: Seq, len_kib: u32) {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        let old = Sums {
+            kib: u64::from(entry.len_kib),
+            ..Sums::default()
+        };
+        entry.len_kib = len_kib;
+        self.ranks.sub(seq, old);
+        self.ranks.add(
+            seq,
+            Sums {
+                kib: u64::from(len_kib),
+                ..Sums::default()
+            },
+        );
+    }
+
+    /// Calls back the PARQ entries with an `X-Node` that a free slot is held
+    /// for before their Retry-After, once per request of theirs: seed 000
+    /// §6, "the server would then send back QUEUE requests to them, and
+    /// they would get back their slot immediately". They may come back at
+    /// once, and the slot waits `slot_hold_grace` for them.
+    fn wake_slot_holders(&mut self, now: Instant) {
+        for k in 1..=self.free_slots() {
+            let Some(seq) = self.ranks.nth_claim(k) else {
+                break;
+            };
+            let Some(entry) = self.entries.get_mut(&seq) else {
+                continue;
+            };
+            let Some(node) = entry.node else {
+                continue;
+            };
+            if entry.kind != Kind::Parq
+                || entry.woken
+                || entry.not_before <= now + self.config.retry_slack
+            {
+                continue;
+            }
+            entry.woken = true;
+            let id = entry.id;
+            // Still a claim (from now), so the k-th claim stays this one.
+            self.set_not_before(seq, now, now);
+            self.push_callback(Callback { id, node });
+        }
+    }
+
+    /// Queues a callback for `tick` to hand out; at most `queue_max` wait.
+    fn push_callback(&mut self, callback: Callback) {
+        if self.callbacks.len() >= self.config.queue_max as usize {
+            self.callbacks.remove(0);
+        }
+        self.callbacks.push(callback);
     }
 
     /// The PARQ entry `peer` holds for `resource` (its hash), if any.
@@ -875,7 +1097,12 @@ impl UploadQueue {
     /// Takes an entry out of the queue and its indexes.
     fn remove(&mut self, seq: Seq) -> Option<Entry> {
         let entry = self.entries.remove(&seq)?;
+        self.ranks.sub(seq, entry.sums());
         self.lapses.remove(&(entry.deadline, seq));
+        if entry.claims {
+            self.claim_ends
+                .remove(&(entry.not_before + self.config.slot_hold_grace, seq));
+        }
         if self.by_id.remove(&entry.id).is_some_and(|s| s != seq) {
             debug_assert!(false, "an ID indexes one entry");
         }
@@ -908,8 +1135,19 @@ impl UploadQueue {
     }
 
     /// Frees lapsed entries; a PARQ entry with an `X-Node` that was not
-    /// called back yet gets its callback and `callback_grace` instead.
+    /// called back yet gets its callback and `callback_grace` instead, and
+    /// may come back at once. Ends the claims whose time is up.
     fn purge(&mut self, now: Instant) {
+        while let Some(&(end, seq)) = self.claim_ends.first() {
+            if end > now {
+                break;
+            }
+            self.claim_ends.pop_first();
+            if let Some(entry) = self.entries.get_mut(&seq) {
+                entry.claims = false;
+                self.ranks.sub(seq, CLAIM);
+            }
+        }
         while let Some(&(deadline, seq)) = self.lapses.first() {
             if deadline > now {
                 break;
@@ -924,10 +1162,11 @@ impl UploadQueue {
                     let id = entry.id;
                     self.bind(seq, None, now);
                     self.set_deadline(seq, now + self.config.callback_grace, now);
-                    if self.callbacks.len() >= self.config.queue_max as usize {
-                        self.callbacks.remove(0);
-                    }
-                    self.callbacks.push(Callback { id, node });
+                    // Answering the callback is never too early (once: the
+                    // answer gets a new Retry-After), and a free slot waits
+                    // for the answer a grace.
+                    self.set_not_before(seq, now, now);
+                    self.push_callback(Callback { id, node });
                 }
                 _ => {
                     self.remove(seq);
@@ -937,13 +1176,23 @@ impl UploadQueue {
     }
 }
 
-/// A stable hash of a resource, so an entry holds 8 bytes, not the URL.
+/// A claim on a free slot, for the rank tree.
+const CLAIM: Sums = Sums {
+    entries: 0,
+    claims: 1,
+    kib: 0,
+};
+
+/// A stable digest of a resource, so an entry holds 8 bytes, not the URL,
+/// and the remanence file can keep it across restarts and upgrades (std's
+/// hashers may change between Rust releases). Never 0, which stands for
+/// "unknown" (entries reloaded from a version 1 file).
 fn resource_hash(resource: &str) -> u64 {
-    // DefaultHasher::new() uses fixed keys: the same URL always hashes the
-    // same within a process, which is all the same-file rule needs.
-    let mut hasher = std::hash::DefaultHasher::new();
-    resource.hash(&mut hasher);
-    hasher.finish()
+    let digest = blake3::hash(resource.as_bytes());
+    let bytes: [u8; 8] = digest.as_bytes()[..8]
+        .try_into()
+        .expect("a blake3 digest is 32 bytes");
+    u64::from_le_bytes(bytes).max(1)
 }
 
 #[cfg(test)]

@@ -13,8 +13,9 @@
 //!   as a new one (at the back), and a violation counts as a flood strike;
 //! - Sq (positions up to `sq_len`) on a persistent connection: no
 //!   `Connection: close`, no lifetime, the entry is bound to the connection
-//!   (a disconnection keeps the place for 300 s); Aq: `Connection: close`
-//!   and a lifetime;
+//!   (a disconnection keeps the place for 300 s, or until the lifetime
+//!   past its Retry-After if later: see [`super`]); Aq: `Connection:
+//!   close` and a lifetime;
 //! - passive: kept by address "as long as the servent retries within the
 //!   next 300 seconds", never in Sq, retries before Retry-After are not
 //!   penalised "other than banning the servent if he clearly hammers".
@@ -132,6 +133,8 @@ impl UploadQueue {
             kind: Kind::Parq,
             disconnects: 0,
             called_back: false,
+            claims: false,
+            woken: false,
         };
         // A deadline of now is moved by parq_reply before anyone looks.
         let seq = self.insert(entry, false, now);
@@ -194,18 +197,19 @@ impl UploadQueue {
     /// A PARQ client that played by the rules: served if its position is
     /// within the free slots, else told its new place.
     fn parq_keep(&mut self, seq: Seq, request: &QueueRequest<'_>, now: Instant) -> Admission {
-        if self.position(seq) <= self.free_slots() {
+        if self.may_be_served(seq) {
             self.remove(seq);
             return self.serve(None);
         }
         self.set_resource(seq, resource_hash(request.resource));
         let len_kib = self.len_kib(request);
+        self.set_len_kib(seq, len_kib);
         if let Some(entry) = self.entries.get_mut(&seq) {
             // The client may change its mind about the file (§6) and its
-            // address; a new request also earns a new callback.
+            // address; a new request also earns new callbacks.
             entry.node = request.node;
-            entry.len_kib = len_kib;
             entry.called_back = false;
+            entry.woken = false;
         }
         Admission::Queued(self.parq_reply(seq, request, None, now))
     }
@@ -229,8 +233,8 @@ impl UploadQueue {
             .expect("parq_reply is called on a queued entry");
         entry.prev_position = entry.last_position;
         entry.last_position = position;
-        entry.not_before = now + retry_after;
         let id = entry.id;
+        self.set_not_before(seq, now + retry_after, now);
         self.set_deadline(seq, now + lifetime, now);
         self.bind(seq, in_sq.then_some(request.connection), now);
         QueuedReply {
@@ -256,7 +260,7 @@ impl UploadQueue {
                 self.remove(seq);
                 return Admission::Refused(self.flood_refusal());
             }
-            if self.position(seq) <= self.free_slots() {
+            if self.may_be_served(seq) {
                 self.remove(seq);
                 return self.serve(None);
             }
@@ -282,6 +286,8 @@ impl UploadQueue {
             kind: Kind::Passive,
             disconnects: 0,
             called_back: false,
+            claims: false,
+            woken: false,
         };
         let seq = self.insert(entry, false, now);
         Admission::Queued(self.passive_reply(seq, now))
@@ -297,8 +303,8 @@ impl UploadQueue {
             .get_mut(&seq)
             .expect("passive_reply is called on a queued entry");
         entry.last_position = position;
-        entry.not_before = now + retry_after;
         let id = entry.id;
+        self.set_not_before(seq, now + retry_after, now);
         self.set_deadline(seq, now + self.config.remanence, now);
         QueuedReply {
             id,

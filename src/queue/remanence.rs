@@ -6,10 +6,10 @@
 //! ```text
 //! offset  size  field
 //! 0       4     magic "RPQ1"
-//! 4       1     format version, 1
+//! 4       1     format version, 2 (1 is still read)
 //! 5       8     saved at, ms since the UNIX epoch (wall clock)
 //! 13      4     record count, at most MAX_RECORDS
-//! 17      70×n  records, head of the queue first:
+//! 17      78×n  records (70×n in version 1), head of the queue first:
 //!   +0    1       kind: 1 PARQ, 2 passive
 //!   +1    1       flags: 1 called back, 2 has X-Node, 4 peer is IPv4,
 //!                 8 X-Node is IPv4; other bits 0
@@ -23,6 +23,9 @@
 //!   +58   4       body length for the ETA, KiB
 //!   +62   4       ms until a retry is on time, from "saved at"
 //!   +66   4       ms until the entry lapses, from "saved at"; not 0
+//!   +70   8       the requested URL's digest (the first 8 bytes of its
+//!                 blake3, little-endian, 0 taken as 1); 0 if unknown (an
+//!                 entry reloaded from a version 1 file); version 2 only
 //! end-32  32    blake3 of every byte before it
 //! ```
 //!
@@ -31,12 +34,21 @@
 //! and load) is taken off at the load. A downtime longer than `remanence`
 //! (300 s) drops every entry (issue 5: "entries survive a restart of up to
 //! 300 s"); a wall clock that went backwards counts as no downtime. An
-//! entry bound to a connection is saved as disconnected from Sq: it has at
-//! most `remanence` left. Legacy entries are not saved: seed 001 holds a
-//! place only as long as its connection, and upload slots in progress end
-//! with the process. Nor is a PARQ entry's URL: after a restart a request
-//! without its ID makes a new entry rather than finding the old one (the
-//! per-address cap still counts both).
+//! entry bound to a connection keeps the lifetime it has (Retry-After +
+//! `lifetime_grace`): cutting it to `remanence`, as a disconnection from Sq
+//! once did, lost the places of positions told to come back after more
+//! than 300 s. Legacy entries are not saved: seed 001 holds a place only
+//! as long as its connection, and upload slots in progress end with the
+//! process.
+//!
+//! Version 2 added the URL's digest, so that after a restart a PARQ
+//! request without its ID finds its address's entry for the URL rather
+//! than making a second one. A version 1 file is still read, its entries
+//! with no URL (such a request then makes a new entry, as before); and a
+//! PARQ entry whose lifetime ended before its Retry-After (which version 1
+//! files of Sq entries could hold) gets `lifetime_grace` after it. Any
+//! other version is refused ([`RemanenceError::UnsupportedVersion`]), and
+//! the caller starts with an empty queue.
 //!
 //! Any byte string gives a queue or a [`RemanenceError`]; writing the bytes
 //! crash-safely (temp file, fsync, rename) is the caller's.
@@ -50,9 +62,13 @@ use tokio::time::Instant;
 use super::{Entry, IdGenerator, Kind, QueueConfig, QueueId, UploadQueue};
 
 const MAGIC: &[u8; 4] = b"RPQ1";
-const VERSION: u8 = 1;
+/// The version written.
+const VERSION: u8 = 2;
+/// The first version, without the URL digest.
+const VERSION_1: u8 = 1;
 const HEADER_LEN: usize = 17;
-const RECORD_LEN: usize = 70;
+const RECORD_LEN: usize = 78;
+const RECORD_LEN_V1: usize = 70;
 const CHECKSUM_LEN: usize = 32;
 /// Most records a remanence file may hold, whatever `queue_max` says.
 pub const MAX_RECORDS: u32 = 1 << 20;
@@ -198,13 +214,10 @@ impl UploadQueue {
             out.extend_from_slice(&entry.last_position.to_be_bytes());
             out.extend_from_slice(&entry.len_kib.to_be_bytes());
             let not_before = entry.not_before.saturating_duration_since(now);
-            let mut left = entry.deadline.saturating_duration_since(now);
-            if entry.connection.is_some() {
-                // Disconnected from Sq by the restart: 300 s at most.
-                left = left.min(self.config.remanence);
-            }
+            let left = entry.deadline.saturating_duration_since(now);
             out.extend_from_slice(&millis(not_before).to_be_bytes());
             out.extend_from_slice(&millis(left).max(1).to_be_bytes());
+            out.extend_from_slice(&entry.resource.to_le_bytes());
         }
         let checksum = blake3::hash(&out);
         out.extend_from_slice(checksum.as_bytes());
@@ -219,7 +232,7 @@ impl UploadQueue {
     ///
     /// # Errors
     /// A [`RemanenceError`] if the bytes are not a whole, intact queue file
-    /// of this version.
+    /// of version 1 or 2.
     pub fn from_bytes(
         config: QueueConfig,
         ids: IdGenerator,
@@ -237,9 +250,12 @@ impl UploadQueue {
         if &bytes[..4] != MAGIC {
             return Err(RemanenceError::BadMagic);
         }
-        if bytes[4] != VERSION {
-            return Err(RemanenceError::UnsupportedVersion { version: bytes[4] });
-        }
+        let version = bytes[4];
+        let record_len = match version {
+            VERSION => RECORD_LEN,
+            VERSION_1 => RECORD_LEN_V1,
+            _ => return Err(RemanenceError::UnsupportedVersion { version }),
+        };
         let saved_at = u64::from_be_bytes(array(bytes, 5));
         let count = u32::from_be_bytes(array(bytes, 13));
         if count > MAX_RECORDS {
@@ -248,7 +264,7 @@ impl UploadQueue {
                 max: MAX_RECORDS,
             });
         }
-        let expected = HEADER_LEN + count as usize * RECORD_LEN + CHECKSUM_LEN;
+        let expected = HEADER_LEN + count as usize * record_len + CHECKSUM_LEN;
         if bytes.len() != expected {
             return Err(RemanenceError::LengthMismatch {
                 len: bytes.len(),
@@ -263,8 +279,8 @@ impl UploadQueue {
         let mut queue = UploadQueue::new(config, ids);
         let downtime = Duration::from_millis(unix_millis(wall).saturating_sub(saved_at));
         let mut records = Vec::with_capacity(count as usize);
-        for (index, record) in body[HEADER_LEN..].chunks_exact(RECORD_LEN).enumerate() {
-            records.push(parse_record(record, index, downtime, now)?);
+        for (index, record) in body[HEADER_LEN..].chunks_exact(record_len).enumerate() {
+            records.push(parse_record(record, index, downtime, &queue.config, now)?);
         }
         // Every record was checked before any is dropped: a corrupt file is
         // refused whatever the downtime.
@@ -294,11 +310,13 @@ impl UploadQueue {
     }
 }
 
-/// One record as an entry, or `None` if its time ran out in the downtime.
+/// One record (of either version: its length tells) as an entry, or
+/// `None` if its time ran out in the downtime.
 fn parse_record(
     record: &[u8],
     index: usize,
     downtime: Duration,
+    config: &QueueConfig,
     now: Instant,
 ) -> Result<Option<Entry>, RemanenceError> {
     let bad = |problem| RemanenceError::BadRecord { index, problem };
@@ -342,6 +360,18 @@ fn parse_record(
     if left.is_zero() {
         return Err(bad("lapsed entry"));
     }
+    let resource = if record.len() == RECORD_LEN {
+        u64::from_le_bytes(array(record, 70))
+    } else {
+        0
+    };
+    // A place outlives the Retry-After it was told (version 1 files cut
+    // Sq entries to 300 s).
+    let left = if kind == Kind::Parq && left < not_before + config.retry_slack {
+        not_before + config.lifetime_grace
+    } else {
+        left
+    };
     let Some(left) = left.checked_sub(downtime).filter(|d| !d.is_zero()) else {
         return Ok(None);
     };
@@ -352,12 +382,14 @@ fn parse_record(
         peer,
         node,
         connection: None,
-        resource: 0,
+        resource,
         len_kib,
         last_position,
         prev_position: 0,
         kind,
         disconnects: record[2],
         called_back: flags & FLAG_CALLED_BACK != 0,
+        claims: false,
+        woken: false,
     }))
 }

@@ -112,15 +112,15 @@ fn first_come_first_served_with_one_slot() {
     assert_eq!((b.position, c.position, d.position), (1, 2, 3));
     assert_eq!(d.length, 3);
     q.release(a, Completion::Complete, t0 + 10 * S);
-    // The free slot is held for b: a newcomer and c (position 2) wait.
-    queued(q.admit(&parq(5), t0 + 60 * S));
-    let c2 = queued(q.admit(&again(&parq(3), &c), t0 + 60 * S));
-    assert_eq!(c2.position, 2);
-    let b_token = served(q.admit(&again(&parq(2), &b), t0 + 60 * S));
-    assert_eq!(q.position_of(c.id, t0 + 60 * S), Some(1));
-    q.release(b_token, Completion::Complete, t0 + 70 * S);
-    let t = t0 + 110 * S;
-    let _token = served(q.admit(&again(&parq(3), &c2), t));
+    // The free slot is held for b (until its Retry-After, 30 s, and a
+    // grace): a newcomer waits.
+    assert_eq!(queued(q.admit(&parq(5), t0 + 35 * S)).position, 4);
+    let b_token = served(q.admit(&again(&parq(2), &b), t0 + 36 * S));
+    assert_eq!(q.position_of(c.id, t0 + 36 * S), Some(1));
+    q.release(b_token, Completion::Complete, t0 + 45 * S);
+    // c comes back at its Retry-After (50 s) with the position it was told.
+    let t = t0 + 51 * S;
+    let _token = served(q.admit(&again(&parq(3), &c), t));
     assert_eq!(q.position_of(d.id, t), Some(1));
     assert_eq!(q.uploads(), 1);
 }
@@ -746,7 +746,7 @@ fn remanence_rejects_impossible_records_even_with_a_good_checksum() {
     }
     // Two records with one ID.
     let mut dup = bytes.clone();
-    let (first, second) = (record + 4, record + 70 + 4);
+    let (first, second) = (record + 4, record + 78 + 4);
     let id: Vec<u8> = dup[first..first + 16].to_vec();
     dup[second..second + 16].copy_from_slice(&id);
     assert_eq!(
@@ -1181,7 +1181,295 @@ proptest! {
             }
             q.tick(now);
             assert_address_tables(&q);
+            assert_ranks(&q, now);
             prop_assert!(q.per_address.values().all(|&c| c <= 3));
         }
     }
+}
+
+// ---- slots held for absent heads, lifetimes, callbacks (issue 5 fixes)
+
+/// A PARQ request that closes its connection and gives `node` for
+/// callbacks.
+fn parq_calling(n: u8, node: SocketAddr) -> QueueRequest<'static> {
+    QueueRequest {
+        node: Some(node),
+        ..parq_closing(n)
+    }
+}
+
+#[test]
+fn an_abandoned_head_holds_a_free_slot_only_a_grace_past_its_retry_after() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_closing(2), t0));
+    let c = queued(q.admit(&parq_closing(3), t0));
+    assert_eq!((b.retry_after, c.retry_after), (30 * S, 50 * S));
+    q.release(a, Completion::Complete, t0 + 5 * S);
+    // Until b's Retry-After and the grace (10 s), the slot is b's.
+    let n = queued(q.admit(&parq_closing(4), t0 + 39 * S));
+    assert_eq!(n.position, 3);
+    // b gave up (PARQ has no cancel). c, on time, gets the slot rather
+    // than waiting for b's lifetime (330 s) to lapse.
+    let c_token = served(q.admit(&again(&parq_closing(3), &c), t0 + 50 * S));
+    // b keeps its place for its next retry...
+    assert_eq!(q.position_of(b.id, t0 + 50 * S), Some(1));
+    let b2 = queued(q.admit(&again(&parq_closing(2), &b), t0 + 100 * S));
+    assert_eq!((b2.id, b2.position, b2.lost), (b.id, 1, None));
+    // ...and the next free slot is its, not the later arrival's.
+    q.release(c_token, Completion::Complete, t0 + 110 * S);
+    let n2 = queued(q.admit(&again(&parq_closing(4), &n), t0 + 115 * S));
+    assert_eq!((n2.id, n2.position), (n.id, 2));
+    let _b = served(q.admit(&again(&parq_closing(2), &b2), t0 + 130 * S));
+}
+
+#[test]
+fn an_absent_passive_head_does_not_hold_the_slot_for_300s() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let a = served(q.admit(&passive(1), t0));
+    let b = queued(q.admit(&passive(2), t0));
+    let c = queued(q.admit(&passive(3), t0));
+    q.release(a, Completion::Complete, t0 + 5 * S);
+    let _c = served(q.admit(&passive(3), t0 + c.retry_after));
+    // b, back within its 300 s, is still first in line.
+    let b2 = queued(q.admit(&passive(2), t0 + 200 * S));
+    assert_eq!((b2.id, b2.position), (b.id, 1));
+}
+
+#[test]
+fn an_sq_place_outlives_its_retry_after_after_a_lost_connection() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    for n in 2..=16 {
+        queued(q.admit(&parq(n), t0));
+    }
+    // Position 16 of Sq: told to come back after 330 s, no lifetime.
+    let e = queued(q.admit(&parq(17), t0));
+    assert_eq!(
+        (e.position, e.retry_after, e.keep_alive),
+        (16, 330 * S, true)
+    );
+    assert_eq!(e.form, ReplyForm::Parq { lifetime: None });
+    q.disconnected(ConnectionId(17), t0 + 10 * S);
+    // It comes back at its Retry-After on a new connection: same place.
+    let reconnect = QueueRequest {
+        connection: ConnectionId(170),
+        ..parq(17)
+    };
+    let t = t0 + 330 * S;
+    q.tick(t);
+    let e2 = queued(q.admit(&again(&reconnect, &e), t));
+    assert_eq!((e2.id, e2.lost), (e.id, None));
+}
+
+#[test]
+fn a_callback_never_makes_a_client_come_back_too_early() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    for n in 2..=16 {
+        queued(q.admit(&parq(n), t0));
+    }
+    let node: SocketAddr = "192.0.2.17:6346".parse().expect("addr");
+    let request = QueueRequest {
+        node: Some(node),
+        ..parq(17)
+    };
+    let e = queued(q.admit(&request, t0));
+    assert_eq!(e.retry_after, 330 * S);
+    q.disconnected(ConnectionId(17), t0 + 10 * S);
+    // Whatever callback comes, answering it at once keeps the place.
+    let reconnect = QueueRequest {
+        connection: ConnectionId(170),
+        ..request.clone()
+    };
+    let mut last = e.clone();
+    for second in 11..=330 {
+        let now = t0 + second * S;
+        for callback in q.tick(now) {
+            assert_eq!(callback.id, e.id);
+            let answer = queued(q.admit(&again(&reconnect, &last), now + S));
+            assert_eq!((answer.id, answer.lost), (e.id, None), "at {second} s");
+            last = answer;
+        }
+    }
+    if last.position == e.position {
+        let back = queued(q.admit(&again(&reconnect, &last), t0 + 330 * S));
+        assert_eq!((back.id, back.lost), (e.id, None));
+    }
+}
+
+#[test]
+fn a_slot_held_for_a_head_with_x_node_calls_it_back_once() {
+    let t0 = Instant::now();
+    let node: SocketAddr = "192.0.2.2:6346".parse().expect("addr");
+    let mut q = queue(1, 100);
+    let a = served(q.admit(&parq(1), t0));
+    let h = queued(q.admit(&parq_calling(2, node), t0));
+    assert_eq!(h.retry_after, 30 * S);
+    assert!(q.tick(t0 + S).is_empty(), "no slot free, no callback");
+    q.release(a, Completion::Complete, t0 + 5 * S);
+    // The free slot is h's: it is called back rather than waited for.
+    assert_eq!(q.tick(t0 + 6 * S), vec![Callback { id: h.id, node }]);
+    assert!(q.tick(t0 + 7 * S).is_empty(), "once per request");
+    // It does not answer within the grace: the slot goes to a newcomer.
+    let _n = served(q.admit(&parq_closing(3), t0 + 17 * S));
+    // Its answer, before its Retry-After, is still on time (once)...
+    let h2 = queued(q.admit(&again(&parq_calling(2, node), &h), t0 + 20 * S));
+    assert_eq!((h2.id, h2.position, h2.lost), (h.id, 1, None));
+    // ...but the next retry must honour the new Retry-After.
+    let h3 = queued(q.admit(&again(&parq_calling(2, node), &h2), t0 + 25 * S));
+    assert_eq!(h3.lost, Some(LostPlace::TooEarly));
+}
+
+#[test]
+fn a_called_back_head_that_answers_gets_the_slot() {
+    let t0 = Instant::now();
+    let node: SocketAddr = "192.0.2.2:6346".parse().expect("addr");
+    let mut q = queue(1, 100);
+    let a = served(q.admit(&parq(1), t0));
+    let h = queued(q.admit(&parq_calling(2, node), t0));
+    let k = queued(q.admit(&parq_closing(3), t0));
+    q.release(a, Completion::Complete, t0 + 5 * S);
+    assert_eq!(q.tick(t0 + 6 * S).len(), 1);
+    let _h = served(q.admit(&again(&parq_calling(2, node), &h), t0 + 7 * S));
+    assert_eq!(q.position_of(k.id, t0 + 7 * S), Some(1));
+}
+
+#[test]
+fn a_restart_keeps_each_parq_entrys_url() {
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    let b = queued(q.admit(&parq_for(2, "/b", 20), t0));
+    let bytes = q.to_bytes(t0 + 5 * S, wall(Duration::ZERO));
+    let t1 = t0 + 1000 * S;
+    let mut r = restore(&bytes, t1, 5 * S).expect("loads");
+    // The same address asks for /b without the ID: its entry, not a new one.
+    let b2 = queued(r.admit(&parq_for(2, "/b", 21), t1));
+    assert_eq!((b2.id, b2.position), (b.id, 1));
+    assert_eq!(r.len(), 1);
+    assert_address_tables(&r);
+}
+
+/// The bytes of a version 1 file with the same records: without the URL
+/// digest, re-signed.
+fn as_version_1(bytes: &[u8]) -> Vec<u8> {
+    let count = u32::from_be_bytes(bytes[13..17].try_into().expect("4 bytes")) as usize;
+    let mut out = bytes[..17].to_vec();
+    out[4] = 1;
+    for i in 0..count {
+        let record = 17 + i * 78;
+        out.extend_from_slice(&bytes[record..record + 70]);
+    }
+    out.extend_from_slice(&[0; 32]);
+    resign(out)
+}
+
+#[test]
+fn a_version_1_file_is_still_read_without_urls() {
+    let t0 = Instant::now();
+    let (q, replies) = mixed_queue(t0);
+    let bytes = q.to_bytes(t0, wall(Duration::ZERO));
+    assert_eq!(bytes[4], 2, "version 2 is written");
+    let old = as_version_1(&bytes);
+    assert_eq!(old.len(), bytes.len() - 3 * 8);
+    let t1 = t0 + 1000 * S;
+    let mut r = restore(&old, t1, 10 * S).expect("a version 1 file loads");
+    assert_eq!(r.len(), 3);
+    assert_eq!(r.position_of(replies[2].id, t1), Some(3));
+    // Its entries have no URL: a request without its ID is a new entry.
+    let other = queued(r.admit(&parq(2), t1));
+    assert_ne!(other.id, replies[0].id);
+    assert_eq!(r.len(), 4);
+    assert_address_tables(&r);
+}
+
+#[test]
+fn a_version_1_sq_entry_cut_before_its_retry_after_gets_its_lifetime_back() {
+    let t0 = Instant::now();
+    let (q, replies) = mixed_queue(t0);
+    let mut old = as_version_1(&q.to_bytes(t0, wall(Duration::ZERO)));
+    // Record 0 (PARQ, Sq): Retry-After in 330 s, but lapsing in 300 s, as
+    // version 1 saved Sq entries.
+    let record = 17;
+    old[record + 62..record + 66].copy_from_slice(&330_000u32.to_be_bytes());
+    old[record + 66..record + 70].copy_from_slice(&300_000u32.to_be_bytes());
+    let old = resign(old);
+    let t1 = t0 + 1000 * S;
+    let r = restore(&old, t1, Duration::ZERO).expect("loads");
+    assert_eq!(r.position_of(replies[0].id, t1 + 629 * S), Some(1));
+}
+
+#[test]
+fn an_unknown_format_version_is_refused() {
+    let t0 = Instant::now();
+    let (q, _) = mixed_queue(t0);
+    let mut bytes = q.to_bytes(t0, wall(Duration::ZERO));
+    for version in [0, 3, 255] {
+        bytes[4] = version;
+        assert_eq!(
+            restore(&resign(bytes.clone()), t0, S).err(),
+            Some(RemanenceError::UnsupportedVersion { version })
+        );
+    }
+}
+
+#[test]
+fn positions_stay_right_through_heavy_churn_behind_an_old_head() {
+    // Entries come and go behind a head that stays: the rank tree's window
+    // would follow the churn; the entries are renumbered instead.
+    let t0 = Instant::now();
+    let mut q = queue(1, 100);
+    let _a = served(q.admit(&parq(1), t0));
+    let head = queued(q.admit(&parq_closing(2), t0));
+    let second = queued(q.admit(&passive(3), t0));
+    for i in 0..20_000u64 {
+        let connection = ConnectionId(1000 + i);
+        let churn = QueueRequest {
+            connection,
+            ..legacy(4, "/churn")
+        };
+        let reply = queued(q.admit(&churn, t0 + S));
+        assert_eq!(reply.position, 3);
+        q.disconnected(connection, t0 + S);
+    }
+    assert!(q.ranks.capacity() <= 256, "window {}", q.ranks.capacity());
+    assert_eq!(q.position_of(head.id, t0 + S), Some(1));
+    assert_eq!(q.position_of(second.id, t0 + S), Some(2));
+    let back = queued(q.admit(&again(&parq_closing(2), &head), t0 + 30 * S));
+    assert_eq!((back.id, back.position, back.lost), (head.id, 1, None));
+    assert_address_tables(&q);
+    assert_ranks(&q, t0 + 30 * S);
+}
+
+/// Checks the rank tree and claims against a walk over the entries, and
+/// that every place outlives the time its client was told to come back.
+#[track_caller]
+fn assert_ranks(q: &UploadQueue, now: Instant) {
+    let grace = q.config.slot_hold_grace;
+    let (mut ahead, mut claims, mut kib) = (0u32, 0u32, 0u64);
+    for (&seq, entry) in &q.entries {
+        kib += u64::from(entry.len_kib);
+        assert_eq!(q.position(seq), ahead + 1);
+        assert_eq!(q.ranks.before(seq).claims, claims);
+        assert_eq!(q.ranks.through(seq).kib, kib);
+        if entry.deadline > now {
+            assert!(
+                entry.claims == (entry.not_before + grace > now),
+                "claim of {seq} out of step"
+            );
+        }
+        assert!(
+            entry.deadline >= entry.not_before,
+            "entry {seq} lapses before its client may come back"
+        );
+        ahead += 1;
+        claims += u32::from(entry.claims);
+    }
+    assert_eq!(q.ranks.total().entries, ahead);
+    assert_eq!(q.claim_ends.len(), claims as usize);
 }
