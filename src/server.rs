@@ -765,8 +765,13 @@ async fn accept_loop<H: Handler>(
                         async move {
                             match tls {
                                 Some(acceptor) => {
-                                    serve_tls_connection(stream, peer, handler, limits, acceptor)
-                                        .await;
+                                    // Boxed: the TLS and HTTP/2 states are
+                                    // several KiB, which every plain
+                                    // connection's task would reserve too.
+                                    Box::pin(serve_tls_connection(
+                                        stream, peer, handler, limits, acceptor,
+                                    ))
+                                    .await;
                                 }
                                 None => serve_connection(stream, Some(peer), handler, limits).await,
                             }
