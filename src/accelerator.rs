@@ -154,6 +154,16 @@ pub struct Accelerator {
     stats: Arc<Stats>,
 }
 
+/// An HTTP/2 target always carries an authority: naming us (as the client
+/// reached us) it is what origin-form is on HTTP/1.1.
+fn names_us<B>(request: &Request<B>, authority: &Authority) -> bool {
+    request.version() == http::Version::HTTP_2
+        && request
+            .extensions()
+            .get::<TlsSession>()
+            .is_some_and(|tls| tls.names_us(authority))
+}
+
 impl Accelerator {
     /// Builds the accelerator and its pooled origin client.
     ///
@@ -218,16 +228,7 @@ impl Accelerator {
             return Err("the accelerator does not tunnel (CONNECT)".into());
         }
         let uri = request.uri();
-        // An HTTP/2 target always carries an authority: naming us (as the
-        // client reached us) it is what origin-form is on HTTP/1.1.
-        let names_us = |authority: &Authority| {
-            request.version() == http::Version::HTTP_2
-                && request
-                    .extensions()
-                    .get::<TlsSession>()
-                    .is_some_and(|tls| tls.names_us(authority))
-        };
-        if let Some(authority) = uri.authority().filter(|a| !names_us(a)) {
+        if let Some(authority) = uri.authority().filter(|a| !names_us(request, a)) {
             let same_host = authority
                 .host()
                 .eq_ignore_ascii_case(self.origin_authority.host());
@@ -258,7 +259,10 @@ impl Accelerator {
     async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         Stats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
-            && request.uri().authority().is_none()
+            && request
+                .uri()
+                .authority()
+                .is_none_or(|authority| names_us(&request, authority))
             && request.uri().path() == STATS_PATH
         {
             let mut response = Response::new(

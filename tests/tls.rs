@@ -61,6 +61,7 @@ impl Handler for Recording {
 struct Pair {
     origin: SocketAddr,
     accelerator: Arc<Recording>,
+    accelerator_addr: SocketAddr,
     client: Arc<ClientProxy>,
     client_addr: SocketAddr,
     _dir: TempDir,
@@ -149,6 +150,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
     Pair {
         origin,
         accelerator,
+        accelerator_addr,
         client,
         client_addr,
         _dir: dir,
@@ -221,6 +223,18 @@ async fn over_http2_the_newer_release_comes_as_a_delta_on_one_connection() {
         seen[2..].iter().all(|(_, peer)| *peer == seen[2].1),
         "{seen:?}"
     );
+
+    // The accelerator's own stats answer over HTTP/2 too, where the
+    // target names the accelerator (before, they went to the origin).
+    let (status, body) = get(
+        pair.client_addr,
+        &format!("http://{}/.rproxy/stats", pair.accelerator_addr),
+    )
+    .await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"requests\":7"), "{body}");
+    assert_eq!(pair.seen()[6].0, Version::HTTP_2);
 }
 
 #[tokio::test]
