@@ -438,7 +438,7 @@ impl<B: Basis> Decoder<B> {
         let basis_len = self.basis.size();
         // Pass 1: validate every command and size the window, allocating
         // nothing from the declared lengths.
-        let (mut window_len, mut literal_len) = (0u64, 0u64);
+        let (mut window_len, mut literal_len, mut copied_len) = (0u64, 0u64, 0u64);
         for command in parse_commands(commands) {
             let command = command?;
             if let DeltaCommand::Copy { offset, len } = command
@@ -450,10 +450,11 @@ impl<B: Basis> Decoder<B> {
                     basis_len,
                 });
             }
-            if let DeltaCommand::Literal { len } = command {
-                // Saturating: a hostile length must fail the window check
-                // below, not overflow.
-                literal_len = literal_len.saturating_add(len);
+            // Saturating: a hostile length must fail the window check
+            // below, not overflow.
+            match command {
+                DeltaCommand::Literal { len } => literal_len = literal_len.saturating_add(len),
+                DeltaCommand::Copy { len, .. } => copied_len = copied_len.saturating_add(len),
             }
             window_len = window_len.saturating_add(command.output_len());
             if window_len > MAX_WINDOW_OUTPUT as u64 {
@@ -469,23 +470,46 @@ impl<B: Basis> Decoder<B> {
         }
         // Codecs 2 and 3 decode literals against a prefix of what we hold
         // (see `window_prefix`). Codec 2's is the body's context and then
-        // the window's copied bytes: the copies are read from the basis
-        // straight into the prefix, once, and rebuilt from there below.
+        // the window's copied bytes. zstd reaches back no further than
+        // its frame's window, so only that tail of the prefix is built
+        // (the encoder compresses large bodies against a tail of it);
+        // copies before the tail are rebuilt straight from the basis
+        // below, and those in it are read once, into the prefix, and
+        // rebuilt from there.
         let read_error = |e: std::io::Error| DecodeError::Basis {
             reason: e.to_string(),
         };
         let prefixed = header.codec == LiteralCodec::ZstdWindow && literal_len > 0;
         self.prefix.clear();
-        let mut copies_at = 0;
+        // Bytes of [context tail | copies] left out of the prefix.
+        let mut skip = 0;
+        let mut context_len = 0;
         if prefixed {
+            let context = super::context_tail(&self.context, window_len);
+            context_len = context.len();
+            let total = context_len + copied_len as usize;
+            let reach = zstd_window_size(literals)
+                .unwrap_or(usize::MAX)
+                .min(total)
+                .min(MAX_PREFIX_LEN);
+            skip = total - reach;
             self.prefix
-                .extend_from_slice(super::context_tail(&self.context, window_len));
-            copies_at = self.prefix.len();
+                .extend_from_slice(&context[skip.min(context_len)..]);
+            let mut at = context_len;
             for command in parse_commands(commands) {
                 if let DeltaCommand::Copy { offset, len } = command.expect("validated in pass 1") {
-                    self.basis
-                        .append_range(offset, len as usize, &mut self.prefix)
-                        .map_err(read_error)?;
+                    let end = at + len as usize;
+                    if end > skip {
+                        let from = skip.saturating_sub(at);
+                        self.basis
+                            .append_range(
+                                offset + from as u64,
+                                len as usize - from,
+                                &mut self.prefix,
+                            )
+                            .map_err(read_error)?;
+                    }
+                    at = end;
                 }
             }
         }
@@ -519,22 +543,34 @@ impl<B: Basis> Decoder<B> {
         // Pass 2: rebuild.
         let start = out.len();
         out.reserve(window_len as usize);
-        let (mut literal_at, mut copied_at) = (0, 0);
+        let basis_failed = |e: std::io::Error, out: &mut Vec<u8>| {
+            // Hand out only what `rebuilt` counts.
+            out.truncate(start);
+            DecodeError::Basis {
+                reason: e.to_string(),
+            }
+        };
+        // `at`: where the next copy starts in [context tail | copies].
+        let (mut literal_at, mut at) = (0, context_len);
         for command in parse_commands(commands) {
             match command.expect("validated in pass 1") {
-                DeltaCommand::Copy { len, .. } if prefixed => {
-                    let end = copied_at + len as usize;
-                    out.extend_from_slice(&self.prefix[copies_at + copied_at..copies_at + end]);
-                    copied_at = end;
+                DeltaCommand::Copy { offset, len } if prefixed => {
+                    let end = at + len as usize;
+                    if at < skip {
+                        let direct = skip.min(end) - at;
+                        self.basis
+                            .append_range(offset, direct, out)
+                            .map_err(|e| basis_failed(e, out))?;
+                    }
+                    if end > skip {
+                        out.extend_from_slice(&self.prefix[at.max(skip) - skip..end - skip]);
+                    }
+                    at = end;
                 }
                 DeltaCommand::Copy { offset, len } => {
-                    if let Err(e) = self.basis.append_range(offset, len as usize, out) {
-                        // Hand out only what `rebuilt` counts.
-                        out.truncate(start);
-                        return Err(DecodeError::Basis {
-                            reason: e.to_string(),
-                        });
-                    }
+                    self.basis
+                        .append_range(offset, len as usize, out)
+                        .map_err(|e| basis_failed(e, out))?;
                 }
                 DeltaCommand::Literal { len } => {
                     let end = literal_at + len as usize;
@@ -689,6 +725,21 @@ impl<B: Basis> Decoder<B> {
     }
 }
 
+/// The window size a zstd frame declares (RFC 8878, 3.1.1.1.2), or `None`
+/// when it does not say (single segment, or not a frame): how far back
+/// its matches may reach.
+fn zstd_window_size(frame: &[u8]) -> Option<usize> {
+    const MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
+    let (magic, rest) = frame.split_first_chunk::<4>()?;
+    let (&descriptor, rest) = rest.split_first()?;
+    if *magic != MAGIC || descriptor & 0x20 != 0 {
+        return None;
+    }
+    let &window = rest.first()?;
+    let base = 1u64 << (10 + u32::from(window >> 3));
+    usize::try_from(base + base / 8 * u64::from(window & 7)).ok()
+}
+
 /// The literal codec's decoding side.
 enum LiteralDecompressor {
     Plain,
@@ -796,5 +847,34 @@ impl LiteralDecompressor {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zstd_window_size;
+
+    /// The window a frame declares bounds what the decoder builds of a
+    /// prefix, so it must be read as zstd's own encoder wrote it.
+    #[test]
+    fn the_window_size_is_what_the_frame_declares() {
+        for log in [10u32, 17, 20, 23] {
+            let mut cctx = zstd_safe::CCtx::create();
+            cctx.set_parameter(zstd_safe::CParameter::WindowLog(log))
+                .unwrap();
+            cctx.set_parameter(zstd_safe::CParameter::ContentSizeFlag(false))
+                .unwrap();
+            // Longer than the window, or zstd declares a smaller one.
+            let data = vec![7u8; (1 << log) + 1000];
+            let mut frame = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
+            cctx.compress2(&mut frame, &data).unwrap();
+            let declared = zstd_window_size(&frame).expect("a window descriptor");
+            assert!(declared >= 1 << log, "log {log}: {declared}");
+            assert!(declared < 2 << log, "log {log}: {declared}");
+        }
+        assert_eq!(zstd_window_size(b"not a frame"), None);
+        assert_eq!(zstd_window_size(&[0x28, 0xB5, 0x2F, 0xFD]), None);
+        // Single segment: no window descriptor, so no bound from it.
+        assert_eq!(zstd_window_size(&[0x28, 0xB5, 0x2F, 0xFD, 0x20, 9]), None);
     }
 }
