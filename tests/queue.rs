@@ -1,8 +1,8 @@
 //! Upload slots end to end (issue 5, L-9): the accelerator with one slot in
 //! front of an origin whose `/slow` body ends only when the test says so.
-//! While it holds the slot, PARQ clients are queued in arrival order and
-//! served in that order; a newcomer never overtakes them; auth comes
-//! before a place.
+//! While it holds the slot, clients are queued in arrival order and served
+//! in that order, PARQ, legacy and passive alike; a newcomer never
+//! overtakes them; auth comes before a place.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -421,4 +421,255 @@ async fn a_state_file_of_version_1_is_read_and_an_unknown_version_refused_with_a
         log.contains("saved queue not used") && log.contains("format version 3 is not supported"),
         "{log}"
     );
+}
+
+/// A client of one dialect, as the mixed test drives it.
+enum Client {
+    /// PARQ: comes back with the ID and the position it was last told.
+    Parq {
+        path: String,
+        id: String,
+        position: u32,
+    },
+    /// Legacy Active Queueing 0.1: polls on the connection it keeps.
+    Legacy { path: String, stream: TcpStream },
+    /// Passive: no `X-Queue`; known by its own source address.
+    Passive {
+        path: String,
+        from: std::net::IpAddr,
+    },
+}
+
+/// One response read off a persistent connection: the head, then a body
+/// by `Content-Length` or chunked to its last chunk.
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut buffer = Vec::new();
+    let read = async {
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut parsed = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(head) = parsed.parse(&buffer).unwrap() {
+                let value = |name: &str| {
+                    parsed
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case(name))
+                        .map(|h| String::from_utf8_lossy(h.value).into_owned())
+                };
+                let done = match (value("content-length"), value("transfer-encoding")) {
+                    (Some(len), _) => buffer.len() >= head + len.parse::<usize>().unwrap(),
+                    (None, Some(te)) if te.eq_ignore_ascii_case("chunked") => {
+                        buffer.ends_with(b"\r\n0\r\n\r\n")
+                    }
+                    _ => panic!("no body length: {}", String::from_utf8_lossy(&buffer)),
+                };
+                if done {
+                    return;
+                }
+            }
+            let mut chunk = [0; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(
+                n > 0,
+                "closed mid-response: {}",
+                String::from_utf8_lossy(&buffer)
+            );
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("an answer within 5 s");
+    String::from_utf8_lossy(&buffer).into_owned()
+}
+
+/// The position a `503` tells its client, whatever the dialect: PARQ's
+/// `X-Queued`, legacy's `X-Queue: position=…`, passive's text (passive
+/// answers carry only `Retry-After`, which must match the position).
+fn position_told(client: &Client, answer: &str) -> u32 {
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    match client {
+        Client::Parq { .. } => place(answer).0,
+        Client::Legacy { .. } => {
+            let status = header(answer, "X-Queue").unwrap_or_else(|| panic!("{answer}"));
+            status
+                .split(',')
+                .find_map(|f| f.strip_prefix("position="))
+                .unwrap_or_else(|| panic!("no position in {status}"))
+                .parse()
+                .unwrap()
+        }
+        Client::Passive { .. } => {
+            assert!(header(answer, "X-Queue").is_none(), "{answer}");
+            let position: u32 = answer
+                .split("position ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .unwrap_or_else(|| panic!("no position in {answer}"))
+                .parse()
+                .unwrap();
+            let retry_after = rproxy::queue::parq::passive_retry_after(position).as_secs();
+            assert_eq!(
+                header(answer, "Retry-After"),
+                Some(retry_after.to_string().as_str()),
+                "{answer}"
+            );
+            position
+        }
+    }
+}
+
+impl Client {
+    fn name(&self) -> &str {
+        match self {
+            Client::Parq { path, .. }
+            | Client::Legacy { path, .. }
+            | Client::Passive { path, .. } => path,
+        }
+    }
+
+    /// Asks (again) in the client's dialect; a PARQ client keeps the
+    /// position it is told for its next retry.
+    async fn ask(&mut self, addr: SocketAddr) -> String {
+        match self {
+            Client::Parq { path, id, position } => {
+                let answer = exchange(addr, &retry(path, *position, id)).await;
+                if answer.starts_with("HTTP/1.1 503") {
+                    let (told, same_id) = place(&answer);
+                    assert_eq!(&same_id, id, "{answer}");
+                    *position = told;
+                }
+                answer
+            }
+            Client::Legacy { path, stream } => {
+                stream
+                    .write_all(legacy_request(path).as_bytes())
+                    .await
+                    .unwrap();
+                read_response(stream).await
+            }
+            Client::Passive { path, from } => passive_exchange(addr, *from, path).await,
+        }
+    }
+}
+
+/// A legacy request: `X-Queue: 0.1` on a connection kept open.
+fn legacy_request(path: &str) -> String {
+    request(path, "X-Queue: 0.1\r\n").replace("Connection: close\r\n", "")
+}
+
+/// A request without `X-Queue` from `from`, on its own connection.
+async fn passive_exchange(addr: SocketAddr, from: std::net::IpAddr, path: &str) -> String {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream
+        .write_all(request(path, "").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// L-9 across dialects: PARQ, legacy and passive clients queue
+/// interleaved behind one busy slot, and once it frees they are served in
+/// arrival order however they ask, later arrivals asking first each round.
+#[tokio::test]
+async fn l9_clients_of_every_dialect_are_served_first_come_first_served() {
+    let stack = start(None).await;
+    let mut holder = TcpStream::connect(stack.addr).await.unwrap();
+    holder
+        .write_all(request("/slow", "").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0; 1024];
+    let n = holder.read(&mut first).await.unwrap();
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+
+    // Arrival: B1, L1, P1, B2, L2, P2, each told the next position.
+    let mut clients = Vec::new();
+    for round in 1..=2u8 {
+        let path = format!("/b{round}");
+        let answer = exchange(stack.addr, &request(&path, "X-Queue: 1.0\r\n")).await;
+        let (position, id) = place(&answer);
+        clients.push(Client::Parq { path, id, position });
+
+        let path = format!("/l{round}");
+        let mut stream = TcpStream::connect(stack.addr).await.unwrap();
+        stream
+            .write_all(legacy_request(&path).as_bytes())
+            .await
+            .unwrap();
+        let answer = read_response(&mut stream).await;
+        assert!(
+            header(&answer, "Connection").is_none(),
+            "kept open: {answer}"
+        );
+        let status = header(&answer, "X-Queue").unwrap_or_else(|| panic!("{answer}"));
+        assert!(
+            status.contains(",limit=1,pollMin=45,pollMax=120"),
+            "{answer}"
+        );
+        clients.push(Client::Legacy { path, stream });
+        let last = clients.len() - 1;
+        assert_eq!(position_told(&clients[last], &answer), last as u32 + 1);
+
+        let path = format!("/p{round}");
+        let from = std::net::IpAddr::from([127, 0, 0, 1 + round]);
+        let answer = passive_exchange(stack.addr, from, &path).await;
+        clients.push(Client::Passive { path, from });
+        let last = clients.len() - 1;
+        assert_eq!(position_told(&clients[last], &answer), last as u32 + 1);
+    }
+    for (i, client) in clients.iter().enumerate() {
+        if let Client::Parq { position, .. } = client {
+            assert_eq!(*position, i as u32 + 1, "{}", client.name());
+        }
+    }
+
+    // The slot frees.
+    stack.finish.send(()).await.unwrap();
+    let mut rest = Vec::new();
+    holder.read_to_end(&mut rest).await.unwrap();
+
+    // Each round every waiting client asks, the latest arrival first: only
+    // the earliest is served; the others keep their order, moved up by
+    // the one served before them.
+    let mut served = Vec::new();
+    while !clients.is_empty() {
+        let waiting = clients.len() as u32;
+        for (i, client) in clients.iter_mut().enumerate().rev() {
+            let answer = client.ask(stack.addr).await;
+            if i == 0 {
+                assert!(
+                    answer.starts_with("HTTP/1.1 200") && answer.ends_with("quick\n"),
+                    "{} is served after {served:?}: {answer}",
+                    client.name()
+                );
+            } else {
+                assert_eq!(
+                    position_told(client, &answer),
+                    i as u32 + 1,
+                    "{} waits behind the earlier ones, {served:?} served: {answer}",
+                    client.name()
+                );
+                if let Client::Legacy { .. } = client {
+                    let status = header(&answer, "X-Queue").unwrap();
+                    assert!(status.contains(&format!("length={waiting}")), "{answer}");
+                }
+            }
+        }
+        served.push(clients.remove(0).name().to_owned());
+    }
+    assert_eq!(served, ["/b1", "/l1", "/p1", "/b2", "/l2", "/p2"]);
+    assert_eq!(
+        stack.origin.requests.load(Ordering::SeqCst),
+        7,
+        "the holder and the six queued clients, each once"
+    );
+    assert_eq!(stack.origin.queue_headers.load(Ordering::SeqCst), 0);
 }
