@@ -5,7 +5,7 @@
 //! the real client proxy.
 //!
 //! `RPROXY_CK3_SEQUENCES` sets the number of C-K3 sequences (default
-//! 10 000 in release builds, 2 000 in debug ones, which run the store's
+//! 10 000 in release builds, 1 000 in debug ones, which run the store's
 //! code unoptimised); `RPROXY_CK3_SEED` replays one seed.
 
 mod fault_fs;
@@ -384,4 +384,470 @@ fn c_k3_power_loss_model_random_sequences_keep_every_committed_entry_and_serve_n
     );
     assert!(tally.crashed_mid_sequence > tally.sequences / 4);
     assert!(tally.durable_checked > tally.sequences / 4);
+}
+
+// ---------------------------------------------------------------------------
+// C-K2: a crash at each step of a commit
+
+/// Where the process dies during a commit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CrashPoint {
+    /// The body, signature and metadata temp files are written and synced;
+    /// nothing is renamed (nor the old metadata unlinked) yet.
+    AfterTempWrite,
+    /// Body and signature are under their final names, the metadata not.
+    AfterBodyRename,
+    /// All three are in place; the directory is not fsynced.
+    AfterMetaRename,
+}
+
+impl CrashPoint {
+    /// A hook that crashes at this point of the first commit.
+    fn hook(self, root: &Path) -> fault_fs::Hook {
+        let root = root.to_path_buf();
+        let mut syncs = 0;
+        Box::new(move |op| {
+            let here = match self {
+                CrashPoint::AfterTempWrite => {
+                    let here = syncs == 3;
+                    syncs += usize::from(op.kind == Kind::SyncFile);
+                    here
+                }
+                CrashPoint::AfterBodyRename => op.kind == Kind::Rename && op.targets(".meta"),
+                CrashPoint::AfterMetaRename => op.kind == Kind::SyncDir && op.path != root,
+            };
+            if here { Verdict::Crash } else { Verdict::Go }
+        })
+    }
+}
+
+#[test]
+fn c_k2_a_crash_at_each_commit_step_leaves_the_entry_absent_or_valid_and_restart_deletes_orphans() {
+    let key = CacheKey::parse("http://a.example/app.js").unwrap();
+    let mut rng = Rng::new(0xc0ffee);
+    let mut orphans_deleted = 0;
+    for point in [
+        CrashPoint::AfterTempWrite,
+        CrashPoint::AfterBodyRename,
+        CrashPoint::AfterMetaRename,
+    ] {
+        for run in 0..100 {
+            let dir = scratch();
+            let root = dir.path().join("cache");
+            // Half the runs replace an entry, half write a new one.
+            let old = (run % 2 == 0).then(|| Version::random(&mut rng));
+            if let Some(old) = &old {
+                let store = CacheStore::open(&root, BUDGET).unwrap();
+                put(&store, &key, old, &mut rng, || {}).unwrap();
+            }
+            let new = Version::random(&mut rng);
+            let fs = Arc::new(FaultFs::boot(&root, point.hook(&root)));
+            let store = CacheStore::open_with_fs(&root, BUDGET, fs.clone()).unwrap();
+            assert!(put(&store, &key, &new, &mut rng, || {}).is_err());
+            assert!(fs.is_dead(), "{point:?}: the crash point was not reached");
+            drop(store);
+            // Runs 0, 1 (mod 4): the process dies, the page cache stays;
+            // runs 2, 3: the power goes.
+            let power_cut = run % 4 >= 2;
+            if power_cut {
+                fs.power_cut(&mut rng, false);
+            }
+            drop(fs);
+            let (before, _) = files_on_disk(&root);
+            let files = before.get(&key.entry_path()).cloned().unwrap_or_default();
+            let orphaned = !files.is_empty() && !files.contains(&"meta".to_string());
+            if point == CrashPoint::AfterBodyRename && !power_cut {
+                assert!(
+                    orphaned,
+                    "{point:?}: body and signature without metadata: {files:?}"
+                );
+            }
+
+            let store = CacheStore::open(&root, BUDGET).unwrap();
+            let found = read_entry(&store, &key).map(|r| r.unwrap());
+            let want = match (point, power_cut) {
+                // Nothing of the commit is durable: the old entry stands.
+                (_, true) | (CrashPoint::AfterTempWrite, false) => old.clone(),
+                // The old metadata is gone, the new one not there yet.
+                (CrashPoint::AfterBodyRename, false) => None,
+                (CrashPoint::AfterMetaRename, false) => Some(new.clone()),
+            };
+            assert_eq!(found, want, "{point:?}, run {run}, power cut {power_cut}");
+            let (after, temps) = files_on_disk(&root);
+            assert_eq!(temps, 0, "{point:?}: temp files left after restart");
+            let files = after.get(&key.entry_path()).map_or(0, |f| f.len());
+            assert_eq!(
+                files,
+                if found.is_some() { 3 } else { 0 },
+                "{point:?}: {after:?}"
+            );
+            orphans_deleted += usize::from(orphaned);
+        }
+    }
+    println!(
+        "C-K2: 3 crash points x 100 runs, {orphans_deleted} orphaned entries deleted at restart"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// C-E2: EIO on fsync
+
+/// A hook failing with EIO every operation `which` picks.
+fn eio_on(mut which: impl FnMut(&fault_fs::Op<'_>) -> bool + Send + 'static) -> fault_fs::Hook {
+    Box::new(move |op| {
+        if which(op) {
+            Verdict::Fail(libc::EIO)
+        } else {
+            Verdict::Go
+        }
+    })
+}
+
+#[test]
+fn c_e2_eio_on_any_fsync_of_a_commit_drops_the_entry_instead_of_trusting_it() {
+    let key = CacheKey::parse("http://a.example/app.js").unwrap();
+    let mut rng = Rng::new(7);
+    let targets: [(&str, fn(&fault_fs::Op<'_>) -> bool); 4] = [
+        ("body fsync", |op| {
+            op.kind == Kind::SyncFile && op.targets(".body.tmp")
+        }),
+        ("signature fsync", |op| {
+            op.kind == Kind::SyncFile && op.targets(".sig.tmp")
+        }),
+        ("metadata fsync", |op| {
+            op.kind == Kind::SyncFile && op.targets(".meta.tmp")
+        }),
+        ("directory fsync", |op| {
+            op.kind == Kind::SyncDir && op.path.file_name().is_some_and(|n| n != "cache")
+        }),
+    ];
+    for (what, target) in targets {
+        for replacing in [false, true] {
+            let dir = scratch();
+            let root = dir.path().join("cache");
+            let old = Version::random(&mut rng);
+            if replacing {
+                let store = CacheStore::open(&root, BUDGET).unwrap();
+                put(&store, &key, &old, &mut rng, || {}).unwrap();
+            }
+            let fs = Arc::new(FaultFs::boot(&root, eio_on(target)));
+            let store = CacheStore::open_with_fs(&root, BUDGET, fs).unwrap();
+            let new = Version::random(&mut rng);
+            let error = put(&store, &key, &new, &mut rng, || {}).unwrap_err();
+            assert!(
+                matches!(&error, CacheError::Io { source, .. } if source.raw_os_error() == Some(libc::EIO)),
+                "{what}: {error}"
+            );
+            assert_eq!(store.write_errors().load(Ordering::Relaxed), 1, "{what}");
+            let served = read_entry(&store, &key).map(|r| r.unwrap());
+            assert_ne!(
+                served.as_ref(),
+                Some(&new),
+                "{what}: the failed entry is served"
+            );
+            let (_, temps) = files_on_disk(&root);
+            assert_eq!(temps, 0, "{what}: temp files of the failed commit left");
+            drop(store);
+            let store = CacheStore::open(&root, BUDGET).unwrap();
+            let after = read_entry(&store, &key).map(|r| r.unwrap());
+            assert_ne!(after.as_ref(), Some(&new), "{what}: served after a restart");
+            assert_eq!(
+                after, served,
+                "{what}: the restart sees what the store said"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// C-E3: EIO reading a hit (store level)
+
+#[test]
+fn c_e3_eio_opening_a_hit_s_files_is_a_miss_and_quarantines_the_entry() {
+    let key = CacheKey::parse("http://a.example/app.js").unwrap();
+    let mut rng = Rng::new(11);
+    for ext in [".body", ".sig", ".meta"] {
+        let dir = scratch();
+        let root = dir.path().join("cache");
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = failing.clone();
+        let hook = eio_on(move |op| {
+            op.kind == Kind::OpenRead && op.targets(ext) && flag.load(Ordering::Relaxed)
+        });
+        let store =
+            CacheStore::open_with_fs(&root, BUDGET, Arc::new(FaultFs::boot(&root, hook))).unwrap();
+        let version = Version::random(&mut rng);
+        put(&store, &key, &version, &mut rng, || {}).unwrap();
+        assert_eq!(read_entry(&store, &key).unwrap().unwrap(), version);
+        failing.store(true, Ordering::Relaxed);
+        assert!(store.get(&key).is_none(), "{ext}: EIO must be a miss");
+        assert!(
+            store.lookup(&key).is_none(),
+            "{ext}: the entry stays indexed"
+        );
+        let quarantined = std::fs::read_dir(root.join("quarantine")).unwrap().count();
+        assert_eq!(quarantined, 3, "{ext}: the entry's files are quarantined");
+        failing.store(false, Ordering::Relaxed);
+        assert!(
+            store.get(&key).is_none(),
+            "{ext}: a quarantined entry came back"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// C-E2 and C-E3 through the real client proxy
+
+mod proxy {
+    use std::collections::HashMap;
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{HeaderValue, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Empty, Full};
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+    use rproxy::cache::{CacheScope, CacheStore};
+    use rproxy::client_proxy::{ClientConfig, ClientProxy};
+    use rproxy::server::{ConnectionLimits, serve};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use crate::support::random_bytes;
+
+    /// The origin's body for `path`: 2 MiB (streamed from the cache, past
+    /// the proxy's whole-body size) when the path says "large", else 40 KiB.
+    pub fn body(path: &str) -> Vec<u8> {
+        let len = if path.contains("large") {
+            2 << 20
+        } else {
+            40 << 10
+        };
+        random_bytes(path.len() as u64, len)
+    }
+
+    pub struct Origin {
+        pub addr: SocketAddr,
+        requests: Arc<Mutex<HashMap<String, usize>>>,
+    }
+
+    impl Origin {
+        pub fn requests_to(&self, path: &str) -> usize {
+            self.requests
+                .lock()
+                .unwrap()
+                .get(path)
+                .copied()
+                .unwrap_or(0)
+        }
+    }
+
+    /// An origin whose bodies are cacheable for an hour.
+    pub async fn start_origin() -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
+        let counts = requests.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let counts = counts.clone();
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    let path = request.uri().path().to_owned();
+                    *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
+                    async move {
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .header("cache-control", "max-age=3600")
+                                .header("content-type", "application/octet-stream")
+                                .body(Full::new(Bytes::from(body(&path))))
+                                .unwrap(),
+                        )
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Origin { addr, requests }
+    }
+
+    /// The client proxy in this process, its upstream the origin itself,
+    /// no memory cache (every hit reads the disk).
+    pub async fn start_proxy(upstream: SocketAddr, store: CacheStore) -> SocketAddr {
+        let config = ClientConfig {
+            upstream: format!("http://{upstream}").parse().unwrap(),
+            via_name: HeaderValue::from_static("test-client"),
+            scope: CacheScope::Shared,
+            default_signature_bytes: 4608,
+            max_signature_bytes: 24 << 10,
+            connect_timeout: Duration::from_secs(2),
+            upstream_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(5),
+            max_object_bytes: 1 << 30,
+            memory_cache_bytes: 0,
+            upstream_credentials: None,
+            upstream_tls: None,
+            queue: Default::default(),
+        };
+        let proxy = Arc::new(ClientProxy::new(config, store).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(
+            listener,
+            proxy,
+            ConnectionLimits::default(),
+            std::future::pending(),
+        ));
+        addr
+    }
+
+    pub struct Fetched {
+        pub status: StatusCode,
+        pub cache_status: String,
+        /// `Err` when the body did not end as a whole one.
+        pub body: Result<Vec<u8>, String>,
+    }
+
+    impl Fetched {
+        pub fn is_hit(&self) -> bool {
+            self.cache_status.contains("; hit")
+        }
+
+        pub fn assert_whole(&self, path: &str) {
+            assert_eq!(self.status, StatusCode::OK, "{path}");
+            let body = self.body.as_ref().unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert!(
+                *body == self::body(path),
+                "{path}: {} bytes, not the origin's",
+                body.len()
+            );
+        }
+    }
+
+    /// `GET url` through the proxy.
+    pub async fn get(proxy: SocketAddr, origin: SocketAddr, path: &str) -> Fetched {
+        let stream = TcpStream::connect(proxy).await.unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = Request::get(format!("http://{origin}{path}"))
+            .header("host", origin.to_string())
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+            .await
+            .expect("a response head in time")
+            .unwrap();
+        let status = response.status();
+        let cache_status = response
+            .headers()
+            .get("cache-status")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect())
+            .await
+            .expect("the body in time")
+            .map(|b| b.to_bytes().to_vec())
+            .map_err(|e| e.to_string());
+        Fetched {
+            status,
+            cache_status,
+            body,
+        }
+    }
+
+    /// Polls `condition` for up to 10 s.
+    pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if condition() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not within 10 s: {what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_e2_eio_on_the_directory_fsync_leaves_the_user_agent_s_response_whole_and_stores_nothing()
+{
+    let origin = proxy::start_origin().await;
+    let dir = scratch();
+    let root = dir.path().join("cache");
+    let entry_dir_fsyncs = Arc::new(AtomicU64::new(0));
+    let seen = entry_dir_fsyncs.clone();
+    let cache_root = root.clone();
+    let hook = eio_on(move |op| {
+        let hit = op.kind == Kind::SyncDir && op.path != cache_root;
+        seen.fetch_add(u64::from(hit), Ordering::Relaxed);
+        hit
+    });
+    let store =
+        CacheStore::open_with_fs(&root, BUDGET, Arc::new(FaultFs::boot(&root, hook))).unwrap();
+    let proxy_addr = proxy::start_proxy(origin.addr, store.clone()).await;
+    for path in ["/small.js", "/large.bin"] {
+        for round in 1..=2 {
+            let fetched = proxy::get(proxy_addr, origin.addr, path).await;
+            fetched.assert_whole(path);
+            assert!(
+                !fetched.is_hit(),
+                "{path}: a hit on an entry whose fsync failed"
+            );
+            proxy::eventually("the commit tried", || {
+                store.write_errors().load(Ordering::Relaxed) >= round
+            })
+            .await;
+            assert_eq!(origin.requests_to(path), round as usize);
+        }
+        store.write_errors().store(0, Ordering::Relaxed);
+    }
+    assert!(entry_dir_fsyncs.load(Ordering::Relaxed) >= 4);
+    assert!(
+        store.is_empty(),
+        "no entry kept after a failed directory fsync"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_e3_eio_opening_a_hit_s_body_is_served_from_upstream_and_the_entry_quarantined() {
+    let origin = proxy::start_origin().await;
+    let dir = scratch();
+    let root = dir.path().join("cache");
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = failing.clone();
+    let hook = eio_on(move |op| {
+        op.kind == Kind::OpenRead && op.targets(".body") && flag.load(Ordering::Relaxed)
+    });
+    let store =
+        CacheStore::open_with_fs(&root, BUDGET, Arc::new(FaultFs::boot(&root, hook))).unwrap();
+    let proxy_addr = proxy::start_proxy(origin.addr, store.clone()).await;
+    for path in ["/small.js", "/large.bin"] {
+        proxy::get(proxy_addr, origin.addr, path)
+            .await
+            .assert_whole(path);
+        let key = rproxy::cache::CacheKey::parse(&format!("http://{}{path}", origin.addr)).unwrap();
+        proxy::eventually("stored", || store.lookup(&key).is_some()).await;
+        let hit = proxy::get(proxy_addr, origin.addr, path).await;
+        hit.assert_whole(path);
+        assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
+
+        failing.store(true, Ordering::Relaxed);
+        let quarantined = std::fs::read_dir(root.join("quarantine")).unwrap().count();
+        let fetched = proxy::get(proxy_addr, origin.addr, path).await;
+        fetched.assert_whole(path);
+        assert!(!fetched.is_hit(), "{path}: {}", fetched.cache_status);
+        assert_eq!(origin.requests_to(path), 2, "{path}: served from upstream");
+        let now = std::fs::read_dir(root.join("quarantine")).unwrap().count();
+        assert_eq!(now, quarantined + 3, "{path}: the entry is quarantined");
+        failing.store(false, Ordering::Relaxed);
+    }
 }

@@ -127,11 +127,6 @@ impl FaultFs {
         }
     }
 
-    /// No faults.
-    pub fn healthy(root: &Path) -> FaultFs {
-        FaultFs::boot(root, Box::new(|_| Verdict::Go))
-    }
-
     /// Whether the process has "crashed".
     pub fn is_dead(&self) -> bool {
         self.model.lock().unwrap().dead
