@@ -326,7 +326,7 @@ fn check_after_restart(
 #[test]
 fn c_k3_power_loss_model_random_sequences_keep_every_committed_entry_and_serve_nothing_torn() {
     let default = if cfg!(debug_assertions) {
-        2_000
+        1_000
     } else {
         10_000
     };
@@ -394,11 +394,11 @@ fn c_k3_power_loss_model_random_sequences_keep_every_committed_entry_and_serve_n
 enum CrashPoint {
     /// The body, signature and metadata temp files are written and synced;
     /// nothing is renamed (nor the old metadata unlinked) yet.
-    AfterTempWrite,
+    TempsWritten,
     /// Body and signature are under their final names, the metadata not.
-    AfterBodyRename,
+    BodyRenamed,
     /// All three are in place; the directory is not fsynced.
-    AfterMetaRename,
+    MetaRenamed,
 }
 
 impl CrashPoint {
@@ -408,13 +408,13 @@ impl CrashPoint {
         let mut syncs = 0;
         Box::new(move |op| {
             let here = match self {
-                CrashPoint::AfterTempWrite => {
+                CrashPoint::TempsWritten => {
                     let here = syncs == 3;
                     syncs += usize::from(op.kind == Kind::SyncFile);
                     here
                 }
-                CrashPoint::AfterBodyRename => op.kind == Kind::Rename && op.targets(".meta"),
-                CrashPoint::AfterMetaRename => op.kind == Kind::SyncDir && op.path != root,
+                CrashPoint::BodyRenamed => op.kind == Kind::Rename && op.targets(".meta"),
+                CrashPoint::MetaRenamed => op.kind == Kind::SyncDir && op.path != root,
             };
             if here { Verdict::Crash } else { Verdict::Go }
         })
@@ -427,9 +427,9 @@ fn c_k2_a_crash_at_each_commit_step_leaves_the_entry_absent_or_valid_and_restart
     let mut rng = Rng::new(0xc0ffee);
     let mut orphans_deleted = 0;
     for point in [
-        CrashPoint::AfterTempWrite,
-        CrashPoint::AfterBodyRename,
-        CrashPoint::AfterMetaRename,
+        CrashPoint::TempsWritten,
+        CrashPoint::BodyRenamed,
+        CrashPoint::MetaRenamed,
     ] {
         for run in 0..100 {
             let dir = scratch();
@@ -456,7 +456,7 @@ fn c_k2_a_crash_at_each_commit_step_leaves_the_entry_absent_or_valid_and_restart
             let (before, _) = files_on_disk(&root);
             let files = before.get(&key.entry_path()).cloned().unwrap_or_default();
             let orphaned = !files.is_empty() && !files.contains(&"meta".to_string());
-            if point == CrashPoint::AfterBodyRename && !power_cut {
+            if point == CrashPoint::BodyRenamed && !power_cut {
                 assert!(
                     orphaned,
                     "{point:?}: body and signature without metadata: {files:?}"
@@ -467,10 +467,10 @@ fn c_k2_a_crash_at_each_commit_step_leaves_the_entry_absent_or_valid_and_restart
             let found = read_entry(&store, &key).map(|r| r.unwrap());
             let want = match (point, power_cut) {
                 // Nothing of the commit is durable: the old entry stands.
-                (_, true) | (CrashPoint::AfterTempWrite, false) => old.clone(),
+                (_, true) | (CrashPoint::TempsWritten, false) => old.clone(),
                 // The old metadata is gone, the new one not there yet.
-                (CrashPoint::AfterBodyRename, false) => None,
-                (CrashPoint::AfterMetaRename, false) => Some(new.clone()),
+                (CrashPoint::BodyRenamed, false) => None,
+                (CrashPoint::MetaRenamed, false) => Some(new.clone()),
             };
             assert_eq!(found, want, "{point:?}, run {run}, power cut {power_cut}");
             let (after, temps) = files_on_disk(&root);
@@ -492,6 +492,9 @@ fn c_k2_a_crash_at_each_commit_step_leaves_the_entry_absent_or_valid_and_restart
 // ---------------------------------------------------------------------------
 // C-E2: EIO on fsync
 
+/// Picks operations to fail.
+type OpFilter = fn(&fault_fs::Op<'_>) -> bool;
+
 /// A hook failing with EIO every operation `which` picks.
 fn eio_on(mut which: impl FnMut(&fault_fs::Op<'_>) -> bool + Send + 'static) -> fault_fs::Hook {
     Box::new(move |op| {
@@ -507,7 +510,7 @@ fn eio_on(mut which: impl FnMut(&fault_fs::Op<'_>) -> bool + Send + 'static) -> 
 fn c_e2_eio_on_any_fsync_of_a_commit_drops_the_entry_instead_of_trusting_it() {
     let key = CacheKey::parse("http://a.example/app.js").unwrap();
     let mut rng = Rng::new(7);
-    let targets: [(&str, fn(&fault_fs::Op<'_>) -> bool); 4] = [
+    let targets: [(&str, OpFilter); 4] = [
         ("body fsync", |op| {
             op.kind == Kind::SyncFile && op.targets(".body.tmp")
         }),
