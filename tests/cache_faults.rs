@@ -147,7 +147,7 @@ async fn start_origin(script: impl Fn(&str, usize) -> Reply + Send + Sync + 'sta
                     *n - 1
                 };
                 let reply = script(&path, n);
-                async move { Ok::<_, Infallible>(origin_reply(&path, reply)) }
+                async move { Ok::<_, Infallible>(origin_reply(&path, n, reply)) }
             });
             tokio::spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -159,8 +159,24 @@ async fn start_origin(script: impl Fn(&str, usize) -> Reply + Send + Sync + 'sta
     Origin { addr, requests }
 }
 
-fn origin_reply(path: &str, reply: Reply) -> Response<ChannelBody> {
-    let body = Bytes::from(origin_body(path));
+/// Version `n` (the `n`-th request, from 0) of the crash loop's body at
+/// `path`: random bytes, 0 to 8 MiB.
+fn crash_body(path: &str, n: usize) -> Vec<u8> {
+    let seed = u64::from_le_bytes(
+        blake3::hash(format!("{path}#{n}").as_bytes()).as_bytes()[..8]
+            .try_into()
+            .unwrap(),
+    );
+    let len = (seed >> 8) % (8 << 20);
+    random_bytes(seed, len as usize)
+}
+
+fn origin_reply(path: &str, n: usize, reply: Reply) -> Response<ChannelBody> {
+    let body = Bytes::from(if path.starts_with("/crash/") {
+        crash_body(path, n)
+    } else {
+        origin_body(path)
+    });
     let etag = format!("\"{}\"", &blake3::hash(&body).to_hex()[..16]);
     let (tx, rx) = mpsc::channel(2);
     let len = body.len();
@@ -365,7 +381,17 @@ impl ClientProcess {
     /// Starts `command` (the binary, or a wrapper that ends by running it)
     /// as a client proxy for `upstream` with its cache in `cache`, and
     /// waits for it to listen.
-    async fn start(mut command: Command, upstream: SocketAddr, cache: &Path) -> ClientProcess {
+    async fn start(command: Command, upstream: SocketAddr, cache: &Path) -> ClientProcess {
+        ClientProcess::start_logging(command, upstream, cache, "info").await
+    }
+
+    /// [`ClientProcess::start`] with `RUST_LOG=rust_log`.
+    async fn start_logging(
+        mut command: Command,
+        upstream: SocketAddr,
+        cache: &Path,
+        rust_log: &str,
+    ) -> ClientProcess {
         command
             .args(["client", "--listen", "127.0.0.1:0"])
             .arg("--upstream")
@@ -374,7 +400,7 @@ impl ClientProcess {
             .arg(cache)
             // The budget is far above the disk: the disk fills first.
             .args(["--cache-size", "64M", "--memory-cache", "0"])
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -894,4 +920,76 @@ fn find_body(cache: &Path) -> PathBuf {
         }
     }
     panic!("no entry body under {}", cache.display());
+}
+
+// ---------------------------------------------------------------------------
+// A body truncated on disk by another process (C-E3)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_e3_a_body_truncated_on_disk_is_a_miss_served_whole_from_upstream_and_the_entry_dropped()
+{
+    let origin = start_origin(|_, _| Reply::Full).await;
+    let accelerator = start_accelerator(origin.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let rproxy = || Command::new(env!("CARGO_BIN_EXE_rproxy"));
+    let proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    // Read whole before the head goes out, and streamed (past 1 MiB).
+    for (stored, path) in [(1, "/app.js"), (2, "/big/app.js")] {
+        proxy.get(&origin.url(path)).await.assert_whole(path);
+        eventually("stored", || census(&cache).complete.len() == stored).await;
+        let body = find_entry_body(&cache, path);
+        let len = std::fs::metadata(&body).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&body)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+
+        let fetched = proxy.get(&origin.url(path)).await;
+        fetched.assert_whole(path);
+        assert!(!fetched.is_hit(), "{path}: {}", fetched.cache_status);
+        assert_eq!(origin.requests_to(path), 2, "{path}: served from upstream");
+        let quarantined: Vec<String> = std::fs::read_dir(cache.join("quarantine"))
+            .unwrap()
+            .map(|f| f.unwrap().file_name().into_string().unwrap())
+            .collect();
+        let stem = body.file_stem().unwrap().to_str().unwrap();
+        assert!(
+            quarantined
+                .iter()
+                .any(|f| f.ends_with(&format!("{stem}.body"))),
+            "{path}: the truncated entry is quarantined: {quarantined:?}"
+        );
+        // The refetch stored the whole body again (census checks it).
+        eventually("stored again, whole", || {
+            std::fs::metadata(&body).is_ok_and(|m| m.len() == len)
+                && census(&cache).complete.len() == stored
+        })
+        .await;
+        let hit = proxy.get(&origin.url(path)).await;
+        hit.assert_whole(path);
+        assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
+    }
+}
+
+/// The body file of `path`'s entry under `cache`.
+fn find_entry_body(cache: &Path, path: &str) -> PathBuf {
+    for dir in std::fs::read_dir(cache).unwrap().flatten() {
+        for file in std::fs::read_dir(dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let file = file.path();
+            if file.extension().is_some_and(|e| e == "meta") {
+                let meta = EntryMeta::from_json(&std::fs::read(&file).unwrap()).unwrap();
+                if meta.url.ends_with(path) {
+                    return file.with_extension("body");
+                }
+            }
+        }
+    }
+    panic!("no entry for {path} under {}", cache.display());
 }

@@ -859,7 +859,15 @@ impl EntryWriter {
             }
             return Err(e);
         }
-        debug!(url = %self.key, body_len = meta.body_len, sig_len = meta.sig_len, "cache entry committed");
+        // After the directory fsync: what this line names survives a crash
+        // (C-K1 checks it).
+        debug!(
+            url = %self.key,
+            body_len = meta.body_len,
+            sig_len = meta.sig_len,
+            body_blake3 = %body_digest.to_hex(),
+            "cache entry committed"
+        );
         Ok(())
     }
 
