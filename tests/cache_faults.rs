@@ -382,14 +382,17 @@ impl ClientProcess {
     /// as a client proxy for `upstream` with its cache in `cache`, and
     /// waits for it to listen.
     async fn start(command: Command, upstream: SocketAddr, cache: &Path) -> ClientProcess {
-        ClientProcess::start_logging(command, upstream, cache, "info").await
+        // The budget is far above the disk: the disk fills first.
+        ClientProcess::start_logging(command, upstream, cache, "64M", "info").await
     }
 
-    /// [`ClientProcess::start`] with `RUST_LOG=rust_log`.
+    /// [`ClientProcess::start`] with a cache budget of `cache_size` and
+    /// `RUST_LOG=rust_log`.
     async fn start_logging(
         mut command: Command,
         upstream: SocketAddr,
         cache: &Path,
+        cache_size: &str,
         rust_log: &str,
     ) -> ClientProcess {
         command
@@ -398,8 +401,7 @@ impl ClientProcess {
             .arg(format!("http://{upstream}"))
             .arg("--cache")
             .arg(cache)
-            // The budget is far above the disk: the disk fills first.
-            .args(["--cache-size", "64M", "--memory-cache", "0"])
+            .args(["--cache-size", cache_size, "--memory-cache", "0"])
             .env("RUST_LOG", rust_log)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -462,6 +464,13 @@ impl ClientProcess {
         self.child.kill().unwrap();
         let status = self.child.wait().unwrap();
         assert!(!status.success());
+    }
+
+    /// After the process is gone: every line it logged, once the reader
+    /// has drained its stderr.
+    async fn final_logs(&self) -> Vec<String> {
+        eventually("stderr drained", || Arc::strong_count(&self.logs) == 1).await;
+        self.logs.lock().unwrap().clone()
     }
 
     async fn get(&self, url: &str) -> Fetched {
@@ -992,4 +1001,282 @@ fn find_entry_body(cache: &Path, path: &str) -> PathBuf {
         }
     }
     panic!("no entry for {path} under {}", cache.display());
+}
+
+// ---------------------------------------------------------------------------
+// kill -9 crash loop (C-K1)
+
+/// The `url=` and `body_blake3=` fields of a "cache entry committed" line.
+fn committed_line(line: &str) -> Option<(&str, &str)> {
+    if !line.contains("cache entry committed") {
+        return None;
+    }
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .map(|v| v.trim_matches('"'))
+    };
+    Some((field("url=")?, field("body_blake3=")?))
+}
+
+/// What a crash loop counted.
+#[derive(Debug, Default)]
+struct CrashLoopTally {
+    iterations: usize,
+    requests: usize,
+    /// "committed" log lines seen before the kills.
+    committed: usize,
+    /// Entries whose last commit was logged before the kill, no later write
+    /// of theirs having started: each must be there after the restart.
+    must_survive: usize,
+    survived: usize,
+    /// Entries on disk after a restart, each checked against its digest.
+    entries_checked: usize,
+    bad_digest: usize,
+    partial_under_final_names: usize,
+    temp_files_after_restart: usize,
+    hits_checked: usize,
+}
+
+/// One user agent of the crash loop: GETs with `no-cache` (so each one
+/// writes an entry) over its own keys, 20 % of them the key it just wrote.
+/// Before the next request it waits (up to 2 s) for the last one's
+/// "committed" line, so no two writes of one key overlap; a key whose
+/// commit did not show is `unsettled` and left out of the survival check.
+async fn crash_loop_agent(
+    proxy: SocketAddr,
+    origin: SocketAddr,
+    agent: usize,
+    seed: u64,
+    logs: Arc<Mutex<Vec<String>>>,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+    unsettled: Arc<Mutex<std::collections::HashSet<String>>>,
+) {
+    let mut rng = support::Rng::new(seed);
+    let mut last: Option<String> = None;
+    loop {
+        let path = match &last {
+            Some(path) if rng.below(5) == 0 => path.clone(),
+            _ => format!("/crash/a{agent}-k{}", rng.below(16)),
+        };
+        unsettled.lock().unwrap().insert(path.clone());
+        let stream = TcpStream::connect(proxy).await.unwrap();
+        let Ok((mut sender, connection)) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+        else {
+            return;
+        };
+        tokio::spawn(connection);
+        let request = Request::get(format!("http://{origin}{path}"))
+            .header("host", origin.to_string())
+            .header("cache-control", "no-cache")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Ok(response) = sender.send_request(request).await else {
+            return;
+        };
+        let Ok(body) = response.into_body().collect().await else {
+            return;
+        };
+        let digest = blake3::hash(&body.to_bytes()).to_hex().to_string();
+        let url = format!("http://{origin}{path}");
+        for _ in 0..200 {
+            let settled = logs
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .filter_map(|l| committed_line(l))
+                .any(|(u, d)| u == url && d == digest);
+            if settled {
+                unsettled.lock().unwrap().remove(&path);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        last = Some(path);
+    }
+}
+
+/// The C-K1 loop: start `rproxy client`, check the cache directory and a
+/// hit, drive cache-filling requests (bodies of 0 to 8 MiB) and SIGKILL the
+/// proxy after a uniformly random 0-500 ms; `iterations` times, on one
+/// directory. The upstream is the origin itself: the accelerator would only
+/// add CPU, and what is tested is the client's cache.
+async fn crash_loop(iterations: usize, seed: u64) -> CrashLoopTally {
+    let origin = start_origin(|_, _| Reply::Full).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let mut rng = support::Rng::new(seed);
+    let mut tally = CrashLoopTally::default();
+    // What the last run left to check: its log and its unsettled keys.
+    let mut previous: Option<(Vec<String>, std::collections::HashSet<String>)> = None;
+    for iteration in 0..=iterations {
+        let mut proxy = ClientProcess::start_logging(
+            Command::new(env!("CARGO_BIN_EXE_rproxy")),
+            origin.addr,
+            &cache,
+            "1G",
+            "info,rproxy::cache::store=debug",
+        )
+        .await;
+        if let Some((log, unsettled)) = previous.take() {
+            check_after_kill(&proxy, &origin, &cache, &log, &unsettled, &mut tally).await;
+            tally.iterations += 1;
+        }
+        if iteration == iterations {
+            break;
+        }
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let unsettled = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let agents: Vec<_> = (0..2)
+            .map(|agent| {
+                tokio::spawn(crash_loop_agent(
+                    proxy.addr,
+                    origin.addr,
+                    agent,
+                    rng.next_u64(),
+                    proxy.logs.clone(),
+                    requests.clone(),
+                    unsettled.clone(),
+                ))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(rng.below(501))).await;
+        proxy.kill_9();
+        for agent in agents {
+            agent.abort();
+            let _ = agent.await;
+        }
+        tally.requests += requests.load(std::sync::atomic::Ordering::Relaxed);
+        let log = proxy.final_logs().await;
+        tally.committed += log.iter().filter_map(|l| committed_line(l)).count();
+        let unsettled = unsettled.lock().unwrap().clone();
+        previous = Some((log, unsettled));
+    }
+    tally
+}
+
+/// After a restart: no temp files, every entry whole under its final names
+/// and matching its digest, every entry whose commit was logged before the
+/// kill (and not written again since) present with that digest, and one of
+/// them served as a hit with the right bytes.
+async fn check_after_kill(
+    proxy: &ClientProcess,
+    origin: &Origin,
+    cache: &Path,
+    log: &[String],
+    unsettled: &std::collections::HashSet<String>,
+    tally: &mut CrashLoopTally,
+) {
+    tally.temp_files_after_restart += std::fs::read_dir(cache.join("tmp")).unwrap().count();
+    // url → body digest of each entry on disk that checks out.
+    let mut on_disk: HashMap<String, String> = HashMap::new();
+    for dir in std::fs::read_dir(cache).unwrap().flatten() {
+        let name = dir.file_name();
+        if !dir.file_type().unwrap().is_dir() || name == "tmp" || name == "quarantine" {
+            continue;
+        }
+        let mut stems: HashMap<String, Vec<String>> = HashMap::new();
+        for file in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let file = file.file_name().into_string().unwrap();
+            let (stem, ext) = file.split_once('.').unwrap();
+            stems.entry(stem.into()).or_default().push(ext.into());
+        }
+        for (stem, exts) in stems {
+            tally.entries_checked += 1;
+            if exts.len() != 3 {
+                tally.partial_under_final_names += 1;
+                continue;
+            }
+            let at = dir.path().join(&stem);
+            let meta = EntryMeta::from_json(&std::fs::read(at.with_extension("meta")).unwrap());
+            let body = std::fs::read(at.with_extension("body")).unwrap();
+            match meta {
+                Ok(meta)
+                    if meta.body_len == body.len() as u64
+                        && meta.body_digest().is_ok_and(|d| d == blake3::hash(&body)) =>
+                {
+                    on_disk.insert(meta.url.clone(), blake3::hash(&body).to_hex().to_string());
+                }
+                _ => tally.bad_digest += 1,
+            }
+        }
+    }
+    // The last committed line of each URL.
+    let mut last_commit: HashMap<&str, &str> = HashMap::new();
+    for (url, digest) in log.iter().filter_map(|l| committed_line(l)) {
+        last_commit.insert(url, digest);
+    }
+    let mut survivor = None;
+    for (url, digest) in last_commit {
+        let path = &url[url.find("/crash/").unwrap()..];
+        // A later version fetched from the origin means a later write,
+        // which may have been cut by the kill after unlinking this one.
+        let served = origin.requests_to(path);
+        let latest = blake3::hash(&crash_body(path, served - 1))
+            .to_hex()
+            .to_string();
+        if unsettled.contains(path) || latest != digest {
+            continue;
+        }
+        tally.must_survive += 1;
+        if on_disk.get(url).map(String::as_str) == Some(digest) {
+            tally.survived += 1;
+            survivor = Some((path.to_owned(), served - 1));
+        } else {
+            println!("lost after kill -9: {url} ({digest})");
+        }
+    }
+    if let Some((path, version)) = survivor {
+        let hit = proxy.get(&origin.url(&path)).await;
+        assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
+        let body = hit.body.expect("a whole hit");
+        if body != crash_body(&path, version) {
+            tally.bad_digest += 1;
+        }
+        tally.hits_checked += 1;
+    }
+}
+
+fn assert_crash_loop(tally: &CrashLoopTally) {
+    println!("C-K1 crash loop: {tally:#?}");
+    assert_eq!(tally.bad_digest, 0, "entries failing their digest");
+    assert_eq!(
+        tally.partial_under_final_names, 0,
+        "partial files under final names"
+    );
+    assert_eq!(
+        tally.temp_files_after_restart, 0,
+        "temp files after start-up cleanup"
+    );
+    assert_eq!(
+        tally.survived, tally.must_survive,
+        "logged-committed entries lost"
+    );
+    assert!(
+        tally.committed > 0 && tally.must_survive > 0,
+        "the loop wrote nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_k1_kill_9_crash_loop_short() {
+    let iterations = std::env::var("RPROXY_CK1_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    assert_crash_loop(&crash_loop(iterations, 0xc1).await);
+}
+
+/// The full C-K1: 200 iterations (`scripts/crash-loop.sh`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long; scripts/crash-loop.sh runs it"]
+async fn c_k1_kill_9_crash_loop_200_iterations() {
+    let iterations = std::env::var("RPROXY_CK1_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    assert_crash_loop(&crash_loop(iterations, 0xc1_200).await);
 }
