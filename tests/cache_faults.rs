@@ -2,7 +2,9 @@
 //! client` binary with its cache directory on a disk that fills up
 //! (RELIABILITY C-E1), and the same binary killed with SIGKILL in the middle
 //! of a cache write, then restarted on the same directory (C-K1, C-K2's
-//! "entry absent or valid").
+//! "entry absent or valid"), and C-K1's crash loop (10 iterations here,
+//! 200 in the ignored test `scripts/crash-loop.sh` runs). Also a body
+//! truncated on disk by another process (C-E3).
 //!
 //! The full disk is a 1 MiB tmpfs mounted over the cache directory in a
 //! mount namespace of the proxy's own (`unshare -m` as root, `unshare -rm`
@@ -147,7 +149,7 @@ async fn start_origin(script: impl Fn(&str, usize) -> Reply + Send + Sync + 'sta
                     *n - 1
                 };
                 let reply = script(&path, n);
-                async move { Ok::<_, Infallible>(origin_reply(&path, reply)) }
+                async move { Ok::<_, Infallible>(origin_reply(&path, n, reply)) }
             });
             tokio::spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -159,8 +161,24 @@ async fn start_origin(script: impl Fn(&str, usize) -> Reply + Send + Sync + 'sta
     Origin { addr, requests }
 }
 
-fn origin_reply(path: &str, reply: Reply) -> Response<ChannelBody> {
-    let body = Bytes::from(origin_body(path));
+/// Version `n` (the `n`-th request, from 0) of the crash loop's body at
+/// `path`: random bytes, 0 to 8 MiB.
+fn crash_body(path: &str, n: usize) -> Vec<u8> {
+    let seed = u64::from_le_bytes(
+        blake3::hash(format!("{path}#{n}").as_bytes()).as_bytes()[..8]
+            .try_into()
+            .unwrap(),
+    );
+    let len = (seed >> 8) % (8 << 20);
+    random_bytes(seed, len as usize)
+}
+
+fn origin_reply(path: &str, n: usize, reply: Reply) -> Response<ChannelBody> {
+    let body = Bytes::from(if path.starts_with("/crash/") {
+        crash_body(path, n)
+    } else {
+        origin_body(path)
+    });
     let etag = format!("\"{}\"", &blake3::hash(&body).to_hex()[..16]);
     let (tx, rx) = mpsc::channel(2);
     let len = body.len();
@@ -365,16 +383,28 @@ impl ClientProcess {
     /// Starts `command` (the binary, or a wrapper that ends by running it)
     /// as a client proxy for `upstream` with its cache in `cache`, and
     /// waits for it to listen.
-    async fn start(mut command: Command, upstream: SocketAddr, cache: &Path) -> ClientProcess {
+    async fn start(command: Command, upstream: SocketAddr, cache: &Path) -> ClientProcess {
+        // The budget is far above the disk: the disk fills first.
+        ClientProcess::start_logging(command, upstream, cache, "64M", "info").await
+    }
+
+    /// [`ClientProcess::start`] with a cache budget of `cache_size` and
+    /// `RUST_LOG=rust_log`.
+    async fn start_logging(
+        mut command: Command,
+        upstream: SocketAddr,
+        cache: &Path,
+        cache_size: &str,
+        rust_log: &str,
+    ) -> ClientProcess {
         command
             .args(["client", "--listen", "127.0.0.1:0"])
             .arg("--upstream")
             .arg(format!("http://{upstream}"))
             .arg("--cache")
             .arg(cache)
-            // The budget is far above the disk: the disk fills first.
-            .args(["--cache-size", "64M", "--memory-cache", "0"])
-            .env("RUST_LOG", "info")
+            .args(["--cache-size", cache_size, "--memory-cache", "0"])
+            .env("RUST_LOG", rust_log)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -436,6 +466,13 @@ impl ClientProcess {
         self.child.kill().unwrap();
         let status = self.child.wait().unwrap();
         assert!(!status.success());
+    }
+
+    /// After the process is gone: every line it logged, once the reader
+    /// has drained its stderr.
+    async fn final_logs(&self) -> Vec<String> {
+        eventually("stderr drained", || Arc::strong_count(&self.logs) == 1).await;
+        self.logs.lock().unwrap().clone()
     }
 
     async fn get(&self, url: &str) -> Fetched {
@@ -894,4 +931,357 @@ fn find_body(cache: &Path) -> PathBuf {
         }
     }
     panic!("no entry body under {}", cache.display());
+}
+
+// ---------------------------------------------------------------------------
+// A body truncated on disk by another process (C-E3)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_e3_a_body_truncated_on_disk_is_a_miss_served_whole_from_upstream_and_the_entry_dropped()
+{
+    let origin = start_origin(|_, _| Reply::Full).await;
+    let accelerator = start_accelerator(origin.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let rproxy = || Command::new(env!("CARGO_BIN_EXE_rproxy"));
+    let proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    // Read whole before the head goes out, and streamed (past 1 MiB).
+    for (stored, path) in [(1, "/app.js"), (2, "/big/app.js")] {
+        proxy.get(&origin.url(path)).await.assert_whole(path);
+        eventually("stored", || census(&cache).complete.len() == stored).await;
+        let body = find_entry_body(&cache, path);
+        let len = std::fs::metadata(&body).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&body)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+
+        let fetched = proxy.get(&origin.url(path)).await;
+        fetched.assert_whole(path);
+        assert!(!fetched.is_hit(), "{path}: {}", fetched.cache_status);
+        assert_eq!(origin.requests_to(path), 2, "{path}: served from upstream");
+        let quarantined: Vec<String> = std::fs::read_dir(cache.join("quarantine"))
+            .unwrap()
+            .map(|f| f.unwrap().file_name().into_string().unwrap())
+            .collect();
+        let stem = body.file_stem().unwrap().to_str().unwrap();
+        assert!(
+            quarantined
+                .iter()
+                .any(|f| f.ends_with(&format!("{stem}.body"))),
+            "{path}: the truncated entry is quarantined: {quarantined:?}"
+        );
+        // The refetch stored the whole body again (census checks it).
+        eventually("stored again, whole", || {
+            std::fs::metadata(&body).is_ok_and(|m| m.len() == len)
+                && census(&cache).complete.len() == stored
+        })
+        .await;
+        let hit = proxy.get(&origin.url(path)).await;
+        hit.assert_whole(path);
+        assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
+    }
+}
+
+/// The body file of `path`'s entry under `cache`.
+fn find_entry_body(cache: &Path, path: &str) -> PathBuf {
+    for dir in std::fs::read_dir(cache).unwrap().flatten() {
+        for file in std::fs::read_dir(dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let file = file.path();
+            if file.extension().is_some_and(|e| e == "meta") {
+                let meta = EntryMeta::from_json(&std::fs::read(&file).unwrap()).unwrap();
+                if meta.url.ends_with(path) {
+                    return file.with_extension("body");
+                }
+            }
+        }
+    }
+    panic!("no entry for {path} under {}", cache.display());
+}
+
+// ---------------------------------------------------------------------------
+// kill -9 crash loop (C-K1)
+
+/// The `url=` and `body_blake3=` fields of a "cache entry committed" line.
+fn committed_line(line: &str) -> Option<(&str, &str)> {
+    if !line.contains("cache entry committed") {
+        return None;
+    }
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .map(|v| v.trim_matches('"'))
+    };
+    Some((field("url=")?, field("body_blake3=")?))
+}
+
+/// What a crash loop counted.
+#[derive(Debug, Default)]
+struct CrashLoopTally {
+    iterations: usize,
+    requests: usize,
+    /// "committed" log lines seen before the kills.
+    committed: usize,
+    /// Entries whose last commit was logged before the kill, no later write
+    /// of theirs having started: each must be there after the restart.
+    must_survive: usize,
+    survived: usize,
+    /// Entries on disk after a restart, each checked against its digest.
+    entries_checked: usize,
+    bad_digest: usize,
+    partial_under_final_names: usize,
+    temp_files_after_restart: usize,
+    hits_checked: usize,
+}
+
+/// One user agent of the crash loop: GETs with `no-cache` (so each one
+/// writes an entry) over its own keys, 20 % of them the key it just wrote.
+/// Before the next request it waits (up to 2 s) for the last one's
+/// "committed" line, so no two writes of one key overlap; a key whose
+/// commit did not show is `unsettled` and left out of the survival check.
+async fn crash_loop_agent(
+    proxy: SocketAddr,
+    origin: SocketAddr,
+    agent: usize,
+    seed: u64,
+    logs: Arc<Mutex<Vec<String>>>,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+    unsettled: Arc<Mutex<std::collections::HashSet<String>>>,
+) {
+    let mut rng = support::Rng::new(seed);
+    let mut last: Option<String> = None;
+    loop {
+        let path = match &last {
+            Some(path) if rng.below(5) == 0 => path.clone(),
+            _ => format!("/crash/a{agent}-k{}", rng.below(16)),
+        };
+        unsettled.lock().unwrap().insert(path.clone());
+        // Any failure here is the kill: the agent stops.
+        let Ok(stream) = TcpStream::connect(proxy).await else {
+            return;
+        };
+        let Ok((mut sender, connection)) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+        else {
+            return;
+        };
+        tokio::spawn(connection);
+        let request = Request::get(format!("http://{origin}{path}"))
+            .header("host", origin.to_string())
+            .header("cache-control", "no-cache")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Ok(response) = sender.send_request(request).await else {
+            return;
+        };
+        let Ok(body) = response.into_body().collect().await else {
+            return;
+        };
+        let digest = blake3::hash(&body.to_bytes()).to_hex().to_string();
+        let url = format!("http://{origin}{path}");
+        for _ in 0..200 {
+            let settled = logs
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .filter_map(|l| committed_line(l))
+                .any(|(u, d)| u == url && d == digest);
+            if settled {
+                unsettled.lock().unwrap().remove(&path);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        last = Some(path);
+    }
+}
+
+/// The C-K1 loop: start `rproxy client`, check the cache directory and a
+/// hit, drive cache-filling requests (bodies of 0 to 8 MiB) and SIGKILL the
+/// proxy after a uniformly random 0-500 ms; `iterations` times, on one
+/// directory. The upstream is the origin itself: the accelerator would only
+/// add CPU, and what is tested is the client's cache.
+async fn crash_loop(iterations: usize, seed: u64) -> CrashLoopTally {
+    let origin = start_origin(|_, _| Reply::Full).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let mut rng = support::Rng::new(seed);
+    let mut tally = CrashLoopTally::default();
+    // What the last run left to check: its log and its unsettled keys.
+    let mut previous: Option<(Vec<String>, std::collections::HashSet<String>)> = None;
+    for iteration in 0..=iterations {
+        let mut proxy = ClientProcess::start_logging(
+            Command::new(env!("CARGO_BIN_EXE_rproxy")),
+            origin.addr,
+            &cache,
+            "1G",
+            "info,rproxy::cache::store=debug",
+        )
+        .await;
+        if let Some((log, unsettled)) = previous.take() {
+            check_after_kill(&proxy, &origin, &cache, &log, &unsettled, &mut tally).await;
+            tally.iterations += 1;
+        }
+        if iteration == iterations {
+            break;
+        }
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let unsettled = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let agents: Vec<_> = (0..2)
+            .map(|agent| {
+                tokio::spawn(crash_loop_agent(
+                    proxy.addr,
+                    origin.addr,
+                    agent,
+                    rng.next_u64(),
+                    proxy.logs.clone(),
+                    requests.clone(),
+                    unsettled.clone(),
+                ))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(rng.below(501))).await;
+        proxy.kill_9();
+        for agent in agents {
+            agent.abort();
+            let _ = agent.await;
+        }
+        tally.requests += requests.load(std::sync::atomic::Ordering::Relaxed);
+        let log = proxy.final_logs().await;
+        tally.committed += log.iter().filter_map(|l| committed_line(l)).count();
+        let unsettled = unsettled.lock().unwrap().clone();
+        previous = Some((log, unsettled));
+    }
+    tally
+}
+
+/// After a restart: no temp files, every entry whole under its final names
+/// and matching its digest, every entry whose commit was logged before the
+/// kill (and not written again since) present with that digest, and one of
+/// them served as a hit with the right bytes.
+async fn check_after_kill(
+    proxy: &ClientProcess,
+    origin: &Origin,
+    cache: &Path,
+    log: &[String],
+    unsettled: &std::collections::HashSet<String>,
+    tally: &mut CrashLoopTally,
+) {
+    tally.temp_files_after_restart += std::fs::read_dir(cache.join("tmp")).unwrap().count();
+    // url → body digest of each entry on disk that checks out.
+    let mut on_disk: HashMap<String, String> = HashMap::new();
+    for dir in std::fs::read_dir(cache).unwrap().flatten() {
+        let name = dir.file_name();
+        if !dir.file_type().unwrap().is_dir() || name == "tmp" || name == "quarantine" {
+            continue;
+        }
+        let mut stems: HashMap<String, Vec<String>> = HashMap::new();
+        for file in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let file = file.file_name().into_string().unwrap();
+            let (stem, ext) = file.split_once('.').unwrap();
+            stems.entry(stem.into()).or_default().push(ext.into());
+        }
+        for (stem, exts) in stems {
+            tally.entries_checked += 1;
+            if exts.len() != 3 {
+                tally.partial_under_final_names += 1;
+                continue;
+            }
+            let at = dir.path().join(&stem);
+            let meta = EntryMeta::from_json(&std::fs::read(at.with_extension("meta")).unwrap());
+            let body = std::fs::read(at.with_extension("body")).unwrap();
+            match meta {
+                Ok(meta)
+                    if meta.body_len == body.len() as u64
+                        && meta.body_digest().is_ok_and(|d| d == blake3::hash(&body)) =>
+                {
+                    on_disk.insert(meta.url.clone(), blake3::hash(&body).to_hex().to_string());
+                }
+                _ => tally.bad_digest += 1,
+            }
+        }
+    }
+    // The last committed line of each URL.
+    let mut last_commit: HashMap<&str, &str> = HashMap::new();
+    for (url, digest) in log.iter().filter_map(|l| committed_line(l)) {
+        last_commit.insert(url, digest);
+    }
+    let mut survivor = None;
+    for (url, digest) in last_commit {
+        let path = &url[url.find("/crash/").unwrap()..];
+        // A later version fetched from the origin means a later write,
+        // which may have been cut by the kill after unlinking this one.
+        let served = origin.requests_to(path);
+        let latest = blake3::hash(&crash_body(path, served - 1))
+            .to_hex()
+            .to_string();
+        if unsettled.contains(path) || latest != digest {
+            continue;
+        }
+        tally.must_survive += 1;
+        if on_disk.get(url).map(String::as_str) == Some(digest) {
+            tally.survived += 1;
+            survivor = Some((path.to_owned(), served - 1));
+        } else {
+            println!("lost after kill -9: {url} ({digest})");
+        }
+    }
+    if let Some((path, version)) = survivor {
+        let hit = proxy.get(&origin.url(&path)).await;
+        assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
+        let body = hit.body.expect("a whole hit");
+        if body != crash_body(&path, version) {
+            tally.bad_digest += 1;
+        }
+        tally.hits_checked += 1;
+    }
+}
+
+fn assert_crash_loop(tally: &CrashLoopTally) {
+    println!("C-K1 crash loop: {tally:#?}");
+    assert_eq!(tally.bad_digest, 0, "entries failing their digest");
+    assert_eq!(
+        tally.partial_under_final_names, 0,
+        "partial files under final names"
+    );
+    assert_eq!(
+        tally.temp_files_after_restart, 0,
+        "temp files after start-up cleanup"
+    );
+    assert_eq!(
+        tally.survived, tally.must_survive,
+        "logged-committed entries lost"
+    );
+    assert!(
+        tally.committed > 0 && tally.must_survive > 0,
+        "the loop wrote nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_k1_kill_9_crash_loop_short() {
+    let iterations = std::env::var("RPROXY_CK1_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    assert_crash_loop(&crash_loop(iterations, 0xc1).await);
+}
+
+/// The full C-K1: 200 iterations (`scripts/crash-loop.sh`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long; scripts/crash-loop.sh runs it"]
+async fn c_k1_kill_9_crash_loop_200_iterations() {
+    let iterations = std::env::var("RPROXY_CK1_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    assert_crash_loop(&crash_loop(iterations, 0xc1_200).await);
 }

@@ -24,23 +24,26 @@
 //!
 //! Left out on purpose: HTTP semantics (freshness, what may be stored —
 //! the proxy decides and passes [`NewEntry`]), signature parsing (the store
-//! keeps the bytes it is given), and an `Fs` trait for power-loss and
-//! failpoint tests (C-K2, C-K3, C-E2), which a later change can slide
-//! under `store.rs`. A real full disk and a real `kill -9` are tested from
-//! outside, on the binary (`tests/cache_faults.rs`).
+//! keeps the bytes it is given). Every disk change goes through the [`Fs`]
+//! trait ([`StdFs`] in production), so tests can fail operations and model a
+//! power cut (C-K2, C-K3, C-E2, C-E3 in `tests/cache_crash.rs`). A real full
+//! disk and a real `kill -9` are tested from outside, on the binary
+//! (`tests/cache_faults.rs`).
 //!
 //! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`], [`CacheKey`],
-//! [`EntryMeta`], [`IndexEntry`]; errors: [`CacheError`].
+//! [`EntryMeta`], [`IndexEntry`], [`Fs`]; errors: [`CacheError`].
 
 use std::io;
 use std::path::PathBuf;
 
 pub mod basis;
+pub mod fs;
 pub mod key;
 pub mod meta;
 pub mod store;
 
 pub use basis::{CacheScope, select_basis};
+pub use fs::{Fs, StdFs};
 pub use key::{CacheKey, KeyError};
 pub use meta::{Completeness, EntryMeta, IndexEntry, MetaError, NewEntry};
 pub use store::{CacheStore, Entry, EntryWriter};

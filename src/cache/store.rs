@@ -56,6 +56,13 @@
 //! error line, and room coming back as one info line, each at most once a
 //! minute, rather than once per response.
 //!
+//! # The file system
+//!
+//! Every operation that changes the disk, and opening files to read, goes
+//! through [`Fs`] ([`StdFs`] unless [`CacheStore::open_with_fs`] is given
+//! another), one dynamic call per file operation or 64 KiB write, so tests
+//! can fail any step or drop what was not fsynced (C-K2, C-K3, C-E2).
+//!
 //! What it leaves out: persisting LRU order (after a restart entries are
 //! ordered by their metadata's modification time), and any HTTP decisions.
 //!
@@ -63,9 +70,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -76,6 +82,7 @@ use walkdir::WalkDir;
 
 use super::CacheError;
 use super::basis::{CacheScope, select_basis};
+use super::fs::{Fs, FsWriter, StdFs};
 use super::key::CacheKey;
 use super::meta::{Completeness, EntryMeta, IndexEntry, MAX_META_LEN, NewEntry};
 
@@ -114,6 +121,7 @@ pub struct CacheStore {
 }
 
 struct Inner {
+    fs: Arc<dyn Fs>,
     root: PathBuf,
     tmp: PathBuf,
     quarantine: PathBuf,
@@ -210,7 +218,7 @@ pub struct EntryWriter {
     store: Arc<Inner>,
     key: CacheKey,
     body_tmp: PathBuf,
-    body: Option<BufWriter<File>>,
+    body: Option<BufWriter<FsWriter>>,
     /// `None` when the caller hashes the body (see `hashed_by_caller`).
     hasher: Option<blake3::Hasher>,
     body_len: u64,
@@ -338,16 +346,32 @@ impl CacheStore {
     /// created; [`CacheError::NotADirectory`] when one of them is something
     /// else.
     pub fn open(root: impl Into<PathBuf>, budget_bytes: u64) -> Result<CacheStore, CacheError> {
+        CacheStore::open_with_fs(root, budget_bytes, Arc::new(StdFs))
+    }
+
+    /// [`CacheStore::open`] on the file system `fs`: a test's, which can
+    /// fail operations or model a power cut. The root is created with
+    /// `std::fs` if it is missing.
+    ///
+    /// # Errors
+    ///
+    /// As [`CacheStore::open`].
+    pub fn open_with_fs(
+        root: impl Into<PathBuf>,
+        budget_bytes: u64,
+        fs: Arc<dyn Fs>,
+    ) -> Result<CacheStore, CacheError> {
         let started = Instant::now();
         let root = root.into();
         fs::create_dir_all(&root).map_err(CacheError::io(&root))?;
         let tmp = root.join(TMP_DIR);
         let quarantine = root.join(QUARANTINE_DIR);
         for dir in [&tmp, &quarantine] {
-            ensure_dir(dir)?;
-            empty_dir(dir);
+            ensure_dir(&*fs, dir)?;
+            empty_dir(&*fs, dir);
         }
         let inner = Inner {
+            fs,
             root,
             tmp,
             quarantine,
@@ -388,7 +412,7 @@ impl CacheStore {
     ///
     /// [`CacheError::Io`] when the temp file cannot be created.
     pub fn begin(&self, key: &CacheKey) -> Result<EntryWriter, CacheError> {
-        let (body_tmp, file) = create_temp(&self.inner.tmp, "body")
+        let (body_tmp, file) = create_temp(&*self.inner.fs, &self.inner.tmp, "body")
             .inspect_err(|e| self.inner.disk.note_error(&self.inner.root, e))?;
         let complete_at_begin = self
             .inner
@@ -400,8 +424,11 @@ impl CacheStore {
             complete_at_begin,
             store: Arc::clone(&self.inner),
             key: key.clone(),
+            body: Some(BufWriter::with_capacity(
+                WRITE_BUFFER,
+                FsWriter::new(Arc::clone(&self.inner.fs), file, body_tmp.clone()),
+            )),
             body_tmp,
-            body: Some(BufWriter::with_capacity(WRITE_BUFFER, file)),
             hasher: Some(blake3::Hasher::new()),
             body_len: 0,
             reserved: 0,
@@ -427,10 +454,11 @@ impl CacheStore {
             let seen = st.slots.get(&hash)?.entry.body_blake3;
             st.touch(&hash);
             // Opened under the lock so that all three come from one commit.
+            let fs = &*self.inner.fs;
             let files = (
-                open_regular(&paths.meta),
-                open_regular(&paths.body),
-                open_regular(&paths.sig),
+                open_regular(fs, &paths.meta),
+                open_regular(fs, &paths.body),
+                open_regular(fs, &paths.sig),
             );
             (seen, files)
         };
@@ -488,10 +516,11 @@ impl CacheStore {
         let hash = key.digest();
         let paths = EntryPaths::new(&self.inner.root, &key);
         let json = meta.to_json();
-        let (tmp, mut file) = create_temp(&self.inner.tmp, "meta")?;
-        let written = file
-            .write_all(&json)
-            .and_then(|()| file.sync_all())
+        let fs = &*self.inner.fs;
+        let (tmp, mut file) = create_temp(fs, &self.inner.tmp, "meta")?;
+        let written = fs
+            .write_all(&mut file, &tmp, &json)
+            .and_then(|()| fs.sync_file(&file, &tmp))
             .map_err(CacheError::io(&tmp));
         drop(file);
         let result = written.and_then(|()| {
@@ -512,7 +541,8 @@ impl CacheStore {
                     budget: self.inner.budget,
                 });
             }
-            fs::rename(&tmp, &paths.meta).map_err(CacheError::io(&paths.meta))?;
+            fs.rename(&tmp, &paths.meta)
+                .map_err(CacheError::io(&paths.meta))?;
             let st = &mut *st;
             let slot = st.slots.get_mut(&hash).expect("checked above");
             let new_bytes =
@@ -522,9 +552,9 @@ impl CacheStore {
             slot.entry.stored_at = meta.stored_at;
             Ok(true)
         });
-        let _ = remove_if_exists(&tmp);
+        let _ = remove_if_exists(fs, &tmp);
         let result = match result {
-            Ok(true) => fsync_dir(&paths.dir).map(|()| true),
+            Ok(true) => fsync_dir(fs, &paths.dir).map(|()| true),
             other => other,
         };
         match &result {
@@ -767,8 +797,7 @@ impl EntryWriter {
         let file = body
             .into_inner()
             .map_err(|e| CacheError::io(&self.body_tmp)(e.into_error()))?;
-        file.sync_all().map_err(CacheError::io(&self.body_tmp))?;
-        drop(file);
+        file.sync().map_err(CacheError::io(&self.body_tmp))?;
 
         let meta = EntryMeta::new(&self.key, entry, self.body_len, body_digest, signature);
         let json = meta.to_json();
@@ -778,8 +807,9 @@ impl EntryWriter {
 
         let inner = Arc::clone(&self.store);
         let paths = EntryPaths::new(&inner.root, &self.key);
-        if ensure_dir(&paths.dir)? {
-            fsync_dir(&inner.root)?;
+        let fs = &*inner.fs;
+        if ensure_dir(fs, &paths.dir)? {
+            fsync_dir(fs, &inner.root)?;
         }
         {
             let mut st = inner.lock();
@@ -789,19 +819,22 @@ impl EntryWriter {
             if st.slots.contains_key(&hash) {
                 // Without the old metadata a crash during the renames leaves
                 // an orphan, never the new body under the old metadata.
-                remove_if_exists(&paths.meta).map_err(CacheError::io(&paths.meta))?;
+                remove_if_exists(fs, &paths.meta).map_err(CacheError::io(&paths.meta))?;
                 if let Some(old) = st.remove(&hash) {
                     debug!(url = %self.key, bytes = old.disk_bytes, "replacing cache entry");
                 }
             }
-            let renamed = rename_all(&[
-                (&self.body_tmp, &paths.body),
-                (&sig_tmp, &paths.sig),
-                (&meta_tmp, &paths.meta),
-            ]);
+            let renamed = rename_all(
+                fs,
+                &[
+                    (&self.body_tmp, &paths.body),
+                    (&sig_tmp, &paths.sig),
+                    (&meta_tmp, &paths.meta),
+                ],
+            );
             if let Err(e) = renamed {
                 for p in [&paths.meta, &paths.body, &paths.sig] {
-                    let _ = remove_if_exists(p);
+                    let _ = remove_if_exists(fs, p);
                 }
                 return Err(e);
             }
@@ -817,7 +850,7 @@ impl EntryWriter {
             self.reserved = 0;
             self.committed = true;
         }
-        if let Err(e) = fsync_dir(&paths.dir) {
+        if let Err(e) = fsync_dir(fs, &paths.dir) {
             // fsyncgate: after a failed fsync the entry's durability is
             // unknown, so it is dropped rather than trusted (C-E2).
             let mut st = inner.lock();
@@ -826,7 +859,15 @@ impl EntryWriter {
             }
             return Err(e);
         }
-        debug!(url = %self.key, body_len = meta.body_len, sig_len = meta.sig_len, "cache entry committed");
+        // After the directory fsync: what this line names survives a crash
+        // (C-K1 checks it).
+        debug!(
+            url = %self.key,
+            body_len = meta.body_len,
+            sig_len = meta.sig_len,
+            body_blake3 = %body_digest.to_hex(),
+            "cache entry committed"
+        );
         Ok(())
     }
 
@@ -843,10 +884,12 @@ impl EntryWriter {
     }
 
     fn write_temp(&mut self, kind: &str, data: &[u8]) -> Result<PathBuf, CacheError> {
-        let (path, mut file) = create_temp(&self.store.tmp, kind)?;
+        let fs = &*self.store.fs;
+        let (path, mut file) = create_temp(fs, &self.store.tmp, kind)?;
         self.other_tmp.push(path.clone());
-        file.write_all(data).map_err(CacheError::io(&path))?;
-        file.sync_all().map_err(CacheError::io(&path))?;
+        fs.write_all(&mut file, &path, data)
+            .map_err(CacheError::io(&path))?;
+        fs.sync_file(&file, &path).map_err(CacheError::io(&path))?;
         Ok(path)
     }
 
@@ -874,7 +917,7 @@ impl Drop for EntryWriter {
         }
         drop(self.body.take());
         for path in std::iter::once(&self.body_tmp).chain(&self.other_tmp) {
-            if let Err(e) = remove_if_exists(path) {
+            if let Err(e) = remove_if_exists(&*self.store.fs, path) {
                 warn!(path = %path.display(), error = %e, "cannot remove cache temp file");
             }
         }
@@ -954,7 +997,7 @@ impl Inner {
         };
         let paths = EntryPaths::new(&self.root, &slot.entry.key);
         for p in [&paths.meta, &paths.body, &paths.sig] {
-            if let Err(e) = remove_if_exists(p) {
+            if let Err(e) = remove_if_exists(&*self.fs, p) {
                 warn!(path = %p.display(), error = %e, "cannot remove evicted cache file");
             }
         }
@@ -989,7 +1032,7 @@ impl Inner {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         if st.quarantined + bytes > self.budget / QUARANTINE_SHARE {
             for &path in files {
-                if let Err(e) = remove_if_exists(path) {
+                if let Err(e) = remove_if_exists(&*self.fs, path) {
                     warn!(path = %path.display(), error = %e, "cannot delete invalid cache file");
                 }
             }
@@ -1004,12 +1047,12 @@ impl Inner {
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
             let mut target = self.quarantine.join(format!("{n}-"));
             target.as_mut_os_string().push(name);
-            match fs::rename(path, &target) {
+            match self.fs.rename(path, &target) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
                     warn!(path = %path.display(), error = %e, "cannot quarantine; deleting");
-                    let _ = remove_if_exists(path);
+                    let _ = remove_if_exists(&*self.fs, path);
                 }
             }
         }
@@ -1024,7 +1067,7 @@ impl Inner {
             let Some((meta_path, meta_len, mtime)) = &files.meta else {
                 // Orphans: a crash between the renames, or before the meta.
                 for (p, _) in files.body.iter().chain(&files.sig) {
-                    match remove_if_exists(p) {
+                    match remove_if_exists(&*self.fs, p) {
                         Ok(()) => report.deleted += 1,
                         Err(e) => warn!(path = %p.display(), error = %e, "cannot delete orphan"),
                     }
@@ -1035,7 +1078,7 @@ impl Inner {
                 .chain(files.body.iter().map(|(p, _)| p.as_path()))
                 .chain(files.sig.iter().map(|(p, _)| p.as_path()))
                 .collect();
-            match check_found(&stem, &files) {
+            match check_found(&*self.fs, &stem, &files) {
                 Ok(meta) => {
                     let bytes = disk_bytes(meta.body_len)
                         + disk_bytes(meta.sig_len)
@@ -1141,9 +1184,9 @@ enum Check {
 
 /// Reads and checks the metadata of an entry found by the walk, against its
 /// file name, directory and the other files' lengths.
-fn check_found(stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
+fn check_found(fs: &dyn Fs, stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
     let (meta_path, _, _) = files.meta.as_ref().expect("caller checked");
-    let bytes = match open_regular(meta_path).and_then(|f| read_bounded(f, MAX_META_LEN)) {
+    let bytes = match open_regular(fs, meta_path).and_then(|f| read_bounded(f, MAX_META_LEN)) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(Check::Unreadable(e)),
         Err(e) => return Err(Check::Invalid(format!("cannot read metadata: {e}"))),
@@ -1243,11 +1286,8 @@ fn split_entry_name(name: &OsStr) -> Option<(&str, &str)> {
 
 /// Opens a regular file for reading without following a final symlink and
 /// without blocking on a FIFO (C-R2).
-fn open_regular(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
+fn open_regular(fs: &dyn Fs, path: &Path) -> io::Result<File> {
+    let file = fs.open_read(path)?;
     if !file.metadata()?.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -1271,7 +1311,7 @@ fn read_bounded(file: File, max: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Creates a fresh temp file (`create_new`, random name, mode 0600).
-fn create_temp(dir: &Path, kind: &str) -> Result<(PathBuf, File), CacheError> {
+fn create_temp(fs: &dyn Fs, dir: &Path, kind: &str) -> Result<(PathBuf, File), CacheError> {
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     for _ in 0..16 {
@@ -1281,12 +1321,7 @@ fn create_temp(dir: &Path, kind: &str) -> Result<(PathBuf, File), CacheError> {
         h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
         h.write_u32(std::process::id());
         let path = dir.join(format!("{:016x}.{kind}.tmp", h.finish()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
+        match fs.create_new(&path) {
             Ok(file) => return Ok((path, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(CacheError::io(path)(e)),
@@ -1300,13 +1335,13 @@ fn create_temp(dir: &Path, kind: &str) -> Result<(PathBuf, File), CacheError> {
 
 /// Makes sure `dir` is a real directory (not a symlink), creating it if
 /// needed. Returns whether it was created.
-fn ensure_dir(dir: &Path) -> Result<bool, CacheError> {
+fn ensure_dir(fs: &dyn Fs, dir: &Path) -> Result<bool, CacheError> {
     match fs::symlink_metadata(dir) {
         Ok(md) if md.is_dir() => Ok(false),
         Ok(_) => Err(CacheError::NotADirectory { path: dir.into() }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => match fs::create_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match fs.create_dir(dir) {
             Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => ensure_dir(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => ensure_dir(fs, dir),
             Err(e) => Err(CacheError::io(dir)(e)),
         },
         Err(e) => Err(CacheError::io(dir)(e)),
@@ -1315,7 +1350,7 @@ fn ensure_dir(dir: &Path) -> Result<bool, CacheError> {
 
 /// Deletes everything inside `dir` (not following symlinks), logging
 /// failures.
-fn empty_dir(dir: &Path) {
+fn empty_dir(fs: &dyn Fs, dir: &Path) {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) => {
@@ -1326,8 +1361,8 @@ fn empty_dir(dir: &Path) {
     for entry in entries.flatten() {
         let path = entry.path();
         let result = match entry.file_type() {
-            Ok(t) if t.is_dir() => fs::remove_dir_all(&path),
-            _ => fs::remove_file(&path),
+            Ok(t) if t.is_dir() => fs.remove_dir_all(&path),
+            _ => fs.remove_file(&path),
         };
         if let Err(e) = result {
             warn!(path = %path.display(), error = %e, "cannot delete stale cache file");
@@ -1335,24 +1370,22 @@ fn empty_dir(dir: &Path) {
     }
 }
 
-fn rename_all(pairs: &[(&PathBuf, &PathBuf)]) -> Result<(), CacheError> {
+fn rename_all(fs: &dyn Fs, pairs: &[(&PathBuf, &PathBuf)]) -> Result<(), CacheError> {
     for (from, to) in pairs {
-        fs::rename(from, to).map_err(CacheError::io(*to))?;
+        fs.rename(from, to).map_err(CacheError::io(*to))?;
     }
     Ok(())
 }
 
-fn remove_if_exists(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
+fn remove_if_exists(fs: &dyn Fs, path: &Path) -> io::Result<()> {
+    match fs.remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
 }
 
-fn fsync_dir(dir: &Path) -> Result<(), CacheError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(CacheError::io(dir))
+fn fsync_dir(fs: &dyn Fs, dir: &Path) -> Result<(), CacheError> {
+    fs.sync_dir(dir).map_err(CacheError::io(dir))
 }
 
 #[cfg(test)]
@@ -1399,18 +1432,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         fs::write(&file, b"x").unwrap();
-        assert!(open_regular(&file).is_ok());
+        assert!(open_regular(&StdFs, &file).is_ok());
         let link = dir.path().join("l");
         std::os::unix::fs::symlink(&file, &link).unwrap();
-        assert!(open_regular(&link).is_err());
+        assert!(open_regular(&StdFs, &link).is_err());
         let fifo = dir.path().join("p");
         let made = std::process::Command::new("mkfifo")
             .arg(&fifo)
             .status()
             .unwrap();
         assert!(made.success());
-        assert!(open_regular(&fifo).is_err());
-        assert!(open_regular(dir.path()).is_err());
+        assert!(open_regular(&StdFs, &fifo).is_err());
+        assert!(open_regular(&StdFs, dir.path()).is_err());
     }
 
     #[test]
@@ -1429,7 +1462,7 @@ mod tests {
     fn temp_names_are_fresh() {
         let dir = tempfile::tempdir().unwrap();
         let names: HashSet<PathBuf> = (0..200)
-            .map(|_| create_temp(dir.path(), "body").unwrap().0)
+            .map(|_| create_temp(&StdFs, dir.path(), "body").unwrap().0)
             .collect();
         assert_eq!(names.len(), 200);
     }

@@ -18,7 +18,6 @@
 //!
 //! Main items: [`relay`], [`Relay`], [`Outcome`], [`serve_cached`].
 
-use std::fs::File;
 use std::io::Read;
 
 use base64::Engine;
@@ -601,20 +600,23 @@ pub enum CachedBody {
     Stream(ProxyBody),
 }
 
-/// Reads a cached body. Small bodies are read and hashed first: a body that
-/// fails its digest is `None` (the caller quarantines it and goes
-/// upstream, C-E3). Larger ones stream from the open file, hashed on the
-/// way, and the response is aborted at the end if the digest differs.
+/// Reads a cached body (the entry's open file, any reader in tests). Small
+/// bodies are read and hashed first: a body that fails its length or
+/// digest, or cannot be read (EIO), is `None`, and `on_mismatch` drops the
+/// entry; the caller goes upstream (C-E3). Larger ones stream, hashed on
+/// the way: a read error or a short or wrong body drops the entry and ends
+/// the stream with an error, so the response (whose Content-Length is out)
+/// is aborted, never completed short.
 pub fn serve_cached(
-    mut body: File,
+    mut body: impl Read + Send + 'static,
     len: u64,
     digest: blake3::Hash,
     on_mismatch: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<Option<CachedBody>> {
     if len <= SMALL_BODY {
         let mut bytes = Vec::with_capacity(len as usize);
-        (&mut body).take(len + 1).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 != len || blake3::hash(&bytes) != digest {
+        let read = (&mut body).take(len + 1).read_to_end(&mut bytes);
+        if read.is_err() || bytes.len() as u64 != len || blake3::hash(&bytes) != digest {
             on_mismatch();
             return Ok(None);
         }
@@ -630,6 +632,7 @@ pub fn serve_cached(
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(error) => {
+                    on_mismatch();
                     let _ = tx.blocking_send(Err(BodyError::from(error)));
                     return;
                 }
@@ -678,6 +681,9 @@ impl<T> futures_core::Stream for ReceiverStream<T> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
 
     #[test]
@@ -698,6 +704,69 @@ mod tests {
         let mut wrong = DigestCheck::new(&digests);
         wrong.update(b"hello!");
         assert!(wrong.verify().is_err());
+    }
+
+    /// The first `good` bytes of `data`, then EIO.
+    struct FailingReader {
+        data: Vec<u8>,
+        at: usize,
+        good: usize,
+    }
+
+    impl Read for FailingReader {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.at >= self.good {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            let n = buf.len().min(self.good - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// Serves `reader` as a cached body of `data`: the bytes if it arrived
+    /// whole, else `None`; and whether the entry was dropped.
+    async fn serve(reader: Box<dyn Read + Send>, data: &[u8]) -> (Option<Vec<u8>>, bool) {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = dropped.clone();
+        let served = serve_cached(reader, data.len() as u64, blake3::hash(data), move || {
+            flag.store(true, Ordering::Relaxed)
+        })
+        .unwrap();
+        let bytes = match served {
+            None => None,
+            Some(CachedBody::Whole(bytes)) => Some(bytes.to_vec()),
+            Some(CachedBody::Stream(body)) => {
+                body.collect().await.ok().map(|b| b.to_bytes().to_vec())
+            }
+        };
+        (bytes, dropped.load(Ordering::Relaxed))
+    }
+
+    #[tokio::test]
+    async fn c_e3_a_cached_body_that_fails_to_read_or_ends_short_is_dropped_and_never_served_whole()
+    {
+        // Read whole before the head goes out, and streamed after it.
+        for len in [40_000, SMALL_BODY as usize + 300_000] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let whole = serve(Box::new(std::io::Cursor::new(data.clone())), &data).await;
+            assert_eq!(whole, (Some(data.clone()), false), "{len}: a good body");
+            let eio = FailingReader {
+                data: data.clone(),
+                at: 0,
+                good: len / 2,
+            };
+            let short = std::io::Cursor::new(data[..len - 1].to_vec());
+            for (what, reader) in [
+                ("EIO", Box::new(eio) as Box<dyn Read + Send>),
+                ("short", Box::new(short)),
+            ] {
+                let (bytes, dropped) = serve(reader, &data).await;
+                assert!(bytes.is_none(), "{len}, {what}: served as complete");
+                assert!(dropped, "{len}, {what}: the entry is kept");
+            }
+        }
     }
 
     #[test]
