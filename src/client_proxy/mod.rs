@@ -52,6 +52,7 @@ use crate::http::{
     check_response_head, strip_hop_by_hop,
 };
 use crate::server::{BodyError, Handler, ProxyBody, counted, text_response};
+use crate::upstream_guard::ExchangeCheck;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
 use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits, WaitView};
@@ -882,6 +883,7 @@ impl ClientProxy {
                 coding,
                 store: store_target,
                 origin_digests,
+                framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
             },
             move |report: Report| {
                 record(&stats, &log, &report);
