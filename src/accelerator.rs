@@ -41,7 +41,10 @@ use crate::http::{
     check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted, text_response};
+use crate::server::{
+    BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
+    malformed_request_body, text_response,
+};
 use crate::slots::{Admitted, Slots};
 use crate::tls::TlsSession;
 use hyper_util::client::legacy::connect::capture_connection;
@@ -379,6 +382,9 @@ impl Accelerator {
                             self.config.origin_timeout
                         ),
                     );
+                }
+                Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
+                    return bad_request_body(violation);
                 }
                 Ok(Err(error)) => {
                     return self.refuse(
