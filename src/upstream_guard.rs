@@ -294,3 +294,48 @@ impl hyper::body::Body for CheckedAtEnd {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::head_guard::Reason;
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    #[tokio::test]
+    async fn bytes_past_a_body_in_a_later_read_fail_that_exchange_only() {
+        let (ours, mut upstream) = tokio::io::duplex(1024);
+        let mut connection = FramedUpstream::http1(ours);
+        let watch = connection.watch().clone();
+        let mut buf = [0u8; 256];
+
+        connection.write_all(GET).await.unwrap();
+        upstream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        let first = watch.last_exchange();
+        let n = connection.read(&mut buf).await.unwrap();
+        assert!(buf[..n].ends_with(b"hello"));
+        assert_eq!(first.violation(), None, "whole so far");
+
+        // The next request's response is fine; its check is its own.
+        connection.write_all(GET).await.unwrap();
+        let second = watch.last_exchange();
+        upstream
+            .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+            .await
+            .unwrap();
+        connection.read(&mut buf).await.unwrap();
+        upstream.write_all(b"smuggled").await.unwrap();
+        let error = connection.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        let violation = second.violation().expect("seen before the commit");
+        assert_eq!(violation.reason, Reason::Unsolicited);
+        assert_eq!(first.violation(), None, "not the first response's fault");
+        // Sticky: the connection is of no further use.
+        assert!(connection.read(&mut buf).await.is_err());
+    }
+}
