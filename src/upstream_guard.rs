@@ -328,7 +328,8 @@ mod tests {
             .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
             .await
             .unwrap();
-        connection.read(&mut buf).await.unwrap();
+        let n = connection.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 204"));
         upstream.write_all(b"smuggled").await.unwrap();
         let error = connection.read(&mut buf).await.unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
