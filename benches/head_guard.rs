@@ -8,11 +8,17 @@
 //! `pipelined_16` (16 browser heads in one read). Each case checks its
 //! bytes on a fresh `Framing`, as a connection's first read would.
 //! Throughput is per input byte.
+//!
+//! The response guard (`ResponseFraming`, on every byte of every upstream
+//! HTTP/1.1 response): `response_cl_1g` (a 1 GiB Content-Length body read
+//! in 64 KiB pieces, as hyper reads a big body: counted, not scanned) and
+//! `response_chunked_1m` (1 MiB in 16 KiB chunks, read in 64 KiB pieces:
+//! only chunk lines are parsed).
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use rproxy::head_guard::Framing;
+use rproxy::head_guard::{Framing, ResponseFraming};
 
 const BROWSER: &str = "GET http://static.example.com/assets/js/jquery-3.7.1.min.js?v=20240101 HTTP/1.1\r\n\
 Host: static.example.com\r\n\
@@ -68,5 +74,46 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// Checks `reads` as the responses to one GET on a fresh connection.
+fn check_response(reads: &[&[u8]]) -> usize {
+    let mut framing = ResponseFraming::new();
+    framing.sent(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n");
+    for read in reads {
+        assert!(framing.received(read).is_none());
+    }
+    reads.len()
+}
+
+fn bench_responses(c: &mut Criterion) {
+    const GIB: usize = 1 << 30;
+    const READ: usize = 64 << 10;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {GIB}\r\n\r\n"
+    );
+    // One 64 KiB buffer stands for every read of the body: the guard only
+    // looks at its length.
+    let piece = vec![b'x'; READ];
+    let mut cl: Vec<&[u8]> = vec![head.as_bytes()];
+    cl.extend(std::iter::repeat_n(&piece[..], GIB / READ));
+    let mut chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..64 {
+        chunked.extend(b"4000\r\n");
+        chunked.extend(std::iter::repeat_n(b'x', 16 << 10));
+        chunked.extend(b"\r\n");
+    }
+    chunked.extend(b"0\r\n\r\n");
+    let cases: [(&str, Vec<&[u8]>); 2] = [
+        ("response_cl_1g", cl),
+        ("response_chunked_1m", chunked.chunks(READ).collect()),
+    ];
+    let mut group = c.benchmark_group("response_guard");
+    for (name, reads) in &cases {
+        let len: usize = reads.iter().map(|r| r.len()).sum();
+        group.throughput(Throughput::Bytes(len as u64));
+        group.bench_function(*name, |b| b.iter(|| check_response(black_box(reads))));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_responses);
 criterion_main!(benches);

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -40,7 +41,10 @@ use crate::http::{
     check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted, text_response};
+use crate::server::{
+    BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
+    malformed_request_body, text_response,
+};
 use crate::slots::{Admitted, Slots};
 use crate::tls::TlsSession;
 use hyper_util::client::legacy::connect::capture_connection;
@@ -149,7 +153,7 @@ pub struct Accelerator {
     config: AcceleratorConfig,
     slots: Option<Arc<Slots>>,
     origin_authority: Authority,
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<FramedHttpConnector, ProxyBody>,
     bodies: Arc<BasisStore>,
     stats: Arc<Stats>,
 }
@@ -185,7 +189,7 @@ impl Accelerator {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(TokioExecutor::new()).build(FramedHttpConnector(connector));
         let bodies = Arc::new(BasisStore::new(
             config.basis_store_bytes,
             config.max_stored_body,
@@ -379,6 +383,9 @@ impl Accelerator {
                         ),
                     );
                 }
+                Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
+                    return bad_request_body(violation);
+                }
                 Ok(Err(error)) => {
                     return self.refuse(
                         StatusCode::BAD_GATEWAY,
@@ -397,6 +404,7 @@ impl Accelerator {
                 format!("origin response: {message}"),
             );
         }
+        let framing = upstream_guard::last_exchange(&connection);
         let (mut parts, body) = response.into_parts();
         // The reason phrase is the origin's; ours comes from the status
         // (P-18).
@@ -435,12 +443,13 @@ impl Accelerator {
         if !encode {
             Stats::add(&self.stats.passed, 1);
             let status = parts.status.as_u16();
-            let body = counted(
-                body.map_err(BodyError::from).boxed(),
-                move |bytes, complete| {
-                    tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
-                },
-            );
+            let mut body = body.map_err(BodyError::from).boxed();
+            if let Some(check) = framing {
+                body = upstream_guard::checked_at_end(body, check);
+            }
+            let body = counted(body, move |bytes, complete| {
+                tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
+            });
             return Response::from_parts(parts, body);
         }
 
@@ -473,7 +482,15 @@ impl Accelerator {
         if encoder.basis_use() == &BasisUse::Body {
             Stats::add(&self.stats.coded_against_body, 1);
         }
-        let body = encode_body(body, encoder, store, self.stats.clone(), method, uri);
+        let body = encode_body(
+            body,
+            framing,
+            encoder,
+            store,
+            self.stats.clone(),
+            method,
+            uri,
+        );
         Response::from_parts(parts, body)
     }
 
@@ -514,6 +531,7 @@ const SEND_SLICE: usize = 256 << 10;
 /// END's digest is known.
 fn encode_body(
     origin: Incoming,
+    framing: Option<ExchangeCheck>,
     mut encoder: Encoder,
     store: Option<Arc<BasisStore>>,
     stats: Arc<Stats>,
@@ -536,6 +554,13 @@ fn encode_body(
             if to_encoder.send(item).await.is_err() || failed {
                 return;
             }
+        }
+        // No END (and nothing kept) for a body whose connection read bytes
+        // past its end by now.
+        if let Some(violation) = framing.as_ref().and_then(ExchangeCheck::violation) {
+            let _ = to_encoder
+                .send(Err(ExchangeCheck::error(violation).into()))
+                .await;
         }
     });
     tokio::task::spawn_blocking(move || {

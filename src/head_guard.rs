@@ -1,5 +1,7 @@
 //! A strict check of HTTP/1.1 request framing over the raw bytes of a
-//! connection, before hyper parses them (RELIABILITY P-1 … P-7).
+//! connection, before hyper parses them (RELIABILITY P-1 … P-7), and of
+//! response framing on our upstream connections ([`ResponseFraming`]:
+//! P-5, P-6 and P-17 on the response side).
 //!
 //! httparse is lenient where leniency lets two parsers cut a stream
 //! differently: it takes a bare LF as a line end, strips blanks around a
@@ -58,13 +60,13 @@ pub enum Reason {
     #[error("two different Content-Length values")]
     DifferingContentLengths,
     /// `Transfer-Encoding` other than one field of exactly `chunked`.
-    #[error("a request's Transfer-Encoding must be exactly chunked")]
+    #[error("Transfer-Encoding must be exactly chunked")]
     BadTransferEncoding,
     /// Both `Content-Length` and `Transfer-Encoding` (RFC 9112 §6.1).
     #[error("both Content-Length and Transfer-Encoding")]
     ContentLengthWithTransferEncoding,
-    /// `Transfer-Encoding` on an HTTP/1.0 request (RFC 9112 §6.1).
-    #[error("Transfer-Encoding on an HTTP/1.0 request")]
+    /// `Transfer-Encoding` on an HTTP/1.0 message (RFC 9112 §6.1).
+    #[error("Transfer-Encoding on an HTTP/1.0 message")]
     TransferEncodingOnHttp10,
     /// A chunk size that is not 1 to 16 hex digits, or blanks that are not
     /// before a `;`.
@@ -76,6 +78,17 @@ pub enum Reason {
     /// Chunk data not followed by CRLF where its size says it ends.
     #[error("chunk data longer than its size")]
     ChunkDataOverrun,
+    /// A status line that does not begin `HTTP/1.x NNN`.
+    #[error("a status line that does not begin HTTP/1.x and a three-digit status")]
+    BadStatusLine,
+    /// `101 Switching Protocols`, which no request of ours asks for.
+    #[error("101 Switching Protocols to a request that asked for no upgrade")]
+    UnrequestedSwitch,
+    /// Bytes after a response's end before the next request was written:
+    /// a body longer than its `Content-Length`, or a response nobody asked
+    /// for (P-17).
+    #[error("bytes after the end of a response, before the next request")]
+    Unsolicited,
 }
 
 /// Where a violation lies, which decides what the connection owes.
@@ -100,6 +113,9 @@ pub struct Violation {
     pub at: u64,
     /// In a head or a body.
     pub part: Part,
+    /// Which message of the connection (0 for the first) broke it; bytes
+    /// after a response's end count as that response's.
+    pub message: u64,
 }
 
 /// What [`Framing::check`] found in one chunk.
@@ -118,7 +134,24 @@ pub struct Checked {
 /// bytes, as they are read. Sans-IO.
 #[derive(Debug, Clone)]
 pub struct Framing {
+    /// Requests, or the responses to them (see [`ResponseFraming`]).
+    direction: Direction,
     state: State,
+    /// Messages that ended (an interim 1xx response does not count).
+    messages: u64,
+    /// Start lines that ended.
+    start_lines: u64,
+    /// The first bytes of the current start line: the method, or the
+    /// version and status.
+    start_line: [u8; START_LINE_PREFIX],
+    start_line_len: u8,
+    /// Bit `n % 64` is set when message `n` is a HEAD request (as requests),
+    /// or answers one (as responses, copied from the requests' side).
+    head_requests: u64,
+    /// As responses: requests whose request line was written.
+    requests: u64,
+    /// As responses: the status of the current head.
+    status: u16,
     /// Bytes checked so far (the stream offset of the next byte).
     checked: u64,
     /// Stream offset of the current message's first byte.
@@ -149,13 +182,20 @@ pub struct Framing {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Requests,
+    Responses,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Before a request line, where empty lines (CRLF) may come first.
     HeadStart,
     /// A CR before the request line; an LF must follow.
     HeadStartLf,
-    RequestLine,
-    RequestLineLf,
+    /// The request or status line.
+    StartLine,
+    StartLineLf,
     /// The start of a field line, or of the empty line ending the section.
     LineStart,
     Name,
@@ -178,6 +218,8 @@ enum State {
     },
     ChunkDataCr,
     ChunkDataLf,
+    /// A response body without a length: it ends with the connection.
+    UntilClose,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +237,8 @@ const MAX_CONTENT_LENGTH_DIGITS: u8 = 19;
 /// 16 hex digits always fit a u64; more is the CVE-2023-38697 class.
 const MAX_CHUNK_SIZE_DIGITS: u8 = 16;
 const HTTP_10: u64 = u64::from_be_bytes(*b"HTTP/1.0");
+/// `HTTP/1.1 200`: what a status line's framing depends on.
+const START_LINE_PREFIX: usize = 12;
 
 /// Bytes of a field value or chunk extension: VCHAR, obs-text, SP and HTAB
 /// (RFC 9110 §5.5).
@@ -297,10 +341,22 @@ impl Default for Framing {
 }
 
 impl Framing {
-    /// A connection's framing before its first byte.
+    /// A connection's request framing before its first byte.
     pub fn new() -> Framing {
+        Framing::with_direction(Direction::Requests)
+    }
+
+    fn with_direction(direction: Direction) -> Framing {
         Framing {
+            direction,
             state: State::HeadStart,
+            messages: 0,
+            start_lines: 0,
+            start_line: [0; START_LINE_PREFIX],
+            start_line_len: 0,
+            head_requests: 0,
+            requests: 0,
+            status: 0,
             checked: 0,
             head_start: 0,
             in_trailer: false,
@@ -338,15 +394,20 @@ impl Framing {
         while i < chunk.len() {
             let b = chunk[i];
             match self.state {
+                State::HeadStart
+                    if self.direction == Direction::Responses && self.messages >= self.requests =>
+                {
+                    return self.fail(Reason::Unsolicited, start, i);
+                }
                 State::HeadStart => match b {
                     b'\r' => self.state = State::HeadStartLf,
                     _ if REQUEST_LINE_BYTE[usize::from(b)] => {
-                        self.state = State::RequestLine;
+                        self.state = State::StartLine;
                         continue;
                     }
                     _ => return self.fail(stray(b, Reason::BareCarriageReturn), start, i),
                 },
-                State::HeadStartLf | State::RequestLineLf | State::ValueLf => {
+                State::HeadStartLf | State::StartLineLf | State::ValueLf => {
                     if b != b'\n' {
                         return self.fail(Reason::BareCarriageReturn, start, i);
                     }
@@ -355,17 +416,29 @@ impl Framing {
                         _ => State::LineStart,
                     };
                 }
-                State::RequestLine => {
-                    let n = text_span(&chunk[i..], &REQUEST_LINE_BYTE);
-                    for &b in &chunk[i + n.saturating_sub(8)..i + n] {
+                State::StartLine => {
+                    // A reason phrase may hold HTAB; a request line may not.
+                    let table = match self.direction {
+                        Direction::Requests => &REQUEST_LINE_BYTE,
+                        Direction::Responses => &FIELD_BYTE,
+                    };
+                    let n = text_span(&chunk[i..], table);
+                    let line = &chunk[i..i + n];
+                    let have = usize::from(self.start_line_len);
+                    let take = (START_LINE_PREFIX - have).min(n);
+                    self.start_line[have..have + take].copy_from_slice(&line[..take]);
+                    self.start_line_len += take as u8;
+                    for &b in &line[n.saturating_sub(8)..] {
                         self.request_line_tail = self.request_line_tail << 8 | u64::from(b);
                     }
                     i += n;
                     match chunk.get(i) {
                         None => break,
                         Some(b'\r') => {
-                            self.http10 = self.request_line_tail == HTTP_10;
-                            self.state = State::RequestLineLf;
+                            if let Err(reason) = self.end_start_line() {
+                                return self.fail(reason, start, i);
+                            }
+                            self.state = State::StartLineLf;
                         }
                         Some(&b) => {
                             return self.fail(stray(b, Reason::BareCarriageReturn), start, i);
@@ -461,12 +534,25 @@ impl Framing {
                         return self.fail(Reason::ContentLengthWithTransferEncoding, start, i);
                     } else if self.chunked && self.http10 {
                         return self.fail(Reason::TransferEncodingOnHttp10, start, i);
+                    } else if self.direction == Direction::Responses && self.status == 101 {
+                        return self.fail(Reason::UnrequestedSwitch, start, i);
+                    } else if self.direction == Direction::Responses
+                        && (100..200).contains(&self.status)
+                    {
+                        // Interim: the final response to the same request
+                        // follows.
+                        self.next_head(start + i as u64 + 1);
+                    } else if self.direction == Direction::Responses && self.has_no_body() {
+                        self.next_message(start + i as u64 + 1);
                     } else if self.chunked {
                         self.start_chunk();
                     } else {
                         match self.content_length {
                             Some(remaining) if remaining > 0 => {
                                 self.state = State::Body { remaining };
+                            }
+                            None if self.direction == Direction::Responses => {
+                                self.state = State::UntilClose;
                             }
                             _ => self.next_message(start + i as u64 + 1),
                         }
@@ -538,6 +624,7 @@ impl Framing {
                     }
                     self.start_chunk();
                 }
+                State::UntilClose => break,
             }
             i += 1;
         }
@@ -567,9 +654,66 @@ impl Framing {
         self.state = State::ChunkSize;
     }
 
+    /// The start line ended: what the rest of the message depends on.
+    fn end_start_line(&mut self) -> Result<(), Reason> {
+        let line = &self.start_line[..usize::from(self.start_line_len)];
+        match self.direction {
+            Direction::Requests => {
+                self.http10 = self.request_line_tail == HTTP_10;
+                let bit = 1u64 << (self.messages % 64);
+                if line.starts_with(b"HEAD ") {
+                    self.head_requests |= bit;
+                } else {
+                    self.head_requests &= !bit;
+                }
+            }
+            Direction::Responses => {
+                let [
+                    b'H',
+                    b'T',
+                    b'T',
+                    b'P',
+                    b'/',
+                    b'1',
+                    b'.',
+                    minor,
+                    b' ',
+                    status @ ..,
+                ] = line
+                else {
+                    return Err(Reason::BadStatusLine);
+                };
+                if !minor.is_ascii_digit() || !status.iter().all(u8::is_ascii_digit) {
+                    return Err(Reason::BadStatusLine);
+                }
+                self.http10 = *minor == b'0';
+                self.status = status.iter().fold(0, |n, d| n * 10 + u16::from(d - b'0'));
+            }
+        }
+        self.start_lines += 1;
+        Ok(())
+    }
+
+    /// A response that ends with its head (RFC 9112 §6.3): to HEAD, 204,
+    /// 304.
+    fn has_no_body(&self) -> bool {
+        self.head_requests & 1 << (self.messages % 64) != 0
+            || self.status == 204
+            || self.status == 304
+    }
+
     /// The message ended; the next one begins at stream offset `at`.
     fn next_message(&mut self, at: u64) {
+        self.messages += 1;
+        self.next_head(at);
+    }
+
+    /// A head (the next message's, or a final response after an interim
+    /// one) begins at stream offset `at`.
+    fn next_head(&mut self, at: u64) {
         self.state = State::HeadStart;
+        self.start_line_len = 0;
+        self.status = 0;
         self.head_start = at;
         self.in_trailer = false;
         self.request_line_tail = 0;
@@ -584,8 +728,8 @@ impl Framing {
                 self.state,
                 State::HeadStart
                     | State::HeadStartLf
-                    | State::RequestLine
-                    | State::RequestLineLf
+                    | State::StartLine
+                    | State::StartLineLf
                     | State::LineStart
                     | State::Name
                     | State::Value
@@ -610,13 +754,78 @@ impl Framing {
         } else {
             (Part::Body, i)
         };
-        let violation = Violation { reason, at, part };
+        // Bytes after a response's end belong to it: it was longer than
+        // its framing said.
+        let message = match reason {
+            Reason::Unsolicited => self.messages.saturating_sub(1),
+            _ => self.messages,
+        };
+        let violation = Violation {
+            reason,
+            at,
+            part,
+            message,
+        };
         self.checked = at;
         self.failed = Some(violation);
         Checked {
             safe,
             violation: Some(violation),
         }
+    }
+}
+
+/// Follows the response framing of one HTTP/1.1 client connection: the
+/// requests written on it (for which responses may come, and which were
+/// HEAD) and the responses read. Sans-IO.
+///
+/// A response is held to the request rules above, and besides: its status
+/// line must begin `HTTP/1.x NNN` (no control byte but HTAB after); 101 is
+/// refused (no request of ours asks for an upgrade); 1xx is interim; a
+/// response to HEAD, a 204 and a 304 end with their head, one with neither
+/// `Content-Length` nor chunked with the connection. A byte read while no
+/// request awaits its response (a body longer than its `Content-Length`,
+/// a response nobody asked for) is [`Reason::Unsolicited`].
+#[derive(Debug, Clone)]
+pub struct ResponseFraming {
+    requests: Framing,
+    responses: Framing,
+}
+
+impl Default for ResponseFraming {
+    fn default() -> Self {
+        ResponseFraming::new()
+    }
+}
+
+impl ResponseFraming {
+    /// A connection's framing before its first byte either way.
+    pub fn new() -> ResponseFraming {
+        ResponseFraming {
+            requests: Framing::new(),
+            responses: Framing::with_direction(Direction::Responses),
+        }
+    }
+
+    /// Notes `bytes` written to the connection (requests, ours). Were they
+    /// malformed, no further request would count, and its response would be
+    /// unsolicited: the connection fails rather than being misread.
+    pub fn sent(&mut self, bytes: &[u8]) {
+        self.requests.check(bytes);
+        self.responses.requests = self.requests.start_lines;
+        self.responses.head_requests = self.requests.head_requests;
+    }
+
+    /// Checks `bytes` read from the connection; the violation, if any, is
+    /// repeated by every later call.
+    pub fn received(&mut self, bytes: &[u8]) -> Option<Violation> {
+        self.responses.check(bytes).violation
+    }
+
+    /// Requests whose request line was written: the last one's index is
+    /// this less one.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.start_lines
     }
 }
 
@@ -910,5 +1119,113 @@ mod tests {
             }
         }
         panic!("not found byte by byte");
+    }
+
+    /// Requests `sent`, then `received` whole: the violation, if any.
+    fn response_violation(sent: &[&str], received: &[u8]) -> Option<Violation> {
+        let mut framing = ResponseFraming::new();
+        for request in sent {
+            framing.sent(request.as_bytes());
+        }
+        framing.received(received)
+    }
+
+    const GET: &str = "GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    #[test]
+    fn well_formed_responses_pass_whole_and_split_anywhere() {
+        let head = "HEAD /a HTTP/1.1\r\nHost: a\r\n\r\n";
+        let post = "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        let exchanges: [(&[&str], &str); 7] = [
+            (&[GET], "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
+            (
+                &[GET],
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nT: t\r\n\r\n",
+            ),
+            (&[head], "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            (
+                &[GET],
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n",
+            ),
+            (
+                &[post],
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+            ),
+            (
+                &[GET],
+                "HTTP/1.0 200 \tfine\u{ff}\r\n\r\nuntil the end, HTTP/1.1 200 OK\r\n\r\n",
+            ),
+            (
+                &[GET, head],
+                "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nxHTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+            ),
+        ];
+        for (sent, received) in exchanges {
+            // The test strings are Latin-1 where they go past ASCII.
+            let received: Vec<u8> = received.chars().map(|c| c as u8).collect();
+            assert_eq!(response_violation(sent, &received), None, "{received:?}");
+            let mut framing = ResponseFraming::new();
+            sent.iter().for_each(|r| framing.sent(r.as_bytes()));
+            for byte in received.chunks(1) {
+                assert_eq!(framing.received(byte), None, "{received:?} byte by byte");
+            }
+        }
+    }
+
+    #[test]
+    fn p5_a_zero_padded_17_digit_response_chunk_size_is_refused() {
+        let response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n00000000000000005\r\nhello\r\n0\r\n\r\n";
+        let v = response_violation(&[GET], response).expect("refused");
+        assert_eq!((v.reason, v.part), (Reason::BadChunkSize, Part::Body));
+    }
+
+    #[test]
+    fn p17_bytes_past_a_response_are_unsolicited_and_belong_to_it() {
+        let long = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\n\r\n";
+        let v = response_violation(&[GET], long).expect("refused");
+        assert_eq!((v.reason, v.message, v.at), (Reason::Unsolicited, 0, 43));
+        // The same bytes arriving after the next request was written are
+        // that request's response.
+        assert_eq!(response_violation(&[GET, GET], long), None);
+        // Nothing asked, nothing may come.
+        let v = response_violation(&[], b"\r\n").expect("refused");
+        assert_eq!((v.reason, v.message), (Reason::Unsolicited, 0));
+        // Our own requests split anywhere still count once each.
+        let mut framing = ResponseFraming::new();
+        for byte in [GET, GET].concat().as_bytes().chunks(1) {
+            framing.sent(byte);
+        }
+        assert_eq!(framing.requests_sent(), 2);
+    }
+
+    #[test]
+    fn response_heads_are_held_to_the_request_rules_and_a_status_line() {
+        let cases: [(&[u8], Reason); 7] = [
+            (b"HTTP/1.1 200 O\x01K\r\n\r\n", Reason::ControlByte(1)),
+            (
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+                Reason::UnrequestedSwitch,
+            ),
+            (b"HTTP/2 200 OK\r\n\r\n", Reason::BadStatusLine),
+            (b"HTTP/1.1 20 OK\r\n\r\n", Reason::BadStatusLine),
+            (b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n", Reason::ObsFold),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Reason::ContentLengthWithTransferEncoding,
+            ),
+            (
+                b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Reason::TransferEncodingOnHttp10,
+            ),
+        ];
+        for (response, expected) in cases {
+            let v = response_violation(&[GET], response).expect("refused");
+            assert_eq!(
+                v.reason,
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(response)
+            );
+        }
     }
 }

@@ -33,3 +33,4 @@ pub mod server;
 pub mod slots;
 pub mod static_origin;
 pub mod tls;
+pub mod upstream_guard;

@@ -244,6 +244,46 @@ fn refuse_early(
     Some(response)
 }
 
+/// The violation of a request body the guard refused on a connection, if
+/// any: the service refuses that request itself when its head comes after
+/// (the bad chunk came with it), so nothing goes upstream.
+type RefusedBody = Arc<std::sync::OnceLock<Violation>>;
+
+/// The error under the I/O error a request body's reader gets when the
+/// guard refused its chunking.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("malformed request body: {} (byte {})", .0.reason, .0.at)]
+pub struct MalformedRequestBody(pub Violation);
+
+/// Whether `error` (a request's failed body, or an upstream exchange that
+/// failed for it) comes from a request body the guard refused: the client
+/// is at fault (400), not the upstream.
+pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Option<Violation> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        // An I/O error's `source` skips its own inner error.
+        let inner = error
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::get_ref)
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if let Some(found) = inner.and_then(|e| e.downcast_ref::<MalformedRequestBody>()) {
+            return Some(found.0);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// The answer to a request whose body the guard refused.
+pub fn bad_request_body(violation: Violation) -> Response<ProxyBody> {
+    tracing::info!(status = 400, reason = %violation.reason, at = violation.at, "refused");
+    let mut response = text_response(StatusCode::BAD_REQUEST, violation.reason.to_string());
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 /// The answer to a client that sent no whole request head in time.
 const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
@@ -304,6 +344,7 @@ pub struct Peer(pub SocketAddr);
 fn service<H: Handler>(
     handler: Arc<H>,
     hold: Hold,
+    refused_body: RefusedBody,
     number: ConnectionNumber,
     peer: Option<SocketAddr>,
     tls: Option<TlsSession>,
@@ -314,8 +355,11 @@ fn service<H: Handler>(
     Error = Infallible,
     Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
 > + Clone {
+    let requests = Arc::new(AtomicU64::new(0));
     service_fn(move |mut request: Request<Incoming>| {
         let handler = handler.clone();
+        // hyper hands requests over in the order the guard saw them.
+        let index = requests.fetch_add(1, Ordering::Relaxed);
         request.extensions_mut().insert(number);
         if let Some(peer) = peer {
             request.extensions_mut().insert(Peer(peer));
@@ -324,7 +368,11 @@ fn service<H: Handler>(
             request.extensions_mut().insert(tls.clone());
         }
         strip_unkeyed(request.headers_mut());
-        let refused = refuse_early(&request, &limits);
+        let refused = refused_body
+            .get()
+            .filter(|v| v.message == index)
+            .map(|&violation| bad_request_body(violation))
+            .or_else(|| refuse_early(&request, &limits));
         let hold = hold.clone();
         Box::pin(async move {
             let response = match refused {
@@ -350,13 +398,27 @@ pub async fn serve_connection<H, I>(
 {
     let number = ConnectionNumber::next();
     let hold = Hold::default();
-    let service = service(handler.clone(), hold.clone(), number, peer, None, limits);
-    serve_http1(io, service, hold, limits).await;
+    let refused_body = RefusedBody::default();
+    let service = service(
+        handler.clone(),
+        hold.clone(),
+        refused_body.clone(),
+        number,
+        peer,
+        None,
+        limits,
+    );
+    serve_http1(io, service, hold, refused_body, limits).await;
     handler.connection_closed(number);
 }
 
-async fn serve_http1<I, S>(io: I, service: S, hold: Hold, limits: ConnectionLimits)
-where
+async fn serve_http1<I, S>(
+    io: I,
+    service: S,
+    hold: Hold,
+    refused_body: RefusedBody,
+    limits: ConnectionLimits,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
             Request<Incoming>,
@@ -378,7 +440,7 @@ where
     }
     let refusing = Arc::new(AtomicBool::new(false));
     let io = Watched::new(
-        Guarded::new(io, refusing.clone()),
+        Guarded::new(io, refusing.clone(), refused_body),
         limits.idle_timeout,
         hold,
     );
@@ -454,16 +516,19 @@ async fn serve_tls_connection<H: Handler>(
     };
     let number = ConnectionNumber::next();
     let hold = Hold::default();
+    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's.
+    let refused_body = RefusedBody::default();
     let service = service(
         handler.clone(),
         hold.clone(),
+        refused_body.clone(),
         number,
         Some(peer),
         Some(info),
         limits,
     );
     if !h2 {
-        serve_http1(tls, service, hold, limits).await;
+        serve_http1(tls, service, hold, refused_body, limits).await;
         handler.connection_closed(number);
         return;
     }
@@ -606,6 +671,8 @@ struct Guarded<I> {
     stop: Option<Stop>,
     /// hyper asked for the refused head: nobody has answered it.
     owes_refusal: bool,
+    /// Set at a refused body, for the service.
+    refused_body: RefusedBody,
 }
 
 #[derive(Clone, Copy)]
@@ -618,13 +685,14 @@ struct Stop {
 }
 
 impl<I> Guarded<I> {
-    fn new(io: I, refusing: Arc<AtomicBool>) -> Self {
+    fn new(io: I, refusing: Arc<AtomicBool>, refused_body: RefusedBody) -> Self {
         Guarded {
             io,
             framing: Framing::new(),
             refusing,
             stop: None,
             owes_refusal: false,
+            refused_body,
         }
     }
 
@@ -640,8 +708,14 @@ impl<I> Guarded<I> {
         if stop.hold {
             self.refusing.store(true, Ordering::Relaxed);
             Poll::Pending
-        } else {
+        } else if in_head {
             Poll::Ready(Ok(()))
+        } else {
+            // The body's reader learns why it failed (a 400, not a 502).
+            Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                MalformedRequestBody(stop.violation),
+            )))
         }
     }
 }
@@ -669,6 +743,9 @@ impl<I: AsyncRead + Unpin> AsyncRead for Guarded<I> {
             hold: matches!(violation.part, Part::Head { start } if start >= chunk_start),
         };
         this.stop = Some(stop);
+        if violation.part == Part::Body {
+            let _ = this.refused_body.set(violation);
+        }
         if checked.safe > 0 {
             // hyper reads what went on first; it asks again once it has
             // used it.

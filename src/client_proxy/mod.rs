@@ -51,7 +51,10 @@ use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
     check_response_head, strip_hop_by_hop,
 };
-use crate::server::{BodyError, Handler, ProxyBody, counted, text_response};
+use crate::server::{
+    BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
+};
+use crate::upstream_guard::ExchangeCheck;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
 use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits, WaitView};
@@ -882,6 +885,7 @@ impl ClientProxy {
                 coding,
                 store: store_target,
                 origin_digests,
+                framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
             },
             move |report: Report| {
                 record(&stats, &log, &report);
@@ -1138,7 +1142,7 @@ impl ClientProxy {
     /// status and message for the user agent. After a malformed head the
     /// connection must not be used again (`Upstream::send` sees to it for
     /// pooled ones).
-    async fn checked<E: std::error::Error>(
+    async fn checked<E: std::error::Error + 'static>(
         &self,
         sent: impl Future<Output = Result<Response<Incoming>, E>>,
     ) -> Result<Response<Incoming>, (StatusCode, String)> {
@@ -1171,6 +1175,9 @@ impl ClientProxy {
                     .extensions_mut()
                     .remove::<hyper::ext::ReasonPhrase>();
                 Ok(response)
+            }
+            Ok(Err(e)) if let Some(violation) = malformed_request_body(&e) => {
+                Err((StatusCode::BAD_REQUEST, violation.reason.to_string()))
             }
             Ok(Err(e)) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);

@@ -34,6 +34,7 @@ use crate::hsync::{
     SignatureParams, choose_block_size,
 };
 use crate::server::{BodyError, ProxyBody};
+use crate::upstream_guard::ExchangeCheck;
 
 /// Chunks in flight on each side of the blocking thread.
 const CHANNEL_DEPTH: usize = 4;
@@ -112,6 +113,10 @@ pub struct Relay {
     pub store: Option<StoreTarget>,
     /// Digests the origin sent for the bytes the user agent gets.
     pub origin_digests: Vec<OriginDigest>,
+    /// Whether the upstream connection saw this response break the
+    /// framing rules (bytes past its end included) by the time the body
+    /// is committed.
+    pub framing: Option<ExchangeCheck>,
 }
 
 /// How a relay ended, for stats, logs and coalesced waiters.
@@ -302,6 +307,7 @@ struct Worker {
     /// complete-looking body that then fails (D-A5).
     announced_len: Option<u64>,
     held: Option<Bytes>,
+    framing: Option<ExchangeCheck>,
 }
 
 /// Why the worker stopped before the end of the upstream body.
@@ -328,6 +334,7 @@ impl Worker {
             digests: DigestCheck::new(&relay.origin_digests),
             announced_len,
             held: None,
+            framing: relay.framing,
             coding: relay.coding,
             store: relay.store,
             to_agent,
@@ -486,6 +493,14 @@ impl Worker {
     /// `body_digest`: the body's blake3 when the decoder computed it (the
     /// writer did not hash then).
     fn complete(&mut self, signature: Vec<u8>, body_digest: Option<blake3::Hash>) -> Outcome {
+        // hyper ends a body at its length; bytes after it that its
+        // connection read by now make the whole response untrustworthy
+        // (P-17). Later ones are not seen here (the connection still fails
+        // on them, and is not reused).
+        if let Some(violation) = self.framing.as_ref().and_then(ExchangeCheck::violation) {
+            let reason = format!("upstream body: {}", ExchangeCheck::error(violation));
+            return self.stopped(Stop::Malformed(reason), None, None, None);
+        }
         let digests = std::mem::take(&mut self.digests);
         if let Err(reason) = digests.verify() {
             self.abort_agent(&reason);

@@ -41,6 +41,7 @@ use tokio_rustls::TlsConnector;
 use crate::expiring::ExpiringMap;
 use crate::http::{HSYNC_ACCEPT, check_response_head};
 use crate::server::ProxyBody;
+use crate::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
 /// a connection is an HTTP/1.1 notion (an HTTP/2 connection is shared).
@@ -113,6 +114,12 @@ impl PooledConnection {
                 closer.close();
             }
         }
+    }
+
+    /// The framing check of the response just received on the connection
+    /// (HTTP/1.1 only).
+    fn last_exchange(&self) -> Option<ExchangeCheck> {
+        upstream_guard::last_exchange(&self.0)
     }
 }
 
@@ -235,6 +242,9 @@ impl Upstream {
             connection.retire();
         }
         self.remember_advertised(&response);
+        if let Some(check) = connection.last_exchange() {
+            response.extensions_mut().insert(check);
+        }
         response.extensions_mut().insert(connection);
         Ok(response)
     }
@@ -262,6 +272,7 @@ impl Upstream {
     pub async fn hold(&self) -> io::Result<HeldConnection> {
         let mut connector = self.held.clone();
         let stream = tower_service::Service::call(&mut connector, Uri::from_static("/")).await?;
+        let watch = stream.io.inner().watch().clone();
         let (sender, connection) = hyper::client::conn::http1::handshake(stream)
             .await
             .map_err(io::Error::other)?;
@@ -272,7 +283,7 @@ impl Upstream {
                 tracing::debug!(%error, "held upstream connection ended");
             }
         });
-        Ok(HeldConnection { sender })
+        Ok(HeldConnection { sender, watch })
     }
 
     /// What the upstream advertised last, if it is still believed.
@@ -290,6 +301,7 @@ impl Upstream {
 /// response still streaming on it is done).
 pub struct HeldConnection {
     sender: hyper::client::conn::http1::SendRequest<ProxyBody>,
+    watch: FramingWatch,
 }
 
 impl HeldConnection {
@@ -308,7 +320,9 @@ impl HeldConnection {
             *request.uri_mut() = Uri::from(path);
         }
         self.sender.ready().await?;
-        self.sender.send_request(request).await
+        let mut response = self.sender.send_request(request).await?;
+        response.extensions_mut().insert(self.watch.last_exchange());
+        Ok(response)
     }
 
     /// Whether the connection is gone (the upstream closed it).
@@ -365,8 +379,13 @@ impl tower_service::Service<Uri> for UpstreamConnector {
                 .await
                 .map_err(|_| timed_out())??;
             let h2 = matches!(&transport, Transport::Tls(tls) if tls.get_ref().1.alpn_protocol() == Some(b"h2"));
+            let io = if h2 {
+                FramedUpstream::unchecked(transport)
+            } else {
+                FramedUpstream::http1(transport)
+            };
             Ok(UpstreamStream {
-                io: TokioIo::new(transport),
+                io: TokioIo::new(io),
                 proxied: this.proxied,
                 h2,
                 closer: Closer::default(),
@@ -441,9 +460,10 @@ impl tokio::io::AsyncWrite for Transport {
     }
 }
 
-/// A connection to the upstream, as hyper sees it.
+/// A connection to the upstream, as hyper sees it: its HTTP/1.1 responses
+/// checked by [`FramedUpstream`].
 pub struct UpstreamStream {
-    io: TokioIo<Transport>,
+    io: TokioIo<FramedUpstream<Transport>>,
     proxied: bool,
     h2: bool,
     closer: Closer,
@@ -453,7 +473,8 @@ impl Connection for UpstreamStream {
     fn connected(&self) -> Connected {
         let connected = Connected::new()
             .proxy(self.proxied)
-            .extra(self.closer.clone());
+            .extra(self.closer.clone())
+            .extra(self.io.inner().watch().clone());
         if self.h2 {
             connected.negotiated_h2()
         } else {

@@ -1,0 +1,342 @@
+//! Our HTTP/1.1 connections upstream (the client proxy's to its upstream,
+//! the accelerator's to its origin), with every byte read checked by
+//! [`ResponseFraming`] before hyper parses it (P-5, P-6, P-17 on the
+//! response side). Over TLS it wraps the plaintext.
+//!
+//! A violation fails the read that carried it, and every later one, with
+//! an `InvalidData` I/O error holding [`MalformedResponse`]: none of that
+//! read's bytes reach hyper, which fails the response (a 502) or its body
+//! (a malformed transfer: nothing stored) and never reuses the connection.
+//!
+//! hyper stops reading a response at its end, so bytes after a body's
+//! `Content-Length` may come in a later read than its last bytes, when the
+//! body already looks whole. [`FramingWatch`] (in the connection's
+//! `Connected` extras) tells whoever commits a body whether its connection
+//! saw such bytes by then: [`ExchangeCheck::violation`].
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::Uri;
+use hyper::body::Frame;
+use hyper_util::client::legacy::connect::{
+    CaptureConnection, Connected, Connection, HttpConnector,
+};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tower_service::Service;
+
+use crate::head_guard::{ResponseFraming, Violation};
+use crate::server::{BodyError, ProxyBody};
+
+/// The error under the I/O error of a read that broke the response
+/// framing rules.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("malformed upstream response: {} (byte {})", .0.reason, .0.at)]
+pub struct MalformedResponse(pub Violation);
+
+/// What one connection's guard found, shared with those who commit the
+/// bodies read on it.
+#[derive(Debug, Clone, Default)]
+pub struct FramingWatch(Arc<WatchState>);
+
+#[derive(Debug, Default)]
+struct WatchState {
+    requests_sent: AtomicU64,
+    violation: OnceLock<Violation>,
+}
+
+impl FramingWatch {
+    /// The check for the response just received on this connection: the
+    /// one to the last request written (hyper writes no request before the
+    /// previous response ended).
+    pub fn last_exchange(&self) -> ExchangeCheck {
+        ExchangeCheck {
+            watch: self.clone(),
+            exchange: self
+                .0
+                .requests_sent
+                .load(Ordering::Acquire)
+                .saturating_sub(1),
+        }
+    }
+}
+
+/// Whether one response's connection saw it break the framing rules.
+#[derive(Debug, Clone)]
+pub struct ExchangeCheck {
+    watch: FramingWatch,
+    /// Index of the request on its connection.
+    exchange: u64,
+}
+
+impl ExchangeCheck {
+    /// The violation in this response (bytes after its end included) read
+    /// so far; later responses' violations are theirs.
+    pub fn violation(&self) -> Option<Violation> {
+        self.watch
+            .0
+            .violation
+            .get()
+            .copied()
+            .filter(|v| v.message == self.exchange)
+    }
+
+    /// The error a body reader reports for [`Self::violation`].
+    pub fn error(violation: Violation) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, MalformedResponse(violation))
+    }
+}
+
+/// An upstream connection whose response bytes pass [`ResponseFraming`]
+/// (or, for HTTP/2, pass unchecked: its framing is binary and hyper's).
+pub struct FramedUpstream<T> {
+    io: T,
+    framing: Option<ResponseFraming>,
+    watch: FramingWatch,
+}
+
+impl<T> FramedUpstream<T> {
+    /// Checks HTTP/1.1 responses on `io`.
+    pub fn http1(io: T) -> Self {
+        FramedUpstream {
+            io,
+            framing: Some(ResponseFraming::new()),
+            watch: FramingWatch::default(),
+        }
+    }
+
+    /// Passes `io` through unchecked (HTTP/2).
+    pub fn unchecked(io: T) -> Self {
+        FramedUpstream {
+            io,
+            framing: None,
+            watch: FramingWatch::default(),
+        }
+    }
+
+    /// The connection's watch, for its `Connected` extras.
+    pub fn watch(&self) -> &FramingWatch {
+        &self.watch
+    }
+
+    /// The connection underneath.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    fn sent(&mut self, bytes: &[u8]) {
+        if let Some(framing) = &mut self.framing {
+            framing.sent(bytes);
+            self.watch
+                .0
+                .requests_sent
+                .store(framing.requests_sent(), Ordering::Release);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for FramedUpstream<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let Some(framing) = &mut this.framing else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        if let Some(&violation) = this.watch.0.violation.get() {
+            return Poll::Ready(Err(ExchangeCheck::error(violation)));
+        }
+        let before = buf.filled().len();
+        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        let Some(violation) = framing.received(&buf.filled()[before..]) else {
+            return Poll::Ready(Ok(()));
+        };
+        // None of this read goes on: it would only be more of a response
+        // that is not used.
+        buf.set_filled(before);
+        let _ = this.watch.0.violation.set(violation);
+        tracing::info!(reason = %violation.reason, at = violation.at, "malformed upstream response");
+        Poll::Ready(Err(ExchangeCheck::error(violation)))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for FramedUpstream<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let written = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, buf))?;
+        self.sent(&buf[..written]);
+        Poll::Ready(Ok(written))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = std::task::ready!(Pin::new(&mut self.io).poll_write_vectored(cx, bufs))?;
+        let mut left = written;
+        for buf in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(buf.len());
+            self.sent(&buf[..take]);
+            left -= take;
+        }
+        Poll::Ready(Ok(written))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<T: Connection> Connection for FramedUpstream<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected().extra(self.watch.clone())
+    }
+}
+
+/// hyper-util's plain HTTP connector, its connections checked by
+/// [`FramedUpstream`] (the accelerator's way to its origin).
+#[derive(Clone)]
+pub struct FramedHttpConnector(pub HttpConnector);
+
+impl Service<Uri> for FramedHttpConnector {
+    type Response = TokioIo<FramedUpstream<TcpStream>>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::poll_ready(&mut self.0, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, target: Uri) -> Self::Future {
+        let connecting = Service::call(&mut self.0, target);
+        Box::pin(async move {
+            let stream = connecting.await?.into_inner();
+            Ok(TokioIo::new(FramedUpstream::http1(stream)))
+        })
+    }
+}
+
+/// The framing check of the response just received on a captured
+/// connection, when it is one of ours over HTTP/1.1.
+pub fn last_exchange(connection: &CaptureConnection) -> Option<ExchangeCheck> {
+    let connected = connection.connection_metadata();
+    let mut extras = http::Extensions::new();
+    connected.as_ref()?.get_extras(&mut extras);
+    extras
+        .get::<FramingWatch>()
+        .map(FramingWatch::last_exchange)
+}
+
+/// `body`, whose clean end becomes an error when its connection saw the
+/// response break the framing rules by then (bytes past a
+/// `Content-Length` that came in a read after the body's last ones).
+pub fn checked_at_end(body: ProxyBody, check: ExchangeCheck) -> ProxyBody {
+    ProxyBody::new(CheckedAtEnd {
+        inner: body,
+        check: Some(check),
+    })
+}
+
+struct CheckedAtEnd {
+    inner: ProxyBody,
+    /// Taken at the end.
+    check: Option<ExchangeCheck>,
+}
+
+impl hyper::body::Body for CheckedAtEnd {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if polled.is_some() {
+            return Poll::Ready(polled);
+        }
+        match self.check.take().and_then(|check| check.violation()) {
+            Some(violation) => Poll::Ready(Some(Err(ExchangeCheck::error(violation).into()))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // hyper must poll past the last frame, for the check.
+        self.check.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::head_guard::Reason;
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    #[tokio::test]
+    async fn bytes_past_a_body_in_a_later_read_fail_that_exchange_only() {
+        let (ours, mut upstream) = tokio::io::duplex(1024);
+        let mut connection = FramedUpstream::http1(ours);
+        let watch = connection.watch().clone();
+        let mut buf = [0u8; 256];
+
+        connection.write_all(GET).await.unwrap();
+        upstream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        let first = watch.last_exchange();
+        let n = connection.read(&mut buf).await.unwrap();
+        assert!(buf[..n].ends_with(b"hello"));
+        assert_eq!(first.violation(), None, "whole so far");
+
+        // The next request's response is fine; its check is its own.
+        connection.write_all(GET).await.unwrap();
+        let second = watch.last_exchange();
+        upstream
+            .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+            .await
+            .unwrap();
+        let n = connection.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 204"));
+        upstream.write_all(b"smuggled").await.unwrap();
+        let error = connection.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        let violation = second.violation().expect("seen before the commit");
+        assert_eq!(violation.reason, Reason::Unsolicited);
+        assert_eq!(first.violation(), None, "not the first response's fault");
+        // Sticky: the connection is of no further use.
+        assert!(connection.read(&mut buf).await.is_err());
+    }
+}
