@@ -9,7 +9,10 @@
 //!   fast_rsync hashes them in SIMD lanes ([`Signature::calculate`]); a run
 //!   that breaks wastes at most the rest of one batch (the cost of about
 //!   two blocks hashed one at a time), and a window that follows a copy
-//!   starts as a run;
+//!   starts as a run. A weak hit found by scanning is hashed with the 7
+//!   blocks after it too, since a hit usually starts a run (7 % less
+//!   encode time on the 1 %-edited bench body); after 16 hits without a
+//!   strong match in a window, hits are hashed alone;
 //! - a bit filter of the basis's weak sums rejects almost every byte
 //!   position before any map is looked at;
 //! - the delta is not written and parsed again: literals stay in the
@@ -33,6 +36,11 @@ const CHAR_OFFSET: u16 = 31;
 /// Strong-sum failures after which a weak sum is ignored, as fast_rsync
 /// does: a hostile signature cannot make every byte cost an MD4.
 const MAX_WEAK_COLLISIONS: u32 = 1024;
+
+/// Weak hits without a strong match after which, in one window, a hit is
+/// hashed alone: a hostile signature whose weak sums occur everywhere then
+/// costs one block per hit, not eight.
+const MAX_BATCHED_FALSE_HITS: u32 = 16;
 
 /// The rolling weak sum of one block (librsync's rollsum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +192,9 @@ impl BlockIndex {
             block: block as u64,
         };
         let mut collisions: HashMap<u32, u32> = HashMap::new();
+        // Weak hits whose strong sum did not match: past a few, a hit is
+        // hashed alone rather than with the blocks after it.
+        let mut false_hits = 0;
         let mut here = 0;
         // Whether the block before `here` matched (else: scanning).
         let mut in_run = after_copy;
@@ -195,26 +206,7 @@ impl BlockIndex {
                 let count = SIMD_BLOCKS.min((data.len() - here) / block);
                 let signature = Signature::calculate(&data[here..here + count * block], options);
                 let entries = &signature.serialized()[SIGNATURE_HEADER_LEN..];
-                for entry in entries.chunks_exact(entry_len) {
-                    let weak = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes"));
-                    let found = self
-                        .may_contain(weak)
-                        .then(|| {
-                            self.find(self.candidates(weak), &entry[4..], emitter.next_block())
-                        })
-                        .flatten();
-                    match found {
-                        Some(matched) => {
-                            emitter.copy(here, matched);
-                            here += block;
-                        }
-                        None => {
-                            known_weak = Some(weak);
-                            in_run = false;
-                            continue 'outer;
-                        }
-                    }
-                }
+                in_run = self.follow_run(entries, &mut here, &mut emitter, &mut known_weak);
                 continue;
             }
             let mut weak = known_weak
@@ -229,14 +221,30 @@ impl BlockIndex {
                 {
                     let candidates = self.candidates(value);
                     if !candidates.is_empty() {
-                        let signature = Signature::calculate(&data[here..here + block], options);
-                        let strong = &signature.serialized()[SIGNATURE_HEADER_LEN + 4..];
+                        // A hit usually starts a run: hash the blocks after
+                        // it in the same SIMD batch (one block alone costs
+                        // about half as much as eight together).
+                        let count = if false_hits < MAX_BATCHED_FALSE_HITS {
+                            SIMD_BLOCKS.min((data.len() - here) / block)
+                        } else {
+                            1
+                        };
+                        let signature =
+                            Signature::calculate(&data[here..here + count * block], options);
+                        let entries = &signature.serialized()[SIGNATURE_HEADER_LEN..];
+                        let strong = &entries[4..entry_len];
                         if let Some(matched) = self.find(candidates, strong, emitter.next_block()) {
                             emitter.copy(here, matched);
                             here += block;
-                            in_run = true;
+                            in_run = self.follow_run(
+                                &entries[entry_len..],
+                                &mut here,
+                                &mut emitter,
+                                &mut known_weak,
+                            );
                             continue 'outer;
                         }
+                        false_hits += 1;
                         *collisions.entry(value).or_insert(0) += 1;
                     }
                 }
@@ -248,6 +256,36 @@ impl BlockIndex {
             }
         }
         emitter.finish(data.len());
+    }
+
+    /// Follows a run through the entries of the blocks from `here` on:
+    /// copies each block found, and stops at the first that is not, leaving
+    /// its weak sum in `known_weak`. Whether every block was found.
+    fn follow_run(
+        &self,
+        entries: &[u8],
+        here: &mut usize,
+        emitter: &mut Emitter<'_>,
+        known_weak: &mut Option<u32>,
+    ) -> bool {
+        for entry in entries.chunks_exact(self.params.entry_len()) {
+            let weak = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes"));
+            let found = self
+                .may_contain(weak)
+                .then(|| self.find(self.candidates(weak), &entry[4..], emitter.next_block()))
+                .flatten();
+            match found {
+                Some(matched) => {
+                    emitter.copy(*here, matched);
+                    *here += self.params.block_size as usize;
+                }
+                None => {
+                    *known_weak = Some(weak);
+                    return false;
+                }
+            }
+        }
+        true
     }
 }
 
