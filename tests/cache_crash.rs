@@ -216,6 +216,11 @@ fn sequence(
                 5 | 6 => {
                     store.remove(key);
                     exp.durable = None;
+                    if !fs.is_dead() {
+                        // A removal that returned is durable: nothing of
+                        // the key may come back.
+                        exp.allowed.clear();
+                    }
                 }
                 7 => {
                     // A 304's refresh of the stored headers.
@@ -296,9 +301,9 @@ fn check_after_restart(
         match found {
             Some(found) => {
                 if !exp.allowed.contains(&found) {
-                    tally
-                        .violations
-                        .push(format!("{key}: after restart, a version never written"));
+                    tally.violations.push(format!(
+                        "{key}: after restart, a version never written or since removed"
+                    ));
                 }
                 present += 1;
                 let files = on_disk.get(&key.entry_path()).map(|e| e.len());

@@ -485,16 +485,25 @@ impl CacheStore {
         self.inner.lock().touch(&key.digest())
     }
 
-    /// Removes `key`'s entry. Returns whether there was one.
+    /// Removes `key`'s entry, durably: its directory is fsynced, so that an
+    /// entry invalidated by an unsafe method or dropped for a bad digest
+    /// does not come back after a power cut (eviction for space skips
+    /// this: an evicted entry that comes back is still valid). Returns
+    /// whether there was one.
     pub fn remove(&self, key: &CacheKey) -> bool {
-        let mut st = self.inner.lock();
         let hash = key.digest();
-        if st.slots.contains_key(&hash) {
+        {
+            let mut st = self.inner.lock();
+            if !st.slots.contains_key(&hash) {
+                return false;
+            }
             self.inner.evict_locked(&mut st, &hash);
-            true
-        } else {
-            false
         }
+        let dir = EntryPaths::new(&self.inner.root, key).dir;
+        if let Err(e) = fsync_dir(&*self.inner.fs, &dir) {
+            warn!(dir = %dir.display(), error = %e, "cannot fsync after removing a cache entry; it may come back after a power cut");
+        }
+        true
     }
 
     /// Replaces the stored headers and time of an entry, as a 304 refreshes
