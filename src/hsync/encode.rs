@@ -446,8 +446,19 @@ impl Encoder {
             }
         }
         let reference = &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..];
-        self.literals
-            .compress(&self.literal_bytes, reference, &mut self.compressed)?;
+        // The prefix is [basis slice | context tail], cut from the front.
+        let basis_in_prefix = match &self.basis_body {
+            Some(_) => reference
+                .len()
+                .saturating_sub(super::context_tail(&self.context, covered as u64).len()),
+            None => 0,
+        };
+        self.literals.compress(
+            &self.literal_bytes,
+            reference,
+            basis_in_prefix,
+            &mut self.compressed,
+        )?;
         let start = out.len();
         Frame::Delta {
             commands: &self.commands,
@@ -561,8 +572,15 @@ impl LiteralCompressor {
     }
 
     /// Compresses `data` into the empty `out` so that it decodes from those
-    /// bytes alone (given `prefix`, for `ZstdWindow`).
-    fn compress(&mut self, data: &[u8], prefix: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+    /// bytes alone (given `prefix`, for `ZstdWindow`; its first
+    /// `basis_in_prefix` bytes are basis text, for `ZstdBasis`).
+    fn compress(
+        &mut self,
+        data: &[u8],
+        prefix: &[u8],
+        basis_in_prefix: usize,
+        out: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
         debug_assert!(out.is_empty());
         if data.is_empty() {
             return Ok(());
@@ -602,7 +620,12 @@ impl LiteralCompressor {
                 // of it). Matches are distances back from the literals, so
                 // compressing against the prefix's tail alone still decodes
                 // against the whole prefix.
-                let prefix = if level == *fast_level && !*long_distance {
+                // Long-distance matching finds basis text in a prefix of
+                // several MiB; a small basis slice (a 1 KiB file chosen as
+                // the basis of a 1 GiB body) gains nothing from it, and it
+                // took a quarter of such an encoder's time.
+                let long_distance = *long_distance && basis_in_prefix >= LONG_DISTANCE_PREFIX;
+                let prefix = if level == *fast_level && !long_distance {
                     let keep = fast_prefix_len(data.len());
                     &prefix[prefix.len().saturating_sub(keep)..]
                 } else {
@@ -622,7 +645,7 @@ impl LiteralCompressor {
                 ] {
                     cctx.set_parameter(parameter).map_err(zstd_error)?;
                 }
-                if *long_distance && prefix.len() >= LONG_DISTANCE_PREFIX {
+                if long_distance {
                     // The regular match finders of the fast levels index
                     // too little of a prefix of several MiB to find the
                     // basis text in it; long-distance matching does (as
