@@ -292,6 +292,12 @@ static TCHAR: [bool; 256] = {
     table
 };
 
+/// Whether `b` is a token character (RFC 9110 §5.6.2): may stand in a
+/// field name.
+pub(crate) fn is_tchar(b: u8) -> bool {
+    TCHAR[usize::from(b)]
+}
+
 /// The reason for a byte that does not belong: a bare LF or a control
 /// byte say so; anything else (a CR ending a line too early, a blank where
 /// none may be) is `otherwise`.

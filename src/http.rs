@@ -119,19 +119,30 @@ pub enum HeaderError {
     },
 }
 
+/// The options of every `Connection` field, trimmed (RFC 9110 §7.6.1).
+fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|option| !option.is_empty())
+}
+
+/// Whether a message's `Connection` says `close`.
+pub fn closes_connection(headers: &HeaderMap) -> bool {
+    connection_options(headers).any(|option| option.eq_ignore_ascii_case("close"))
+}
+
 /// Removes hop-by-hop headers and those that `Connection` names.
 ///
 /// # Errors
 /// [`HeaderError::ProtectedConnectionOption`] when `Connection` names
 /// Content-Length, Host or a digest header.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Result<(), HeaderError> {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
+    let named: Vec<String> = connection_options(headers)
+        .map(str::to_ascii_lowercase)
         .collect();
     if let Some(name) = named.iter().find(|n| PROTECTED.contains(&n.as_str())) {
         return Err(HeaderError::ProtectedConnectionOption { name: name.clone() });

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use argon2::password_hash::rand_core::{OsRng, RngCore};
-use http::{HeaderMap, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
@@ -110,7 +110,8 @@ impl Slots {
         let queued = QueueRequest {
             peer,
             connection: ConnectionId(connection),
-            persistent: request.version() == http::Version::HTTP_11 && !closes(headers),
+            persistent: request.version() == http::Version::HTTP_11
+                && !crate::http::closes_connection(headers),
             offer: value(&X_QUEUE).and_then(|v| parse_offer(v).ok()),
             queued: value(&X_QUEUED).and_then(|v| parse_x_queued(v).ok()),
             node: value(&X_NODE).and_then(|v| parse_x_node(v).ok()),
@@ -237,15 +238,6 @@ impl Slots {
             }
         }
     }
-}
-
-fn closes(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|option| option.trim().eq_ignore_ascii_case("close"))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a

@@ -190,7 +190,7 @@ impl CacheKey {
     ///
     /// [`KeyError::InvalidHeaderName`] when `name` is not an HTTP token.
     pub fn with_vary(mut self, name: &str, value: &[u8]) -> Result<CacheKey, KeyError> {
-        if name.is_empty() || !name.bytes().all(is_tchar) {
+        if name.is_empty() || !name.bytes().all(crate::head_guard::is_tchar) {
             return Err(KeyError::InvalidHeaderName { name: name.into() });
         }
         let name = name.to_ascii_lowercase();
@@ -439,28 +439,6 @@ fn is_kept_raw(b: u8, in_query: bool) -> bool {
                 | b'/'
         )
         || (in_query && b == b'?')
-}
-
-/// RFC 7230 token characters (header names).
-fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'!' | b'#'
-                | b'$'
-                | b'%'
-                | b'&'
-                | b'\''
-                | b'*'
-                | b'+'
-                | b'-'
-                | b'.'
-                | b'^'
-                | b'_'
-                | b'`'
-                | b'|'
-                | b'~'
-        )
 }
 
 fn push_escaped(b: u8, out: &mut String) {

@@ -94,7 +94,7 @@ impl Place {
                 earliest: retry_after.unwrap_or(DEFAULT_RETRY),
                 latest: None,
                 id: Some(id),
-                held: version == Version::HTTP_11 && !closes(headers),
+                held: version == Version::HTTP_11 && !crate::http::closes_connection(headers),
             });
         }
         let mut legacy: Option<LegacyStatus> = None;
@@ -168,16 +168,6 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
-}
-
-/// Whether a response closes its connection.
-fn closes(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|option| option.trim().eq_ignore_ascii_case("close"))
 }
 
 /// An ETA from how fast the position has been falling, for upstreams that
