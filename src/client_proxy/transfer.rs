@@ -49,6 +49,32 @@ const READ_CHUNK: usize = 64 << 10;
 /// Largest piece of body sent to the user agent at a time.
 const SEND_SLICE: usize = 256 << 10;
 
+/// Body bytes for [`Worker::emit`].
+enum Rebuilt<'a> {
+    /// A window the decoder rebuilt in its own buffer: copied out a slice
+    /// at a time (one `Bytes` for the whole window would keep all of it
+    /// alive while any slice waits in the channel).
+    Window(&'a [u8]),
+    /// A chunk as it came from upstream: sliced, not copied.
+    Received(&'a Bytes),
+}
+
+impl Rebuilt<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Rebuilt::Window(window) => window,
+            Rebuilt::Received(chunk) => chunk,
+        }
+    }
+
+    fn piece(&self, range: std::ops::Range<usize>) -> Bytes {
+        match self {
+            Rebuilt::Window(window) => Bytes::copy_from_slice(&window[range]),
+            Rebuilt::Received(chunk) => chunk.slice(range),
+        }
+    }
+}
+
 /// The basis a stream is rebuilt against: nothing, or the cached body file
 /// whose signature was sent (its open descriptor, so an entry replaced in
 /// the meantime does not change the bytes under the decoder; D-A7).
@@ -360,7 +386,7 @@ impl Worker {
                 }
                 let result = self.pump(&mut from_upstream, |worker, chunk| {
                     decoder
-                        .push_to(chunk, |window| worker.emit(window))
+                        .push_to(chunk, |window| worker.emit(Rebuilt::Window(window)))
                         .map_err(|error| match error {
                             DecodeError::Output { .. } => Stop::Abandoned,
                             other => Stop::Corrupt(format!("hsync stream: {other}")),
@@ -396,7 +422,9 @@ impl Worker {
                     if worker.store.is_some() {
                         signature.update(chunk);
                     }
-                    worker.emit(chunk).map_err(|_| Stop::Abandoned)
+                    worker
+                        .emit(Rebuilt::Received(chunk))
+                        .map_err(|_| Stop::Abandoned)
                 });
                 let result = result.and_then(|()| match expected_len {
                     Some(len) if len != self.body_bytes => Err(Stop::Interrupted(format!(
@@ -425,7 +453,7 @@ impl Worker {
     fn pump(
         &mut self,
         from_upstream: &mut mpsc::Receiver<Result<Bytes, BodyError>>,
-        mut step: impl FnMut(&mut Worker, &[u8]) -> Result<(), Stop>,
+        mut step: impl FnMut(&mut Worker, &Bytes) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
         while let Some(item) = from_upstream.blocking_recv() {
             let chunk = item.map_err(|e| {
@@ -444,7 +472,8 @@ impl Worker {
 
     /// Hands rebuilt bytes to the cache writer, the digest check and the
     /// user agent. Fails only when nobody wants them any more.
-    fn emit(&mut self, data: &[u8]) -> std::io::Result<()> {
+    fn emit(&mut self, rebuilt: Rebuilt<'_>) -> std::io::Result<()> {
+        let data = rebuilt.as_slice();
         self.body_bytes += data.len() as u64;
         self.digests.update(data);
         if let Some(target) = &mut self.store
@@ -457,10 +486,10 @@ impl Worker {
         }
         // A rebuilt window can be many MiB: it goes to the user agent in
         // slices, so the channel holds a few slices, not a few windows.
-        let mut pieces = data.chunks(SEND_SLICE).peekable();
-        while let Some(piece) = pieces.next() {
-            let chunk = Bytes::copy_from_slice(piece);
-            if pieces.peek().is_none() && self.announced_len == Some(self.body_bytes) {
+        let mut starts = (0..data.len()).step_by(SEND_SLICE).peekable();
+        while let Some(start) = starts.next() {
+            let chunk = rebuilt.piece(start..data.len().min(start + SEND_SLICE));
+            if starts.peek().is_none() && self.announced_len == Some(self.body_bytes) {
                 self.held = Some(chunk);
             } else {
                 self.send_to_agent(chunk);
