@@ -523,6 +523,33 @@ fn d_a2_compressed_literals_cannot_ask_for_more_memory_or_bytes() {
             );
             assert!(run.out.is_empty());
         }
+
+        // After a good window, a bad one (decoded straight into the output,
+        // as literals-only windows are) leaves exactly the good window.
+        for declared in [2999, 3001] {
+            let frames = [
+                OwnedFrame::Delta {
+                    commands: commands(&[DeltaCommand::Literal { len: 3000 }]),
+                    literals: zstd_frame(20, &data),
+                },
+                OwnedFrame::Delta {
+                    commands: commands(&[DeltaCommand::Literal { len: declared }]),
+                    literals: zstd_frame(20, &data),
+                },
+            ];
+            let run = decode(
+                &b""[..],
+                &build_stream(header(codec), &frames),
+                &[],
+                DecodeLimits::default(),
+            );
+            assert!(
+                matches!(run.result, Err(DecodeError::Literals { .. })),
+                "{codec:?} {declared}: {:?}",
+                run.result
+            );
+            assert_eq!(run.out, data, "{codec:?} {declared}");
+        }
     }
 }
 

@@ -533,16 +533,26 @@ impl<B: Basis> Decoder<B> {
         }
         let reference = &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..];
         let decompressor = self.literals.as_mut().expect("header parsed before frames");
-        decompressor.decompress(
-            literals,
-            literal_len as usize,
-            reference,
-            &mut self.literal_buf,
-        )?;
+        let start = out.len();
+        // A window of literals only (a body sent from scratch) is decoded
+        // straight into `out`; otherwise the literals are gathered first and
+        // copied out between the copies of pass 2.
+        let literals_only = copied_len == 0;
+        if literals_only {
+            out.reserve(window_len as usize);
+            decompressor.decompress(literals, literal_len as usize, reference, out)?;
+        } else {
+            self.literal_buf.clear();
+            decompressor.decompress(
+                literals,
+                literal_len as usize,
+                reference,
+                &mut self.literal_buf,
+            )?;
+            out.reserve(window_len as usize);
+        }
 
         // Pass 2: rebuild.
-        let start = out.len();
-        out.reserve(window_len as usize);
         let basis_failed = |e: std::io::Error, out: &mut Vec<u8>| {
             // Hand out only what `rebuilt` counts.
             out.truncate(start);
@@ -572,6 +582,7 @@ impl<B: Basis> Decoder<B> {
                         .append_range(offset, len as usize, out)
                         .map_err(|e| basis_failed(e, out))?;
                 }
+                DeltaCommand::Literal { .. } if literals_only => {}
                 DeltaCommand::Literal { len } => {
                     let end = literal_at + len as usize;
                     out.extend_from_slice(&self.literal_buf[literal_at..end]);
@@ -766,8 +777,24 @@ impl LiteralDecompressor {
         }
     }
 
-    /// Decodes `input` into exactly `expected` bytes in `buf`.
+    /// Decodes `input` into exactly `expected` bytes appended to `buf`; on
+    /// an error `buf` is left as it was.
     fn decompress(
+        &mut self,
+        input: &[u8],
+        expected: usize,
+        prefix: &[u8],
+        buf: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        let start = buf.len();
+        let result = self.decompress_inner(input, expected, prefix, buf);
+        if result.is_err() {
+            buf.truncate(start);
+        }
+        result
+    }
+
+    fn decompress_inner(
         &mut self,
         input: &[u8],
         expected: usize,
@@ -776,7 +803,7 @@ impl LiteralDecompressor {
     ) -> Result<(), DecodeError> {
         debug_assert!(expected <= MAX_FRAME_LEN);
         let corrupt = |reason: String| DecodeError::Literals { reason };
-        buf.clear();
+        let start = buf.len();
         if expected == 0 {
             return if input.is_empty() {
                 Ok(())
@@ -799,8 +826,8 @@ impl LiteralDecompressor {
             }
             LiteralDecompressor::Zstd(decoder) => {
                 // One spare byte detects a section that decodes to more.
-                buf.resize(expected + 1, 0);
-                let mut output = OutBuffer::around(&mut buf[..]);
+                buf.resize(start + expected + 1, 0);
+                let mut output = OutBuffer::around(&mut buf[start..]);
                 let mut input = InBuffer::around(input);
                 loop {
                     let before = (input.pos(), output.pos());
@@ -822,7 +849,7 @@ impl LiteralDecompressor {
                         "decodes to {produced} bytes, {expected} needed"
                     )));
                 }
-                buf.truncate(expected);
+                buf.truncate(start + expected);
             }
             LiteralDecompressor::ZstdWindow => {
                 let zstd_error = |code| corrupt(zstd_safe::get_error_name(code).to_string());
@@ -834,16 +861,18 @@ impl LiteralDecompressor {
                 if !prefix.is_empty() {
                     dctx.ref_prefix(prefix).map_err(zstd_error)?;
                 }
-                // One spare byte detects a frame that decodes to more; the
-                // output slice bounds what zstd may write.
-                buf.resize(expected + 1, 0);
-                let produced = dctx.decompress(&mut buf[..], input).map_err(zstd_error)?;
+                // Into the spare capacity after `start`, unzeroed. One spare
+                // byte detects a frame that decodes to more; the capacity
+                // (at most a window's) bounds what zstd may write.
+                buf.reserve(expected + 1);
+                let mut output = std::io::Cursor::new(&mut *buf);
+                output.set_position(start as u64);
+                let produced = dctx.decompress(&mut output, input).map_err(zstd_error)?;
                 if produced != expected {
                     return Err(corrupt(format!(
                         "decodes to {produced} bytes, {expected} needed"
                     )));
                 }
-                buf.truncate(expected);
             }
         }
         Ok(())

@@ -47,6 +47,14 @@ pub struct EncoderOptions {
     /// zstd level for literals after that, so large bodies keep the
     /// throughput target.
     pub fast_zstd_level: i32,
+    /// zstd level instead of `fast_zstd_level` for a window that follows
+    /// one whose literals compressed no better than half: there the match
+    /// finder found little to pay for its search. Random base64 compresses
+    /// to 0.754x by entropy alone at levels 1 and 3 alike, and level 3 took
+    /// twice the time (with the prefix to index, 2.5-3.0 s per GiB against
+    /// 1.3); a window at this level that compresses better than half goes
+    /// back to `fast_zstd_level`.
+    pub entropy_zstd_level: i32,
     /// Bytes of zstd work (prefix + literals) per stream done at
     /// `zstd_level`; web assets fit, large bodies move on to
     /// `fast_zstd_level`.
@@ -71,6 +79,7 @@ impl Default for EncoderOptions {
             codec: LiteralCodec::ZstdWindow,
             zstd_level: 19,
             fast_zstd_level: 3,
+            entropy_zstd_level: 1,
             high_level_budget: 2 << 20,
             basis_zstd_level: 12,
             basis_high_level_budget: 16 << 20,
@@ -146,7 +155,6 @@ pub struct Encoder {
     after_copy: bool,
     commands: Vec<u8>,
     literal_bytes: Vec<u8>,
-    compressed: Vec<u8>,
     /// The body's last bytes before the window (codecs 2 and 3).
     context: Vec<u8>,
     /// The basis slice (`ZstdBasis`) and the window's reference prefix
@@ -243,7 +251,6 @@ impl Encoder {
             after_copy: false,
             commands: Vec::new(),
             literal_bytes: Vec::new(),
-            compressed: Vec::new(),
             context: Vec::new(),
             basis_part: Vec::new(),
             prefix: Vec::new(),
@@ -363,7 +370,8 @@ impl Encoder {
                     len: covered as u64,
                 }
                 .write(&mut self.commands);
-                self.literal_bytes.extend_from_slice(&self.window);
+                // The literals are the window itself: compressed from it
+                // below, not copied.
                 self.summary.literal_bytes += covered as u64;
             }
             Some(basis) => {
@@ -421,10 +429,11 @@ impl Encoder {
                 self.matches = parsed;
             }
         }
-        self.compressed.clear();
-        if matches!(self.literals, LiteralCompressor::ZstdWindow { .. })
-            && !self.literal_bytes.is_empty()
-        {
+        let literals = match self.basis {
+            None => &self.window[..covered],
+            Some(_) => &self.literal_bytes[..],
+        };
+        if matches!(self.literals, LiteralCompressor::ZstdWindow { .. }) && !literals.is_empty() {
             if let Some(body) = &self.basis_body {
                 let range = super::basis_slice(self.summary.body_len, covered as u64, body.size());
                 self.basis_part.clear();
@@ -453,20 +462,17 @@ impl Encoder {
                 .saturating_sub(super::context_tail(&self.context, covered as u64).len()),
             None => 0,
         };
-        self.literals.compress(
-            &self.literal_bytes,
-            reference,
-            basis_in_prefix,
-            &mut self.compressed,
-        )?;
         let start = out.len();
-        Frame::Delta {
-            commands: &self.commands,
-            literals: &self.compressed,
-        }
-        .write(out);
+        let mut literal_wire_bytes = 0;
+        super::frame::write_delta_with(&self.commands, out, |out| {
+            let before = out.len();
+            self.literals
+                .compress(literals, reference, basis_in_prefix, out)?;
+            literal_wire_bytes = out.len() - before;
+            Ok::<_, std::io::Error>(())
+        })?;
         self.summary.stream_bytes += (out.len() - start) as u64;
-        self.summary.literal_wire_bytes += self.compressed.len() as u64;
+        self.summary.literal_wire_bytes += literal_wire_bytes as u64;
 
         let body = &self.window[..covered];
         if matches!(self.literals, LiteralCompressor::ZstdWindow { .. }) {
@@ -528,6 +534,9 @@ enum LiteralCompressor {
     ZstdWindow {
         level: i32,
         fast_level: i32,
+        entropy_level: i32,
+        /// The last window at a fast level compressed no better than half.
+        little_redundancy: bool,
         /// zstd work left at `level` (bytes).
         budget: u64,
         /// Use zstd's long-distance matcher on large prefixes (codec 3).
@@ -559,19 +568,23 @@ impl LiteralCompressor {
             LiteralCodec::ZstdWindow => LiteralCompressor::ZstdWindow {
                 level,
                 fast_level: options.fast_zstd_level,
+                entropy_level: options.entropy_zstd_level,
+                little_redundancy: false,
                 budget: budget(options.high_level_budget),
                 long_distance: false,
             },
             LiteralCodec::ZstdBasis => LiteralCompressor::ZstdWindow {
                 level: options.basis_zstd_level,
                 fast_level: options.fast_zstd_level,
+                entropy_level: options.entropy_zstd_level,
+                little_redundancy: false,
                 budget: budget(options.basis_high_level_budget),
                 long_distance: true,
             },
         }
     }
 
-    /// Compresses `data` into the empty `out` so that it decodes from those
+    /// Compresses `data`, appending to `out`, so that it decodes from those
     /// bytes alone (given `prefix`, for `ZstdWindow`; its first
     /// `basis_in_prefix` bytes are basis text, for `ZstdBasis`).
     fn compress(
@@ -581,7 +594,6 @@ impl LiteralCompressor {
         basis_in_prefix: usize,
         out: &mut Vec<u8>,
     ) -> std::io::Result<()> {
-        debug_assert!(out.is_empty());
         if data.is_empty() {
             return Ok(());
         }
@@ -595,6 +607,8 @@ impl LiteralCompressor {
             LiteralCompressor::ZstdWindow {
                 level,
                 fast_level,
+                entropy_level,
+                little_redundancy,
                 budget,
                 long_distance,
             } => {
@@ -611,10 +625,14 @@ impl LiteralCompressor {
                 let level = if worth_it && *budget >= span {
                     *budget -= span;
                     *level
+                } else if *little_redundancy {
+                    *budget = 0;
+                    *entropy_level
                 } else {
                     *budget = 0;
                     *fast_level
                 };
+                let is_fast = level == *fast_level || level == *entropy_level;
                 // At the fast level most of zstd's time went into indexing
                 // the prefix (a 1 %-edited window's literals are a twentieth
                 // of it). Matches are distances back from the literals, so
@@ -625,7 +643,7 @@ impl LiteralCompressor {
                 // the basis of a 1 GiB body) gains nothing from it, and it
                 // took a quarter of such an encoder's time.
                 let long_distance = *long_distance && basis_in_prefix >= LONG_DISTANCE_PREFIX;
-                let prefix = if level == *fast_level && !long_distance {
+                let prefix = if is_fast && !long_distance {
                     let keep = fast_prefix_len(data.len());
                     &prefix[prefix.len().saturating_sub(keep)..]
                 } else {
@@ -656,9 +674,15 @@ impl LiteralCompressor {
                 if !prefix.is_empty() {
                     cctx.ref_prefix(prefix).map_err(zstd_error)?;
                 }
-                // compress2 writes from the start of the Vec's capacity.
+                // Straight into `out`'s spare capacity, after its bytes.
+                let start = out.len();
                 out.reserve(zstd_safe::compress_bound(data.len()));
-                cctx.compress2(out, data).map_err(zstd_error)?;
+                let mut cursor = std::io::Cursor::new(&mut *out);
+                cursor.set_position(start as u64);
+                let written = cctx.compress2(&mut cursor, data).map_err(zstd_error)?;
+                if is_fast {
+                    *little_redundancy = written * 2 > data.len();
+                }
             }
         }
         Ok(())
@@ -667,7 +691,74 @@ impl LiteralCompressor {
 
 #[cfg(test)]
 mod tests {
-    use super::fast_prefix_len;
+    use super::{EncoderOptions, LiteralCodec, LiteralCompressor, fast_prefix_len};
+
+    /// Base64-like bytes from a xorshift generator: 6 bits of entropy per
+    /// byte and no repeats for zstd's match finder.
+    fn random_base64(len: usize, mut seed: u64) -> Vec<u8> {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ALPHABET[(seed % 64) as usize]
+            })
+            .collect()
+    }
+
+    fn little_redundancy(compressor: &LiteralCompressor) -> bool {
+        match compressor {
+            LiteralCompressor::ZstdWindow {
+                little_redundancy, ..
+            } => *little_redundancy,
+            _ => unreachable!("a ZstdWindow compressor"),
+        }
+    }
+
+    /// A window that compresses no better than half sends the next to the
+    /// entropy level, and one that compresses better brings it back.
+    #[test]
+    fn the_fast_stage_drops_to_the_entropy_level_only_after_a_window_without_redundancy() {
+        let options = EncoderOptions::default();
+        // A known length beyond the budget: the fast stage from the start.
+        let mut compressor =
+            LiteralCompressor::new(LiteralCodec::ZstdWindow, &options, Some(1 << 30));
+        let random = random_base64(256 << 10, 7);
+        let text = b"the quick brown fox jumps over the lazy dog; ".repeat(6000);
+        let mut out = Vec::new();
+        compressor.compress(&text, &[], 0, &mut out).unwrap();
+        assert!(!little_redundancy(&compressor));
+        assert!(out.len() * 10 < text.len(), "{}", out.len());
+
+        out.clear();
+        compressor.compress(&random, &text, 0, &mut out).unwrap();
+        assert!(little_redundancy(&compressor));
+        // Entropy coding still takes its quarter off.
+        assert!(out.len() * 100 < random.len() * 80, "{}", out.len());
+
+        // At the entropy level, random stays there and text comes back.
+        out.clear();
+        compressor.compress(&random, &random, 0, &mut out).unwrap();
+        assert!(little_redundancy(&compressor));
+        out.clear();
+        compressor.compress(&text, &random, 0, &mut out).unwrap();
+        assert!(!little_redundancy(&compressor));
+        assert!(out.len() * 10 < text.len(), "{}", out.len());
+    }
+
+    /// The literal section is appended after what `out` already holds.
+    #[test]
+    fn literals_are_appended_to_the_stream() {
+        let options = EncoderOptions::default();
+        let text = b"the quick brown fox jumps over the lazy dog; ".repeat(100);
+        let mut compressor = LiteralCompressor::new(LiteralCodec::ZstdWindow, &options, None);
+        let mut out = b"kept".to_vec();
+        compressor.compress(&text, &[], 0, &mut out).unwrap();
+        assert_eq!(&out[..4], b"kept");
+        let decoded = zstd::bulk::decompress(&out[4..], text.len()).unwrap();
+        assert_eq!(decoded, text);
+    }
 
     /// The tail and the literals fill a power of two exactly, so the zstd
     /// window the frame declares reaches no further back than the tail.

@@ -307,6 +307,35 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// Appends a DELTA frame whose literal section `write_literals` appends to
+/// `out` itself (the encoder compresses straight into the stream rather
+/// than into a buffer that is then copied). On an error `out` is left as it
+/// was.
+///
+/// # Errors
+/// What `write_literals` returns.
+pub(crate) fn write_delta_with<E>(
+    commands: &[u8],
+    out: &mut Vec<u8>,
+    write_literals: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<(), E> {
+    let start = out.len();
+    write_prefix(FrameKind::Delta, 0, out);
+    out.extend_from_slice(&(commands.len() as u32).to_be_bytes());
+    out.extend_from_slice(commands);
+    if let Err(error) = write_literals(out) {
+        out.truncate(start);
+        return Err(error);
+    }
+    let payload_len = out.len() - start - FRAME_PREFIX_LEN;
+    debug_assert!(
+        payload_len <= MAX_FRAME_LEN,
+        "encoder wrote an oversized frame"
+    );
+    out[start + 1..start + FRAME_PREFIX_LEN].copy_from_slice(&(payload_len as u32).to_be_bytes());
+    Ok(())
+}
+
 /// Appends a frame's kind and payload length to `out`.
 pub(crate) fn write_prefix(kind: FrameKind, len: usize, out: &mut Vec<u8>) {
     debug_assert!(len <= MAX_FRAME_LEN, "encoder wrote an oversized frame");
@@ -324,6 +353,32 @@ mod tests {
             strong_len: 8,
             codec: LiteralCodec::Zstd,
         }
+    }
+
+    /// A DELTA frame whose literals are written in place parses as the
+    /// one `write` makes; a failing writer leaves the stream as it was.
+    #[test]
+    fn delta_written_in_place_is_the_same_frame() {
+        let (commands, literals) = (b"\x41\x05".as_slice(), b"hello".as_slice());
+        let mut expected = b"before".to_vec();
+        Frame::Delta { commands, literals }.write(&mut expected);
+        let mut out = b"before".to_vec();
+        write_delta_with(commands, &mut out, |out| {
+            out.extend_from_slice(literals);
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(out, expected);
+        let (frame, len) = Frame::parse(&out[6..]).unwrap().unwrap();
+        assert_eq!(len, out.len() - 6);
+        assert_eq!(frame, Frame::Delta { commands, literals });
+
+        let result = write_delta_with(commands, &mut out, |out| {
+            out.extend_from_slice(b"half");
+            Err(())
+        });
+        assert_eq!(result, Err(()));
+        assert_eq!(out, expected);
     }
 
     #[test]
