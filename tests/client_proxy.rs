@@ -35,7 +35,7 @@ use rproxy::hsync::{Encoder, EncoderOptions};
 use rproxy::http::{byte_sequence, parse_byte_sequence};
 use rproxy::server::{BodyError, ConnectionLimits, ProxyBody, serve};
 use sha2::Digest;
-use support::{accelerator_signature, pseudo_text};
+use support::{accelerator_signature, pseudo_text, reference_signature};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -48,6 +48,13 @@ const BODY_LEN: usize = 200_000;
 
 /// Release `n` (1..=3) of a script: each release inserts a line into the
 /// previous one, so consecutive releases differ by a few dozen bytes.
+/// 6 MiB of text: past its first MiB the client writes it to the cache
+/// from a thread of its own.
+fn large_body() -> &'static [u8] {
+    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
+    BODY.get_or_init(|| pseudo_text(5, 6 << 20))
+}
+
 fn release(n: usize) -> &'static [u8] {
     static RELEASES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     let releases = RELEASES.get_or_init(|| {
@@ -309,6 +316,7 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
         ),
         "/range.txt" => ok(&[], release(1)),
         "/no-store.js" => ok(&[("cache-control", "no-store")], release(1)),
+        "/large.txt" => ok(&[("cache-control", "max-age=60")], large_body()),
         "/gzip.js" => ok(
             &[
                 ("content-encoding", "gzip"),
@@ -544,8 +552,12 @@ impl Proxy {
 }
 
 async fn start_proxy(config: ClientConfig) -> Proxy {
+    start_proxy_with_budget(config, 64 << 20).await
+}
+
+async fn start_proxy_with_budget(config: ClientConfig, cache_bytes: u64) -> Proxy {
     let cache = tempfile::tempdir().unwrap();
-    let store = CacheStore::open(cache.path().join("cache"), 64 << 20).unwrap();
+    let store = CacheStore::open(cache.path().join("cache"), cache_bytes).unwrap();
     let proxy = Arc::new(ClientProxy::new(config, store).unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -799,6 +811,67 @@ async fn a_similar_url_is_the_basis_and_the_new_release_comes_as_a_small_delta()
         );
     }
     assert_eq!(stack.origin.requests(), 2);
+}
+
+/// A large body's cache writes run on their own thread: coded or plain,
+/// the user agent gets every byte and the entry is stored whole, with the
+/// body's own signature (D-A6).
+#[tokio::test]
+async fn a_large_body_is_stored_whole_by_the_background_writer() {
+    let stack = Stack::start().await;
+    let plain = start_proxy(client_config(stack.origin.addr)).await;
+    for (proxy, coded) in [(&stack.proxy, true), (&plain, false)] {
+        let url = stack.url("/large.txt");
+        let reply = send(
+            proxy.addr,
+            forward(Method::GET, stack.origin.addr, "/large.txt"),
+        )
+        .await;
+        assert!(reply.body() == large_body(), "coded {coded}");
+        proxy.settled(&url).await;
+        proxy.assert_complete(&url, large_body());
+        let (body, signature) = proxy.body_and_signature(&url);
+        assert!(body == large_body(), "coded {coded}");
+        // The signature of the body with the block size it declares (a
+        // plain body's depends on whether its length was announced).
+        let block_size = u32::from_be_bytes(signature[4..8].try_into().unwrap());
+        assert!(
+            signature == reference_signature(large_body(), block_size),
+            "coded {coded}: the stored signature is the body's"
+        );
+        let hit = send(
+            proxy.addr,
+            forward(Method::GET, stack.origin.addr, "/large.txt"),
+        )
+        .await;
+        assert!(hit.cache_status().contains("hit"), "coded {coded}: {hit:?}");
+        assert!(hit.body() == large_body(), "coded {coded}");
+    }
+    assert_eq!(stack.proxy.stats().deltas, 1, "the coded fetch was hsync");
+    assert_eq!(stack.origin.requests_to("/large.txt"), 2);
+}
+
+/// C-E1 on the background writer: a body larger than the cache's budget
+/// fails its writes after the first MiB, on the writer's thread. The user
+/// agent still gets every byte, and nothing is stored, then or later.
+#[tokio::test]
+async fn a_cache_write_failing_in_the_background_still_serves_every_byte() {
+    let stack = Stack::start().await;
+    let proxy = start_proxy_with_budget(client_config(stack.tap.server.addr), 3 << 20).await;
+    let url = stack.url("/large.txt");
+    for _ in 0..2 {
+        let reply = send(
+            proxy.addr,
+            forward(Method::GET, stack.origin.addr, "/large.txt"),
+        )
+        .await;
+        assert!(reply.body() == large_body());
+        assert!(!reply.cache_status().contains("hit"), "{reply:?}");
+    }
+    assert_eq!(proxy.stats().stored, 0);
+    assert!(proxy.entry(&url).is_none());
+    assert_eq!(proxy.stored_len(), 0);
+    assert_eq!(stack.origin.requests_to("/large.txt"), 2);
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@
 //!
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
 
+mod cache_writer;
 pub mod coalesce;
 pub mod hot;
 pub mod queue_wait;

@@ -3,8 +3,9 @@
 //! other body passes as it is and gets its signature computed here.
 //!
 //! A reader task takes the upstream body frame by frame into a small
-//! channel; a blocking thread decodes, hashes, writes the cache entry and
-//! hands each window to the user agent's channel. Both channels are
+//! channel; a blocking thread decodes, hashes, writes the cache entry (a
+//! large body's through a thread of its own, `cache_writer`) and hands
+//! each window to the user agent's channel. Both channels are
 //! bounded, so a slow user agent slows the upstream read instead of
 //! filling memory. The user agent's response ends cleanly only after every
 //! check passed (END's length and blake3, the origin's `Content-Digest` or
@@ -28,6 +29,7 @@ use hyper::body::{Frame, Incoming};
 use sha2::Digest;
 use tokio::sync::mpsc;
 
+use super::cache_writer::BackgroundWriter;
 use crate::cache::{CacheError, CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
 use crate::hsync::{
     Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
@@ -48,6 +50,10 @@ const READ_CHUNK: usize = 64 << 10;
 
 /// Largest piece of body sent to the user agent at a time.
 const SEND_SLICE: usize = 256 << 10;
+
+/// Body bytes written to the cache on the relay's own thread; the rest of
+/// a larger body is written by a [`BackgroundWriter`].
+const BACKGROUND_WRITE_AFTER: u64 = SMALL_BODY;
 
 /// Body bytes for [`Worker::emit`].
 enum Rebuilt<'a> {
@@ -322,7 +328,10 @@ async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<By
 /// The blocking side of a relay.
 struct Worker {
     coding: Coding,
+    /// The cache entry while it is written here (a small body so far).
     store: Option<StoreTarget>,
+    /// The cache entry once the body is large: written by its own thread.
+    background: Option<BackgroundWriter>,
     digests: DigestCheck,
     to_agent: mpsc::Sender<Result<Frame<Bytes>, BodyError>>,
     agent_gone: bool,
@@ -363,6 +372,7 @@ impl Worker {
             framing: relay.framing,
             coding: relay.coding,
             store: relay.store,
+            background: None,
             to_agent,
             agent_gone: false,
             upstream_bytes: 0,
@@ -419,7 +429,7 @@ impl Worker {
                     strong_len: crate::hsync::DEFAULT_STRONG_LEN,
                 });
                 let result = self.pump(&mut from_upstream, |worker, chunk| {
-                    if worker.store.is_some() {
+                    if worker.is_storing() {
                         signature.update(chunk);
                     }
                     worker
@@ -476,6 +486,13 @@ impl Worker {
         let data = rebuilt.as_slice();
         self.body_bytes += data.len() as u64;
         self.digests.update(data);
+        // Past the first MiB the page-cache writes move to a thread of
+        // their own, which takes the slices sent to the user agent.
+        if self.body_bytes > BACKGROUND_WRITE_AFTER
+            && let Some(target) = self.store.take()
+        {
+            self.background = BackgroundWriter::start(target);
+        }
         if let Some(target) = &mut self.store
             && let Err(error) = target.writer.write_body(data)
         {
@@ -489,16 +506,35 @@ impl Worker {
         let mut starts = (0..data.len()).step_by(SEND_SLICE).peekable();
         while let Some(start) = starts.next() {
             let chunk = rebuilt.piece(start..data.len().min(start + SEND_SLICE));
+            if let Some(writer) = &self.background
+                && !writer.write(chunk.clone())
+            {
+                // It failed and said why; nothing will be stored.
+                self.background = None;
+            }
             if starts.peek().is_none() && self.announced_len == Some(self.body_bytes) {
                 self.held = Some(chunk);
             } else {
                 self.send_to_agent(chunk);
             }
         }
-        if self.agent_gone && self.store.is_none() {
+        if self.agent_gone && !self.is_storing() {
             return Err(std::io::Error::other("user agent gone"));
         }
         Ok(())
+    }
+
+    /// Whether the body is still being written to a cache entry.
+    fn is_storing(&self) -> bool {
+        self.store.is_some() || self.background.is_some()
+    }
+
+    /// Waits for the background writer, if any, to write what it was
+    /// given: the entry is then in `store` again (unless a write failed).
+    fn settle_writer(&mut self) {
+        if let Some(writer) = self.background.take() {
+            self.store = writer.finish();
+        }
     }
 
     /// Ends the user agent's body cleanly: the held chunk, then the end of
@@ -533,6 +569,7 @@ impl Worker {
         let digests = std::mem::take(&mut self.digests);
         if let Err(reason) = digests.verify() {
             self.abort_agent(&reason);
+            self.settle_writer();
             self.store = None;
             return Outcome::Corrupt { reason };
         }
@@ -545,6 +582,7 @@ impl Worker {
         if self.body_bytes > SMALL_BODY {
             self.end_agent();
         }
+        self.settle_writer();
         let stored = match self.store.take() {
             Some(mut target) => {
                 target.entry.completeness = Completeness::Complete;
@@ -569,6 +607,7 @@ impl Worker {
         body_digest: Option<blake3::Hash>,
         basis_key: Option<&CacheKey>,
     ) -> Outcome {
+        self.settle_writer();
         match stop {
             Stop::Abandoned => {
                 self.store = None;
