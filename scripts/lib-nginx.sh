@@ -222,11 +222,13 @@ EOF
 # Words given are put before the client's command (e.g. taskset -c 0).
 # Sets lab_accel_url, lab_client_port, lab_client_url, lab_proxy.
 lab_start_pair() {
-    local accel_port client_port
+    local accel_port client_port accel_args=()
+    # ACCEL_ARGS: more accelerator flags (e.g. "--bulk-level -1").
+    read -r -a accel_args <<<"${ACCEL_ARGS:-}"
     accel_port=$(lab_free_port)
     lab_accel_url=http://127.0.0.1:$accel_port
     RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" accelerator \
-        --listen "127.0.0.1:$accel_port" --origin "$lab_nginx_url" \
+        --listen "127.0.0.1:$accel_port" --origin "$lab_nginx_url" "${accel_args[@]}" \
         >"$lab_tmp/logs/accelerator.log" 2>&1 &
     lab_accel_pid=$!
     lab_pids+=("$lab_accel_pid")

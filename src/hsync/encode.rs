@@ -747,6 +747,37 @@ mod tests {
         assert!(out.len() * 10 < text.len(), "{}", out.len());
     }
 
+    /// `--bulk-level -1`: zstd's fast levels leave the literals of large
+    /// bodies without entropy coding, and the stream still decodes.
+    #[test]
+    fn a_negative_fast_level_sends_random_literals_uncoded_and_decodes() {
+        let options = EncoderOptions {
+            fast_zstd_level: -1,
+            entropy_zstd_level: -1,
+            high_level_budget: 0,
+            window_bytes: 64 << 10,
+            ..EncoderOptions::default()
+        };
+        let new = random_base64(512 << 10, 11);
+        let (decoded, _, summary) = super::super::tests::round_trip(&[], &new, 10_000, options);
+        assert!(decoded == new);
+        assert!(
+            summary.literal_wire_bytes >= summary.literal_bytes,
+            "{summary:?}"
+        );
+        let coded = super::super::tests::round_trip(
+            &[],
+            &new,
+            10_000,
+            EncoderOptions {
+                fast_zstd_level: 3,
+                entropy_zstd_level: 1,
+                ..options
+            },
+        );
+        assert!(coded.2.literal_wire_bytes * 100 < coded.2.literal_bytes * 80);
+    }
+
     /// The literal section is appended after what `out` already holds.
     #[test]
     fn literals_are_appended_to_the_stream() {
