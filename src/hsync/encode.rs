@@ -525,6 +525,50 @@ fn fast_prefix_len(literal_len: usize) -> usize {
 /// Prefixes from this size on get zstd's long-distance matcher (bytes).
 const LONG_DISTANCE_PREFIX: usize = 1 << 20;
 
+/// Compresses `data` as one zstd frame against `prefix` at `level`,
+/// appending it to `out`; returns its length.
+fn compress_frame(
+    level: i32,
+    prefix: &[u8],
+    long_distance: bool,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    use zstd_safe::{CCtx, CParameter};
+    let zstd_error = |code| std::io::Error::other(zstd_safe::get_error_name(code));
+    let span = (prefix.len() + data.len()) as u64;
+    let window_log =
+        (64 - span.saturating_sub(1).leading_zeros()).clamp(10, super::ZSTD_WINDOW_LOG_MAX);
+    // A context per frame: `ref_prefix` borrows the prefix for the
+    // context's lifetime.
+    let mut cctx = CCtx::create();
+    for parameter in [
+        CParameter::CompressionLevel(level),
+        CParameter::WindowLog(window_log),
+        CParameter::ContentSizeFlag(false),
+        CParameter::ChecksumFlag(false),
+    ] {
+        cctx.set_parameter(parameter).map_err(zstd_error)?;
+    }
+    if long_distance {
+        // The regular match finders of the fast levels index too little of
+        // a prefix of several MiB to find the basis text in it;
+        // long-distance matching does (as `zstd --patch-from` turns it on
+        // for large inputs).
+        cctx.set_parameter(CParameter::EnableLongDistanceMatching(true))
+            .map_err(zstd_error)?;
+    }
+    if !prefix.is_empty() {
+        cctx.ref_prefix(prefix).map_err(zstd_error)?;
+    }
+    // Straight into `out`'s spare capacity, after its bytes.
+    let start = out.len();
+    out.reserve(zstd_safe::compress_bound(data.len()));
+    let mut cursor = std::io::Cursor::new(&mut *out);
+    cursor.set_position(start as u64);
+    cctx.compress2(&mut cursor, data).map_err(zstd_error)
+}
+
 /// The literal codec's compressing side.
 enum LiteralCompressor {
     None,
@@ -612,8 +656,6 @@ impl LiteralCompressor {
                 budget,
                 long_distance,
             } => {
-                use zstd_safe::{CCtx, CParameter};
-                let zstd_error = |code| std::io::Error::other(zstd_safe::get_error_name(code));
                 // The zstd window must reach from the literals back to the
                 // start of the prefix.
                 let span = (prefix.len() + data.len()) as u64;
@@ -622,65 +664,51 @@ impl LiteralCompressor {
                 // unchanged 1 MiB body spent 370 ms at level 19 on 64
                 // literal bytes).
                 let worth_it = data.len().saturating_mul(HIGH_LEVEL_PREFIX_RATIO) >= prefix.len();
-                let level = if worth_it && *budget >= span {
-                    *budget -= span;
-                    *level
-                } else if *little_redundancy {
-                    *budget = 0;
-                    *entropy_level
-                } else {
-                    *budget = 0;
-                    *fast_level
-                };
-                let is_fast = level == *fast_level || level == *entropy_level;
-                // At the fast level most of zstd's time went into indexing
-                // the prefix (a 1 %-edited window's literals are a twentieth
-                // of it). Matches are distances back from the literals, so
-                // compressing against the prefix's tail alone still decodes
-                // against the whole prefix.
                 // Long-distance matching finds basis text in a prefix of
                 // several MiB; a small basis slice (a 1 KiB file chosen as
                 // the basis of a 1 GiB body) gains nothing from it, and it
                 // took a quarter of such an encoder's time.
                 let long_distance = *long_distance && basis_in_prefix >= LONG_DISTANCE_PREFIX;
-                let prefix = if is_fast && !long_distance {
-                    let keep = fast_prefix_len(data.len());
-                    &prefix[prefix.len().saturating_sub(keep)..]
+                if worth_it && *budget >= span {
+                    // The high level finds nothing more than the entropy
+                    // level in literals with little redundancy (random
+                    // text, images, anything compressed) at 30-100 times
+                    // its cost (level 19 spent about 80 µs on each 1 KiB
+                    // random body of the pass-through bench): a pass at the
+                    // entropy level against the same prefix tells, and is
+                    // kept when it compresses no better than half (with
+                    // entropy coding even if the fast stage's level goes
+                    // without: a small body's bytes matter most).
+                    let start = out.len();
+                    let probe_level = (*entropy_level).max(1);
+                    let written = compress_frame(probe_level, prefix, long_distance, data, out)?;
+                    if written * 2 > data.len() {
+                        *little_redundancy = true;
+                        return Ok(());
+                    }
+                    out.truncate(start);
+                    *budget -= span;
+                    compress_frame(*level, prefix, long_distance, data, out)?;
                 } else {
-                    prefix
-                };
-                let span = (prefix.len() + data.len()) as u64;
-                let window_log = (64 - span.saturating_sub(1).leading_zeros())
-                    .clamp(10, super::ZSTD_WINDOW_LOG_MAX);
-                // A context per window: `ref_prefix` borrows the prefix for
-                // the context's lifetime.
-                let mut cctx = CCtx::create();
-                for parameter in [
-                    CParameter::CompressionLevel(level),
-                    CParameter::WindowLog(window_log),
-                    CParameter::ContentSizeFlag(false),
-                    CParameter::ChecksumFlag(false),
-                ] {
-                    cctx.set_parameter(parameter).map_err(zstd_error)?;
-                }
-                if long_distance {
-                    // The regular match finders of the fast levels index
-                    // too little of a prefix of several MiB to find the
-                    // basis text in it; long-distance matching does (as
-                    // `zstd --patch-from` turns it on for large inputs).
-                    cctx.set_parameter(CParameter::EnableLongDistanceMatching(true))
-                        .map_err(zstd_error)?;
-                }
-                if !prefix.is_empty() {
-                    cctx.ref_prefix(prefix).map_err(zstd_error)?;
-                }
-                // Straight into `out`'s spare capacity, after its bytes.
-                let start = out.len();
-                out.reserve(zstd_safe::compress_bound(data.len()));
-                let mut cursor = std::io::Cursor::new(&mut *out);
-                cursor.set_position(start as u64);
-                let written = cctx.compress2(&mut cursor, data).map_err(zstd_error)?;
-                if is_fast {
+                    *budget = 0;
+                    let level = if *little_redundancy {
+                        *entropy_level
+                    } else {
+                        *fast_level
+                    };
+                    // At the fast level most of zstd's time went into
+                    // indexing the prefix (a 1 %-edited window's literals
+                    // are a twentieth of it). Matches are distances back
+                    // from the literals, so compressing against the
+                    // prefix's tail alone still decodes against the whole
+                    // prefix.
+                    let prefix = if long_distance {
+                        prefix
+                    } else {
+                        let keep = fast_prefix_len(data.len());
+                        &prefix[prefix.len().saturating_sub(keep)..]
+                    };
+                    let written = compress_frame(level, prefix, long_distance, data, out)?;
                     *little_redundancy = written * 2 > data.len();
                 }
             }
@@ -691,7 +719,7 @@ impl LiteralCompressor {
 
 #[cfg(test)]
 mod tests {
-    use super::{EncoderOptions, LiteralCodec, LiteralCompressor, fast_prefix_len};
+    use super::{EncoderOptions, LiteralCodec, LiteralCompressor, compress_frame, fast_prefix_len};
 
     /// Base64-like bytes from a xorshift generator: 6 bits of entropy per
     /// byte and no repeats for zstd's match finder.
@@ -705,6 +733,38 @@ mod tests {
                 ALPHABET[(seed % 64) as usize]
             })
             .collect()
+    }
+
+    /// Text of words drawn at random from a small vocabulary: redundant,
+    /// but not a repeat that every level finds alike.
+    fn words(len: usize, mut seed: u64) -> Vec<u8> {
+        const WORDS: [&str; 16] = [
+            "proxy ",
+            "delta ",
+            "window ",
+            "basis ",
+            "signature ",
+            "cache ",
+            "stream ",
+            "literal ",
+            "block ",
+            "origin ",
+            "client ",
+            "header ",
+            "frame ",
+            "digest ",
+            "accelerator ",
+            "rsync\n",
+        ];
+        let mut text = Vec::with_capacity(len + 16);
+        while text.len() < len {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            text.extend_from_slice(WORDS[(seed % 16) as usize].as_bytes());
+        }
+        text.truncate(len);
+        text
     }
 
     fn little_redundancy(compressor: &LiteralCompressor) -> bool {
@@ -745,6 +805,40 @@ mod tests {
         compressor.compress(&text, &random, 0, &mut out).unwrap();
         assert!(!little_redundancy(&compressor));
         assert!(out.len() * 10 < text.len(), "{}", out.len());
+    }
+
+    fn high_level_budget(compressor: &LiteralCompressor) -> u64 {
+        match compressor {
+            LiteralCompressor::ZstdWindow { budget, .. } => *budget,
+            _ => unreachable!("a ZstdWindow compressor"),
+        }
+    }
+
+    /// Within the high-level budget, literals that the entropy level
+    /// compresses no better than half are sent as it compressed them and
+    /// spend none of the budget; compressible ones get the high level,
+    /// which beats the entropy level on them.
+    #[test]
+    fn the_high_level_is_spent_only_on_literals_with_redundancy() {
+        let options = EncoderOptions::default();
+        let mut compressor = LiteralCompressor::new(LiteralCodec::ZstdWindow, &options, None);
+        let budget = high_level_budget(&compressor);
+        let random = random_base64(64 << 10, 3);
+        let mut out = Vec::new();
+        compressor.compress(&random, &[], 0, &mut out).unwrap();
+        assert_eq!(high_level_budget(&compressor), budget);
+        assert!(out.len() * 100 < random.len() * 80, "{}", out.len());
+        let mut probe = Vec::new();
+        compress_frame(options.entropy_zstd_level, &[], false, &random, &mut probe).unwrap();
+        assert_eq!(out, probe, "the entropy level's frame is what is sent");
+
+        let text = words(64 << 10, 5);
+        out.clear();
+        compressor.compress(&text, &[], 0, &mut out).unwrap();
+        assert_eq!(high_level_budget(&compressor), budget - text.len() as u64);
+        probe.clear();
+        compress_frame(options.entropy_zstd_level, &[], false, &text, &mut probe).unwrap();
+        assert!(out.len() < probe.len(), "{} vs {}", out.len(), probe.len());
     }
 
     /// `--bulk-level -1`: zstd's fast levels leave the literals of large
