@@ -20,6 +20,7 @@
 //! Main items: [`relay`], [`Relay`], [`Outcome`], [`serve_cached`].
 
 use std::io::Read;
+use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use bytes::Bytes;
@@ -55,28 +56,60 @@ const SEND_SLICE: usize = 256 << 10;
 /// a larger body is written by a [`BackgroundWriter`].
 const BACKGROUND_WRITE_AFTER: u64 = SMALL_BODY;
 
-/// Body bytes for [`Worker::emit`].
-enum Rebuilt<'a> {
-    /// A window the decoder rebuilt in its own buffer: copied out a slice
-    /// at a time (one `Bytes` for the whole window would keep all of it
-    /// alive while any slice waits in the channel).
-    Window(&'a [u8]),
-    /// A chunk as it came from upstream: sliced, not copied.
-    Received(&'a Bytes),
-}
+/// Buffers of rebuilt windows, handed to hyper and the cache writer by
+/// value (as slices of one `Bytes`) and back here once the last slice of
+/// one is dropped, so that a window costs neither a copy nor, for a large
+/// body, a fresh allocation's page faults. A slice waiting in a channel
+/// keeps its whole window alive: the queues hold a few slices, so at most
+/// about three windows are out at a time.
+#[derive(Clone, Default)]
+struct WindowPool(Arc<Mutex<Vec<Vec<u8>>>>);
 
-impl Rebuilt<'_> {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Rebuilt::Window(window) => window,
-            Rebuilt::Received(chunk) => chunk,
-        }
+/// Free buffers a pool keeps; more are freed.
+const POOL_KEEP: usize = 2;
+
+impl WindowPool {
+    /// A buffer for the decoder's next window (empty; any capacity).
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .expect("the pool lock is never held across a panic")
+            .pop()
+            .unwrap_or_default()
     }
 
-    fn piece(&self, range: std::ops::Range<usize>) -> Bytes {
-        match self {
-            Rebuilt::Window(window) => Bytes::copy_from_slice(&window[range]),
-            Rebuilt::Received(chunk) => chunk.slice(range),
+    /// `window`'s bytes as a `Bytes` that returns its buffer to the pool.
+    fn share(&self, window: Vec<u8>) -> Bytes {
+        Bytes::from_owner(PooledWindow {
+            window,
+            pool: self.clone(),
+        })
+    }
+}
+
+/// A window's buffer on its way to hyper.
+struct PooledWindow {
+    window: Vec<u8>,
+    pool: WindowPool,
+}
+
+impl AsRef<[u8]> for PooledWindow {
+    fn as_ref(&self) -> &[u8] {
+        &self.window
+    }
+}
+
+impl Drop for PooledWindow {
+    fn drop(&mut self) {
+        let mut window = std::mem::take(&mut self.window);
+        window.clear();
+        let mut free = self
+            .pool
+            .0
+            .lock()
+            .expect("the pool lock is never held across a panic");
+        if free.len() < POOL_KEEP {
+            free.push(window);
         }
     }
 }
@@ -394,9 +427,13 @@ impl Worker {
                 if let Some(target) = &mut self.store {
                     target.writer.hashed_by_caller();
                 }
+                let pool = WindowPool::default();
                 let result = self.pump(&mut from_upstream, |worker, chunk| {
                     decoder
-                        .push_to(chunk, |window| worker.emit(Rebuilt::Window(window)))
+                        .push_to(chunk, |window| {
+                            let rebuilt = std::mem::replace(window, pool.take());
+                            worker.emit(&pool.share(rebuilt))
+                        })
                         .map_err(|error| match error {
                             DecodeError::Output { .. } => Stop::Abandoned,
                             other => Stop::Corrupt(format!("hsync stream: {other}")),
@@ -432,9 +469,7 @@ impl Worker {
                     if worker.is_storing() {
                         signature.update(chunk);
                     }
-                    worker
-                        .emit(Rebuilt::Received(chunk))
-                        .map_err(|_| Stop::Abandoned)
+                    worker.emit(chunk).map_err(|_| Stop::Abandoned)
                 });
                 let result = result.and_then(|()| match expected_len {
                     Some(len) if len != self.body_bytes => Err(Stop::Interrupted(format!(
@@ -482,8 +517,7 @@ impl Worker {
 
     /// Hands rebuilt bytes to the cache writer, the digest check and the
     /// user agent. Fails only when nobody wants them any more.
-    fn emit(&mut self, rebuilt: Rebuilt<'_>) -> std::io::Result<()> {
-        let data = rebuilt.as_slice();
+    fn emit(&mut self, data: &Bytes) -> std::io::Result<()> {
         self.body_bytes += data.len() as u64;
         self.digests.update(data);
         // Past the first MiB the page-cache writes move to a thread of
@@ -502,10 +536,11 @@ impl Worker {
             self.store = None;
         }
         // A rebuilt window can be many MiB: it goes to the user agent in
-        // slices, so the channel holds a few slices, not a few windows.
+        // slices, so that the channel and the writer's queue hold a few
+        // MiB, not a few windows' worth of queued bytes.
         let mut starts = (0..data.len()).step_by(SEND_SLICE).peekable();
         while let Some(start) = starts.next() {
-            let chunk = rebuilt.piece(start..data.len().min(start + SEND_SLICE));
+            let chunk = data.slice(start..data.len().min(start + SEND_SLICE));
             if let Some(writer) = &self.background
                 && !writer.write(chunk.clone())
             {
@@ -850,6 +885,31 @@ mod tests {
                 assert!(dropped, "{len}, {what}: the entry is kept");
             }
         }
+    }
+
+    /// A window's buffer comes back to the pool when the last slice of it
+    /// is dropped, wherever that is; the pool keeps two at most.
+    #[test]
+    fn window_buffers_come_back_when_their_last_slice_is_dropped() {
+        let pool = WindowPool::default();
+        let mut window = pool.take();
+        assert_eq!(window.capacity(), 0, "an empty pool gives a new buffer");
+        window.extend_from_slice(&[7; 1000]);
+        let pointer = window.as_ptr();
+        let shared = pool.share(window);
+        let slice = shared.slice(200..300);
+        drop(shared);
+        let sent = std::thread::spawn(move || slice.to_vec()).join().unwrap();
+        assert_eq!(sent, [7; 100]);
+        let again = pool.take();
+        assert!(again.is_empty());
+        assert_eq!(again.as_ptr(), pointer, "the same allocation, reused");
+        assert!(again.capacity() >= 1000);
+
+        let held: Vec<Bytes> = (0..4).map(|_| pool.share(vec![1; 10])).collect();
+        drop(held);
+        let kept = pool.0.lock().unwrap().len();
+        assert_eq!(kept, POOL_KEEP);
     }
 
     #[test]

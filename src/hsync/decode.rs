@@ -189,7 +189,7 @@ pub enum DecodeError {
 }
 
 /// Where `push_to` hands each rebuilt window.
-type WindowSink<'a> = Option<&'a mut dyn FnMut(&[u8]) -> std::io::Result<()>>;
+type WindowSink<'a> = Option<&'a mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>>;
 
 /// Caps for one decode.
 #[derive(Debug, Clone, Copy)]
@@ -322,13 +322,16 @@ impl<B: Basis> Decoder<B> {
     /// however much body a few stream bytes rebuild (a 24 KB stream can
     /// rebuild an unchanged 1 GiB body). The same caveat as for
     /// [`push`](Self::push): nothing is final before `finish` succeeds.
+    /// `sink` gets the buffer the window was rebuilt in: it may take it (to
+    /// hand the bytes on without a copy), leaving another in its place,
+    /// which the decoder clears and reuses.
     ///
     /// # Errors
     /// Any [`DecodeError`]; [`DecodeError::Output`] when `sink` fails.
     pub fn push_to(
         &mut self,
         input: &[u8],
-        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+        mut sink: impl FnMut(&mut Vec<u8>) -> std::io::Result<()>,
     ) -> Result<(), DecodeError> {
         let mut window = std::mem::take(&mut self.window_out);
         window.clear();
