@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use fault_fs::{FaultFs, Kind, Verdict};
 use rproxy::cache::{CacheError, CacheKey, CacheStore, Completeness, NewEntry};
+use support::user_agent::get;
 use support::{Rng, random_bytes};
 
 const BUDGET: u64 = 64 << 20;
@@ -614,14 +615,14 @@ mod proxy {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use http::{HeaderValue, Request, Response, StatusCode};
-    use http_body_util::{BodyExt, Empty, Full};
+    use http::{HeaderValue, Request, Response};
+    use http_body_util::Full;
     use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
     use rproxy::cache::{CacheScope, CacheStore};
     use rproxy::client_proxy::{ClientConfig, ClientProxy};
     use rproxy::server::{ConnectionLimits, serve};
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpListener;
 
     use crate::support::random_bytes;
 
@@ -717,62 +718,6 @@ mod proxy {
         addr
     }
 
-    pub struct Fetched {
-        pub status: StatusCode,
-        pub cache_status: String,
-        /// `Err` when the body did not end as a whole one.
-        pub body: Result<Vec<u8>, String>,
-    }
-
-    impl Fetched {
-        pub fn is_hit(&self) -> bool {
-            self.cache_status.contains("; hit")
-        }
-
-        pub fn assert_whole(&self, path: &str) {
-            assert_eq!(self.status, StatusCode::OK, "{path}");
-            let body = self.body.as_ref().unwrap_or_else(|e| panic!("{path}: {e}"));
-            assert!(
-                *body == self::body(path),
-                "{path}: {} bytes, not the origin's",
-                body.len()
-            );
-        }
-    }
-
-    /// `GET url` through the proxy.
-    pub async fn get(proxy: SocketAddr, origin: SocketAddr, path: &str) -> Fetched {
-        let stream = TcpStream::connect(proxy).await.unwrap();
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let request = Request::get(format!("http://{origin}{path}"))
-            .header("host", origin.to_string())
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
-            .await
-            .expect("a response head in time")
-            .unwrap();
-        let status = response.status();
-        let cache_status = response
-            .headers()
-            .get("cache-status")
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default();
-        let body = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect())
-            .await
-            .expect("the body in time")
-            .map(|b| b.to_bytes().to_vec())
-            .map_err(|e| e.to_string());
-        Fetched {
-            status,
-            cache_status,
-            body,
-        }
-    }
-
     /// Polls `condition` for up to 10 s.
     pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         for _ in 0..1000 {
@@ -804,8 +749,8 @@ async fn c_e2_eio_on_the_directory_fsync_leaves_the_user_agent_s_response_whole_
     let proxy_addr = proxy::start_proxy(origin.addr, store.clone()).await;
     for path in ["/small.js", "/large.bin"] {
         for round in 1..=2 {
-            let fetched = proxy::get(proxy_addr, origin.addr, path).await;
-            fetched.assert_whole(path);
+            let fetched = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
+            fetched.assert_body(path, &proxy::body(path));
             assert!(
                 !fetched.is_hit(),
                 "{path}: a hit on an entry whose fsync failed"
@@ -839,19 +784,19 @@ async fn c_e3_eio_opening_a_hit_s_body_is_served_from_upstream_and_the_entry_qua
         CacheStore::open_with_fs(&root, BUDGET, Arc::new(FaultFs::boot(&root, hook))).unwrap();
     let proxy_addr = proxy::start_proxy(origin.addr, store.clone()).await;
     for path in ["/small.js", "/large.bin"] {
-        proxy::get(proxy_addr, origin.addr, path)
+        get(proxy_addr, &format!("http://{}{path}", origin.addr))
             .await
-            .assert_whole(path);
+            .assert_body(path, &proxy::body(path));
         let key = rproxy::cache::CacheKey::parse(&format!("http://{}{path}", origin.addr)).unwrap();
         proxy::eventually("stored", || store.lookup(&key).is_some()).await;
-        let hit = proxy::get(proxy_addr, origin.addr, path).await;
-        hit.assert_whole(path);
+        let hit = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
+        hit.assert_body(path, &proxy::body(path));
         assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
 
         failing.store(true, Ordering::Relaxed);
         let quarantined = std::fs::read_dir(root.join("quarantine")).unwrap().count();
-        let fetched = proxy::get(proxy_addr, origin.addr, path).await;
-        fetched.assert_whole(path);
+        let fetched = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
+        fetched.assert_body(path, &proxy::body(path));
         assert!(!fetched.is_hit(), "{path}: {}", fetched.cache_status);
         assert_eq!(origin.requests_to(path), 2, "{path}: served from upstream");
         let now = std::fs::read_dir(root.join("quarantine")).unwrap().count();

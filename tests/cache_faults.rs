@@ -41,6 +41,7 @@ use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::{Completeness, EntryMeta};
 use rproxy::server::{ConnectionLimits, serve};
+use support::user_agent::{Fetched, get, start_get};
 use support::{pseudo_text, random_bytes};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -530,72 +531,6 @@ fn strip_ansi(line: &str) -> String {
 // ---------------------------------------------------------------------------
 // The user agent
 
-/// One response as the user agent got it: `body` is `Err` when it did not
-/// end as its framing says a whole body ends.
-struct Fetched {
-    status: StatusCode,
-    cache_status: String,
-    body: Result<Vec<u8>, String>,
-}
-
-impl Fetched {
-    fn is_hit(&self) -> bool {
-        self.cache_status.contains("; hit")
-    }
-
-    /// Asserts the whole, right body.
-    fn assert_whole(&self, path: &str) {
-        assert_eq!(self.status, StatusCode::OK, "{path}");
-        let body = self
-            .body
-            .as_ref()
-            .unwrap_or_else(|e| panic!("{path}: body failed: {e}"));
-        assert!(
-            *body == origin_body(path),
-            "{path}: {} bytes, not the origin's",
-            body.len()
-        );
-    }
-}
-
-/// Sends `GET url` through the proxy, as `curl -x` does.
-async fn start_get(proxy: SocketAddr, url: &str) -> Response<Incoming> {
-    let stream = TcpStream::connect(proxy).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let uri: http::Uri = url.parse().unwrap();
-    let request = Request::get(uri.clone())
-        .header("host", uri.authority().unwrap().as_str())
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
-        .await
-        .expect("a response head in time")
-        .unwrap()
-}
-
-async fn get(proxy: SocketAddr, url: &str) -> Fetched {
-    let response = start_get(proxy, url).await;
-    let status = response.status();
-    let cache_status = response
-        .headers()
-        .get("cache-status")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let body = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
-        .await
-        .expect("the body in time")
-        .map(|b| b.to_bytes().to_vec())
-        .map_err(|e| e.to_string());
-    Fetched {
-        status,
-        cache_status,
-        body,
-    }
-}
-
 /// Reads at least `n` body bytes of `response`; returns the rest of it.
 async fn read_at_least(response: Response<Incoming>, n: usize) -> Incoming {
     let mut body = response.into_body();
@@ -717,9 +652,9 @@ async fn c_e1_a_full_disk_degrades_to_pass_through_and_storing_resumes_once_spac
     // user agent still gets every byte, and nothing is kept.
     for path in ["/big/app.js", "/plain/big.js"] {
         let first = proxy.get(&origin.url(path)).await;
-        first.assert_whole(path);
+        first.assert_body(path, &origin_body(path));
         let again = proxy.get(&origin.url(path)).await;
-        again.assert_whole(path);
+        again.assert_body(path, &origin_body(path));
         assert!(!again.is_hit(), "{path}: {}", again.cache_status);
     }
     let full_line = proxy.wait_for_log("cache disk full").await;
@@ -733,13 +668,16 @@ async fn c_e1_a_full_disk_degrades_to_pass_through_and_storing_resumes_once_spac
 
     // Room for a small entry, a base for later deltas.
     let base = "/rel-1.js";
-    proxy.get(&origin.url(base)).await.assert_whole(base);
+    proxy
+        .get(&origin.url(base))
+        .await
+        .assert_body(base, &origin_body(base));
     eventually("the small entry stored", || {
         census(&view).complete == [base]
     })
     .await;
     let hit = proxy.get(&origin.url(base)).await;
-    hit.assert_whole(base);
+    hit.assert_body(base, &origin_body(base));
     assert!(hit.is_hit(), "{}", hit.cache_status);
 
     // No room at all: deltas against the stored base and plain bodies pass
@@ -748,11 +686,11 @@ async fn c_e1_a_full_disk_degrades_to_pass_through_and_storing_resumes_once_spac
     let errors_before = proxy.stat("cache_write_errors").await;
     for path in ["/rel-2.js", "/plain/small.js", "/rel-2.js"] {
         let fetched = proxy.get(&origin.url(path)).await;
-        fetched.assert_whole(path);
+        fetched.assert_body(path, &origin_body(path));
         assert!(!fetched.is_hit(), "{path} cannot have been stored");
     }
     let hit = proxy.get(&origin.url(base)).await;
-    hit.assert_whole(base);
+    hit.assert_body(base, &origin_body(base));
     assert!(hit.is_hit(), "hits go on while the disk is full");
     assert!(proxy.stat("cache_write_errors").await >= errors_before + 3);
     eventually("no temp files left", || census(&view).temp_files == 0).await;
@@ -761,10 +699,13 @@ async fn c_e1_a_full_disk_degrades_to_pass_through_and_storing_resumes_once_spac
     // Space again: the next response is stored and then served as a hit.
     fault.free(proxy.pid(), &cache);
     let path = "/rel-3.js";
-    proxy.get(&origin.url(path)).await.assert_whole(path);
+    proxy
+        .get(&origin.url(path))
+        .await
+        .assert_body(path, &origin_body(path));
     eventually("stored again", || census(&view).complete.len() == 2).await;
     let hit = proxy.get(&origin.url(path)).await;
-    hit.assert_whole(path);
+    hit.assert_body(path, &origin_body(path));
     assert!(hit.is_hit(), "{}", hit.cache_status);
     proxy.wait_for_log("cache disk has room again").await;
     assert_eq!(origin.requests_to(path), 1);
@@ -819,7 +760,10 @@ async fn c_k1_kill_9_during_a_cache_write_leaves_no_entry_and_restart_removes_th
     let mut proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
 
     // An entry committed before the crash, which must survive it.
-    proxy.get(&origin.url(kept)).await.assert_whole(kept);
+    proxy
+        .get(&origin.url(kept))
+        .await
+        .assert_body(kept, &origin_body(kept));
     eventually("the first entry stored", || {
         census(&cache).complete == [kept]
     })
@@ -843,21 +787,21 @@ async fn c_k1_kill_9_during_a_cache_write_leaves_no_entry_and_restart_removes_th
     assert_eq!(restarted.complete, [kept]);
     assert!(restarted.partial.is_empty());
     let hit = proxy.get(&origin.url(kept)).await;
-    hit.assert_whole(kept);
+    hit.assert_body(kept, &origin_body(kept));
     assert!(
         hit.is_hit(),
         "the committed entry survived: {}",
         hit.cache_status
     );
     let fetched = proxy.get(&origin.url(path)).await;
-    fetched.assert_whole(path);
+    fetched.assert_body(path, &origin_body(path));
     assert!(!fetched.is_hit(), "{}", fetched.cache_status);
     eventually("stored after the restart", || {
         census(&cache).complete.len() == 2
     })
     .await;
     let hit = proxy.get(&origin.url(path)).await;
-    hit.assert_whole(path);
+    hit.assert_body(path, &origin_body(path));
     assert!(hit.is_hit(), "{}", hit.cache_status);
     assert_eq!(origin.requests_to(path), 2);
     assert_eq!(origin.requests_to(kept), 1);
@@ -902,7 +846,7 @@ async fn c_k1_a_partial_entry_survives_kill_9_of_its_resume_and_the_next_fetch_r
     assert_eq!(restarted.temp_files, 0);
     assert_eq!(restarted.partial, [path]);
     let resumed = proxy.get(&origin.url(path)).await;
-    resumed.assert_whole(path);
+    resumed.assert_body(path, &origin_body(path));
     eventually("complete after the resume", || {
         census(&cache).complete == [path]
     })
@@ -914,7 +858,7 @@ async fn c_k1_a_partial_entry_survives_kill_9_of_its_resume_and_the_next_fetch_r
         "the resume sent {link} bytes for a {len}-byte body with {prefix_len} held"
     );
     let hit = proxy.get(&origin.url(path)).await;
-    hit.assert_whole(path);
+    hit.assert_body(path, &origin_body(path));
     assert!(hit.is_hit(), "{}", hit.cache_status);
 }
 
@@ -947,7 +891,10 @@ async fn c_e3_a_body_truncated_on_disk_is_a_miss_served_whole_from_upstream_and_
     let proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
     // Read whole before the head goes out, and streamed (past 1 MiB).
     for (stored, path) in [(1, "/app.js"), (2, "/big/app.js")] {
-        proxy.get(&origin.url(path)).await.assert_whole(path);
+        proxy
+            .get(&origin.url(path))
+            .await
+            .assert_body(path, &origin_body(path));
         eventually("stored", || census(&cache).complete.len() == stored).await;
         let body = find_entry_body(&cache, path);
         let len = std::fs::metadata(&body).unwrap().len();
@@ -959,7 +906,7 @@ async fn c_e3_a_body_truncated_on_disk_is_a_miss_served_whole_from_upstream_and_
             .unwrap();
 
         let fetched = proxy.get(&origin.url(path)).await;
-        fetched.assert_whole(path);
+        fetched.assert_body(path, &origin_body(path));
         assert!(!fetched.is_hit(), "{path}: {}", fetched.cache_status);
         assert_eq!(origin.requests_to(path), 2, "{path}: served from upstream");
         let quarantined: Vec<String> = std::fs::read_dir(cache.join("quarantine"))
@@ -980,7 +927,7 @@ async fn c_e3_a_body_truncated_on_disk_is_a_miss_served_whole_from_upstream_and_
         })
         .await;
         let hit = proxy.get(&origin.url(path)).await;
-        hit.assert_whole(path);
+        hit.assert_body(path, &origin_body(path));
         assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
     }
 }
