@@ -34,6 +34,14 @@ pub struct AcceleratorArgs {
     /// Largest origin body to encode (bytes); larger ones pass through.
     #[arg(long, default_value_t = 1 << 30)]
     pub max_encode_len: u64,
+    /// zstd level for the literals of each body's first MiBs (2 MiB of
+    /// zstd work without a kept basis body; with one, the basis level of
+    /// 12 applies). Level 19 sends jquery.js in 0.88x of gzip -9 at about
+    /// 1.5 MB/s of one core; 15 in 0.93x about five times as fast.
+    #[arg(long, default_value_t = EncoderOptions::default().zstd_level, value_name = "LEVEL",
+          allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub level: i32,
     /// zstd level for the literals of large bodies, past the first MiBs
     /// (which get the high levels). A window that compresses no better
     /// than half sends the next at level 1 (or this one, if lower).
@@ -129,10 +137,12 @@ pub(super) fn via_name(name: Option<&str>, listen: SocketAddr) -> Result<HeaderV
 /// Runs the accelerator until the process is stopped.
 ///
 impl AcceleratorArgs {
-    /// The encoder's settings: the defaults, with `--bulk-level`.
+    /// The encoder's settings: the defaults, with `--level` and
+    /// `--bulk-level`.
     fn encoder_options(&self) -> EncoderOptions {
         let defaults = EncoderOptions::default();
         EncoderOptions {
+            zstd_level: self.level,
             fast_zstd_level: self.bulk_level,
             entropy_zstd_level: defaults.entropy_zstd_level.min(self.bulk_level),
             ..defaults
@@ -236,6 +246,14 @@ mod tests {
         let strong = args(&["--bulk-level", "9"]).unwrap().encoder_options();
         assert_eq!((strong.fast_zstd_level, strong.entropy_zstd_level), (9, 1));
         assert_eq!(strong.zstd_level, EncoderOptions::default().zstd_level);
+        assert_eq!(
+            args(&["--level", "15"])
+                .unwrap()
+                .encoder_options()
+                .zstd_level,
+            15
+        );
+        assert!(args(&["--level", "0"]).is_err());
         assert!(args(&["--bulk-level", "20"]).is_err());
         assert!(args(&["--bulk-level", "-8"]).is_err());
     }
