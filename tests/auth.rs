@@ -4,6 +4,8 @@
 //! loopback sockets: a recording origin, the accelerator and the client
 //! proxy, each behind its own users file.
 
+mod support;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -16,7 +18,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
-use rproxy::cache::{CacheScope, CacheStore};
+use rproxy::cache::CacheStore;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use rproxy::static_origin::StaticOrigin;
@@ -225,19 +227,8 @@ async fn start_pair(upstream_password: Option<&str>) -> Pair {
     let store = CacheStore::open(cache.path().join("cache"), 64 << 20).unwrap();
     let client = ClientProxy::new(
         ClientConfig {
-            upstream: format!("http://{accelerator_addr}").parse().unwrap(),
-            via_name: HeaderValue::from_static("client-test"),
-            scope: CacheScope::Shared,
-            default_signature_bytes: 4608,
-            max_signature_bytes: 24 << 10,
-            connect_timeout: Duration::from_secs(2),
-            upstream_timeout: Duration::from_secs(5),
-            lock_timeout: Duration::from_secs(5),
-            max_object_bytes: 1 << 30,
-            memory_cache_bytes: 16 << 20,
             upstream_credentials: upstream_password.map(|p| basic_credentials("accel", p)),
-            upstream_tls: None,
-            queue: Default::default(),
+            ..support::proxy::client_config(&format!("http://{accelerator_addr}"))
         },
         store,
     )

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use fault_fs::{FaultFs, Kind, Verdict};
 use rproxy::cache::{CacheError, CacheKey, CacheStore, Completeness, NewEntry};
+use support::proxy::eventually;
 use support::user_agent::get;
 use support::{Rng, random_bytes};
 
@@ -612,18 +613,18 @@ mod proxy {
     use std::convert::Infallible;
     use std::net::SocketAddr;
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
 
     use bytes::Bytes;
     use http::{HeaderValue, Request, Response};
     use http_body_util::Full;
     use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
-    use rproxy::cache::{CacheScope, CacheStore};
+    use rproxy::cache::CacheStore;
     use rproxy::client_proxy::{ClientConfig, ClientProxy};
     use rproxy::server::{ConnectionLimits, serve};
     use tokio::net::TcpListener;
 
+    use crate::support::proxy::client_config;
     use crate::support::random_bytes;
 
     /// The origin's body for `path`: 2 MiB (streamed from the cache, past
@@ -692,19 +693,9 @@ mod proxy {
     /// no memory cache (every hit reads the disk).
     pub async fn start_proxy(upstream: SocketAddr, store: CacheStore) -> SocketAddr {
         let config = ClientConfig {
-            upstream: format!("http://{upstream}").parse().unwrap(),
             via_name: HeaderValue::from_static("test-client"),
-            scope: CacheScope::Shared,
-            default_signature_bytes: 4608,
-            max_signature_bytes: 24 << 10,
-            connect_timeout: Duration::from_secs(2),
-            upstream_timeout: Duration::from_secs(5),
-            lock_timeout: Duration::from_secs(5),
-            max_object_bytes: 1 << 30,
             memory_cache_bytes: 0,
-            upstream_credentials: None,
-            upstream_tls: None,
-            queue: Default::default(),
+            ..client_config(&format!("http://{upstream}"))
         };
         let proxy = Arc::new(ClientProxy::new(config, store).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -716,17 +707,6 @@ mod proxy {
             std::future::pending(),
         ));
         addr
-    }
-
-    /// Polls `condition` for up to 10 s.
-    pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-        for _ in 0..1000 {
-            if condition() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("not within 10 s: {what}");
     }
 }
 
@@ -755,7 +735,7 @@ async fn c_e2_eio_on_the_directory_fsync_leaves_the_user_agent_s_response_whole_
                 !fetched.is_hit(),
                 "{path}: a hit on an entry whose fsync failed"
             );
-            proxy::eventually("the commit tried", || {
+            eventually("the commit tried", || {
                 store.write_errors().load(Ordering::Relaxed) >= round
             })
             .await;
@@ -788,7 +768,7 @@ async fn c_e3_eio_opening_a_hit_s_body_is_served_from_upstream_and_the_entry_qua
             .await
             .assert_body(path, &proxy::body(path));
         let key = rproxy::cache::CacheKey::parse(&format!("http://{}{path}", origin.addr)).unwrap();
-        proxy::eventually("stored", || store.lookup(&key).is_some()).await;
+        eventually("stored", || store.lookup(&key).is_some()).await;
         let hit = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
         hit.assert_body(path, &proxy::body(path));
         assert!(hit.is_hit(), "{path}: {}", hit.cache_status);

@@ -41,6 +41,7 @@ use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::{Completeness, EntryMeta};
 use rproxy::server::{ConnectionLimits, serve};
+use support::proxy::eventually;
 use support::user_agent::{Fetched, get, start_get};
 use support::{pseudo_text, random_bytes};
 use tokio::net::{TcpListener, TcpStream};
@@ -619,17 +620,6 @@ fn census(root: &Path) -> Census {
         }
     }
     census
-}
-
-/// Polls `condition` for up to 10 s.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("not within 10 s: {what}");
 }
 
 // ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::cache::{CacheKey, CacheScope, CacheStore, Completeness, IndexEntry};
+use rproxy::cache::{CacheKey, CacheStore, Completeness, IndexEntry};
 use rproxy::client_proxy::{ClientConfig, ClientProxy, StatsSnapshot};
 use rproxy::hsync::{Encoder, EncoderOptions};
 use rproxy::http::{byte_sequence, parse_byte_sequence};
@@ -481,19 +481,8 @@ async fn start_tap(target: SocketAddr) -> Tap {
 
 fn client_config(upstream: SocketAddr) -> ClientConfig {
     ClientConfig {
-        upstream: format!("http://{upstream}").parse().unwrap(),
         via_name: HeaderValue::from_static("test-client"),
-        scope: CacheScope::Shared,
-        default_signature_bytes: 4608,
-        max_signature_bytes: 24 << 10,
-        connect_timeout: Duration::from_secs(2),
-        upstream_timeout: Duration::from_secs(5),
-        lock_timeout: Duration::from_secs(5),
-        max_object_bytes: 1 << 30,
-        memory_cache_bytes: 16 << 20,
-        upstream_credentials: None,
-        upstream_tls: None,
-        queue: Default::default(),
+        ..support::proxy::client_config(&format!("http://{upstream}"))
     }
 }
 

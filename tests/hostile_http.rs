@@ -16,6 +16,8 @@
 //! Cases the proxies get wrong today are `#[ignore]`d with what goes wrong,
 //! so the branch stays green while the test keeps saying what is required.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +28,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::cache::{CacheKey, CacheScope, CacheStore, Completeness};
+use rproxy::cache::{CacheKey, CacheStore, Completeness};
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::hsync::EncoderOptions;
 use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
@@ -166,19 +168,11 @@ impl Client {
         let proxy = Arc::new(
             ClientProxy::new(
                 ClientConfig {
-                    upstream: format!("http://{upstream}").parse().unwrap(),
-                    via_name: HeaderValue::from_static("client-test"),
-                    scope: CacheScope::Shared,
-                    default_signature_bytes: 4608,
-                    max_signature_bytes: 24 << 10,
-                    connect_timeout: Duration::from_secs(2),
                     upstream_timeout: Duration::from_secs(3),
                     lock_timeout: Duration::from_secs(3),
                     max_object_bytes: 1 << 20,
                     memory_cache_bytes: 1 << 20,
-                    upstream_credentials: None,
-                    upstream_tls: None,
-                    queue: Default::default(),
+                    ..support::proxy::client_config(&format!("http://{upstream}"))
                 },
                 store,
             )

@@ -10,6 +10,8 @@
 //! head with the connection it came on, so the tests see which connection
 //! each poll used.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -242,19 +244,10 @@ async fn client(upstream: SocketAddr, queue: QueueWaitConfig) -> Client {
     let proxy = Arc::new(
         ClientProxy::new(
             ClientConfig {
-                upstream: format!("http://{upstream}").parse().unwrap(),
-                via_name: HeaderValue::from_static("client-test"),
-                scope: rproxy::cache::CacheScope::Shared,
-                default_signature_bytes: 4608,
-                max_signature_bytes: 24 << 10,
-                connect_timeout: Duration::from_secs(2),
-                upstream_timeout: Duration::from_secs(5),
-                lock_timeout: Duration::from_secs(5),
                 max_object_bytes: 1 << 20,
                 memory_cache_bytes: 0,
-                upstream_credentials: None,
-                upstream_tls: None,
                 queue,
+                ..support::proxy::client_config(&format!("http://{upstream}"))
             },
             store,
         )

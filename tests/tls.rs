@@ -4,6 +4,8 @@
 //! connection) or HTTP/1.1, that the hsync exchange works the same on
 //! both, and that an untrusted certificate is a 502, never a fetch.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -12,7 +14,7 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response, Version};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::cache::{CacheScope, CacheStore};
+use rproxy::cache::CacheStore;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
 use rproxy::static_origin::StaticOrigin;
@@ -121,19 +123,9 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
     let client = Arc::new(
         ClientProxy::new(
             ClientConfig {
-                upstream: format!("https://{accelerator_addr}").parse().unwrap(),
-                via_name: HeaderValue::from_static("client-test"),
-                scope: CacheScope::Shared,
-                default_signature_bytes: 4608,
-                max_signature_bytes: 24 << 10,
-                connect_timeout: Duration::from_secs(2),
-                upstream_timeout: Duration::from_secs(5),
-                lock_timeout: Duration::from_secs(5),
-                max_object_bytes: 1 << 30,
                 memory_cache_bytes: 0,
-                upstream_credentials: None,
                 upstream_tls: Some(Arc::new(tls)),
-                queue: Default::default(),
+                ..support::proxy::client_config(&format!("https://{accelerator_addr}"))
             },
             store,
         )

@@ -1,12 +1,13 @@
 //! Shared helpers for the hsync integration tests: deterministic test data,
 //! signatures made the way the accelerator makes them, encoding and decoding
 //! with arbitrary chunking, and taking streams apart into frames or building
-//! them by hand; and the user agent of the client-proxy tests
-//! ([`user_agent`]).
+//! them by hand; and the client proxy's test settings and user agent
+//! ([`proxy`], [`user_agent`]).
 //!
 //! Not every test binary uses every helper.
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod user_agent;
 
 use std::io::Read;
