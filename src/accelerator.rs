@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
 use bytes::Bytes;
@@ -35,11 +35,12 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 
 use crate::basis_store::BasisStore;
-use crate::hsync::{Basis, BasisUse, Encoder, EncoderOptions};
+use crate::hsync::{Basis, BasisUse, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
     check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
 };
+use crate::pace::{Pacer, WindowCost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
 use crate::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
@@ -58,6 +59,10 @@ pub struct AcceleratorConfig {
     pub via_name: HeaderValue,
     /// Encoder settings.
     pub encoder: EncoderOptions,
+    /// Past the high-level budget, entropy-code literals only while that
+    /// is faster than sending them without (see [`crate::pace`]); false
+    /// codes them always.
+    pub adapt_entropy_coding: bool,
     /// Largest origin body encoded (bytes); larger ones pass through.
     pub max_encode_len: u64,
     /// Largest basis signature accepted from a request (bytes, decoded).
@@ -86,6 +91,7 @@ impl AcceleratorConfig {
             origin,
             via_name: HeaderValue::from_static("accelerator"),
             encoder: EncoderOptions::default(),
+            adapt_entropy_coding: true,
             max_encode_len: 1 << 30,
             max_signature_bytes: 24 << 10,
             connect_timeout: Duration::from_secs(4),
@@ -482,10 +488,11 @@ impl Accelerator {
         if encoder.basis_use() == &BasisUse::Body {
             Stats::add(&self.stats.coded_against_body, 1);
         }
+        let pacer = self.config.adapt_entropy_coding.then(Pacer::new);
         let body = encode_body(
             body,
             framing,
-            encoder,
+            Pacing::new(encoder, pacer),
             store,
             self.stats.clone(),
             method,
@@ -532,7 +539,7 @@ const SEND_SLICE: usize = 256 << 10;
 fn encode_body(
     origin: Incoming,
     framing: Option<ExchangeCheck>,
-    mut encoder: Encoder,
+    mut pacing: Pacing,
     store: Option<Arc<BasisStore>>,
     stats: Arc<Stats>,
     method: Method,
@@ -540,6 +547,8 @@ fn encode_body(
 ) -> ProxyBody {
     let (to_encoder, mut from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
     let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    let idle = pacing.idle.clone();
+    let origin_idle = pacing.idle.clone();
     tokio::spawn(async move {
         let mut origin = origin;
         while let Some(frame) = origin.frame().await {
@@ -551,9 +560,11 @@ fn encode_body(
                 Err(error) => Err(BodyError::from(error)),
             };
             let failed = item.is_err();
+            let sending = Instant::now();
             if to_encoder.send(item).await.is_err() || failed {
                 return;
             }
+            Idle::add(&origin_idle.origin, sending);
         }
         // No END (and nothing kept) for a body whose connection read bytes
         // past its end by now.
@@ -600,15 +611,15 @@ fn encode_body(
                     kept = None;
                 }
             }
-            if let Err(error) = encoder.push(&chunk, &mut out) {
+            if let Err(error) = pacing.push(&chunk, &mut out) {
                 let _ = to_client.blocking_send(Err(error.into()));
                 return;
             }
-            if !send(&mut out) {
+            if !pacing.send(&mut out, send) {
                 return;
             }
         }
-        match encoder.finish(&mut out) {
+        match pacing.encoder.finish(&mut out) {
             Ok(summary) => {
                 Stats::add(&stats.body_bytes, summary.body_len);
                 Stats::add(&stats.stream_bytes, summary.stream_bytes);
@@ -619,7 +630,8 @@ fn encode_body(
                     tracing::info!(
                         %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
                         body = summary.body_len, stream = summary.stream_bytes,
-                        copied = summary.copied_bytes, "request"
+                        copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
+                        "request"
                     );
                 }
             }
@@ -628,19 +640,129 @@ fn encode_body(
             }
         }
     });
-    StreamBody::new(ReceiverStream(from_encoder)).boxed()
+    StreamBody::new(EncodedStream {
+        frames: from_encoder,
+        idle,
+        since: None,
+    })
+    .boxed()
+}
+
+/// The encoder, and the pacer that turns its entropy coding on and off
+/// from what each window cost to encode and to send (`None`: the
+/// configured levels throughout).
+struct Pacing {
+    encoder: Encoder,
+    pacer: Option<Pacer>,
+    /// The window being encoded: its bytes and time so far.
+    window: WindowCost,
+    /// `encoder.windows_encoded()` when the last window was recorded.
+    windows: u64,
+    /// How long each side has waited for the encoder, and how long it had
+    /// when the last window was recorded.
+    idle: Arc<Idle>,
+    idle_before: (Duration, Duration),
+    /// When the last window was recorded (or encoding started).
+    recorded_at: Instant,
+}
+
+impl Pacing {
+    fn new(encoder: Encoder, pacer: Option<Pacer>) -> Pacing {
+        Pacing {
+            encoder,
+            pacer,
+            window: WindowCost::default(),
+            windows: 0,
+            idle: Arc::default(),
+            idle_before: (Duration::ZERO, Duration::ZERO),
+            recorded_at: Instant::now(),
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        let started = Instant::now();
+        let pushed = self.encoder.push(chunk, out);
+        self.window.encode += started.elapsed();
+        self.window.body_bytes += chunk.len() as u64;
+        pushed
+    }
+
+    /// Sends `out` with `send` (false: the client is gone), timing the
+    /// wait; once a window is complete, lets the pacer choose the next
+    /// window's mode.
+    fn send(&mut self, out: &mut Vec<u8>, send: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+        let wire_bytes = out.len() as u64;
+        let sent = send(out);
+        let windows = self.encoder.windows_encoded();
+        if windows == self.windows {
+            return sent;
+        }
+        self.windows = windows;
+        let idle = self.idle.read();
+        let now = Instant::now();
+        let window = WindowCost {
+            coded: self.encoder.entropy_coding(),
+            wire_bytes,
+            span: now - self.recorded_at,
+            origin_idle: idle.0 - self.idle_before.0,
+            link_idle: idle.1 - self.idle_before.1,
+            ..std::mem::take(&mut self.window)
+        };
+        self.idle_before = idle;
+        self.recorded_at = now;
+        if let Some(pacer) = &mut self.pacer
+            && self.encoder.is_in_fast_stage()
+        {
+            self.encoder.set_entropy_coding(pacer.record(window));
+        }
+        sent
+    }
 }
 
 /// A `Stream` over an mpsc receiver (tokio-stream's, without the crate).
-struct ReceiverStream<T>(mpsc::Receiver<T>);
+/// Nanoseconds that the origin's reader and the link have each waited
+/// for the encoder, in all (for [`Pacing`]).
+#[derive(Debug, Default)]
+struct Idle {
+    origin: AtomicU64,
+    link: AtomicU64,
+}
 
-impl<T> futures_core::Stream for ReceiverStream<T> {
-    type Item = T;
+impl Idle {
+    fn add(counter: &AtomicU64, since: Instant) {
+        let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counter.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// The origin's and the link's time so far.
+    fn read(&self) -> (Duration, Duration) {
+        let read = |counter: &AtomicU64| Duration::from_nanos(counter.load(Ordering::Relaxed));
+        (read(&self.origin), read(&self.link))
+    }
+}
+
+/// The encoder's frames as the response body, timing how long the link
+/// waits for them (hyper polls the body only when it can write).
+struct EncodedStream {
+    frames: mpsc::Receiver<Result<Frame<Bytes>, BodyError>>,
+    idle: Arc<Idle>,
+    /// Since when the link has been waiting.
+    since: Option<Instant>,
+}
+
+impl futures_core::Stream for EncodedStream {
+    type Item = Result<Frame<Bytes>, BodyError>;
 
     fn poll_next(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<T>> {
-        self.0.poll_recv(cx)
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let polled = self.frames.poll_recv(cx);
+        if polled.is_pending() {
+            self.since.get_or_insert_with(Instant::now);
+        } else if let Some(since) = self.since.take() {
+            Idle::add(&self.idle.link, since);
+        }
+        polled
     }
 }

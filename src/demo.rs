@@ -79,6 +79,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         origin: format!("http://{origin_addr}").parse()?,
         via_name: HeaderValue::from_static("demo-accelerator"),
         encoder: EncoderOptions::default(),
+        adapt_entropy_coding: true,
         max_encode_len: 1 << 30,
         max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(4),

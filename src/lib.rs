@@ -28,6 +28,7 @@ pub mod head_guard;
 pub mod hsync;
 pub mod http;
 pub mod inetd;
+pub mod pace;
 pub mod queue;
 pub mod server;
 pub mod slots;

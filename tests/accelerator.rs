@@ -21,7 +21,7 @@ use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::hsync::{DecodeLimits, Decoder, EncoderOptions};
 use rproxy::http::byte_sequence;
 use rproxy::server::{ConnectionLimits, serve};
-use support::{accelerator_signature, pseudo_text};
+use support::{accelerator_signature, pseudo_text, random_bytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -53,6 +53,25 @@ fn body_v3() -> Vec<u8> {
     body
 }
 
+/// 24 MiB of random base64-like text: 6 bits of entropy per byte and no
+/// repeats, so entropy coding takes a quarter off and nothing else does;
+/// past the high-level budget from its first window.
+fn random_text() -> Bytes {
+    static TEXT: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let bytes = random_bytes(24, 24 << 20);
+        Bytes::from(
+            bytes
+                .iter()
+                .map(|b| ALPHABET[usize::from(b & 63)])
+                .collect::<Vec<u8>>(),
+        )
+    })
+    .clone()
+}
+
 async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     let mut response = Response::new(Full::new(Bytes::new()));
@@ -64,6 +83,7 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
                 .insert("etag", HeaderValue::from_static("\"v2\""));
         }
         "/v3.js" => *response.body_mut() = Full::new(Bytes::from(body_v3())),
+        "/random.txt" => *response.body_mut() = Full::new(random_text()),
         "/gz" => {
             *response.body_mut() = Full::new(Bytes::from_static(b"not really gzip"));
             response
@@ -120,6 +140,7 @@ fn config(origin: SocketAddr) -> AcceleratorConfig {
             zstd_level: 3,
             ..EncoderOptions::default()
         },
+        adapt_entropy_coding: true,
         max_encode_len: 1 << 30,
         max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
@@ -213,6 +234,67 @@ async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
         stream.len(),
         body.len()
     );
+}
+
+/// Fetches `/random.txt` from scratch, reading at most `bytes_per_second`
+/// (`None`: as fast as it comes); returns the stream. The socket's receive
+/// buffer is kept small: on loopback Linux lets it grow to 32 MiB, which
+/// would take the whole body early however slowly it is read, where a
+/// real link's receiver drains as bytes arrive.
+async fn fetch_random_text(accel: SocketAddr, bytes_per_second: Option<f64>) -> Vec<u8> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(256 << 10).unwrap();
+    let stream = socket.connect(accel).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let response = sender
+        .send_request(get("/random.txt", &offer))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let started = std::time::Instant::now();
+    let mut stream = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            stream.extend_from_slice(&data);
+        }
+        if let Some(rate) = bytes_per_second {
+            let due = Duration::from_secs_f64(stream.len() as f64 / rate);
+            tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+        }
+    }
+    assert!(decode_stream(&[], &stream) == random_text());
+    stream
+}
+
+/// Entropy coding follows the link (`rproxy::pace`): a reader slower than
+/// the encoder keeps it, one that reads as fast as the bytes come lets the
+/// accelerator drop it for most windows; without adapting, it is kept
+/// whatever the reader. Random text: coded 0.75x, uncoded 1.00x.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
+    let origin = start_origin().await;
+    let adapting = start_accelerator(config(origin.addr)).await;
+    let fixed = start_accelerator(AcceleratorConfig {
+        adapt_entropy_coding: false,
+        ..config(origin.addr)
+    })
+    .await;
+    let body = random_text().len() as f64;
+    let ratio = |stream: &[u8]| stream.len() as f64 / body;
+
+    // 24 MB/s: a tenth of what the encoder codes at on one core here.
+    let slow = ratio(&fetch_random_text(adapting, Some(24e6)).await);
+    assert!(slow < 0.78, "slow reader got {slow:.3}x");
+    let fixed_fast = ratio(&fetch_random_text(fixed, None).await);
+    assert!(fixed_fast < 0.78, "without adapting: {fixed_fast:.3}x");
+    // At least a fifth of the windows uncoded (all but the first 11 of 24
+    // on an idle machine: 8 MiB on the wire before adapting).
+    let fast = ratio(&fetch_random_text(adapting, None).await);
+    assert!(fast > 0.80, "fast reader got {fast:.3}x");
 }
 
 /// Decodes an hsync stream against `basis`.

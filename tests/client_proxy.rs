@@ -388,6 +388,7 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
             window_bytes: 16 << 10,
             ..EncoderOptions::default()
         },
+        adapt_entropy_coding: true,
         max_encode_len: 1 << 30,
         max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),

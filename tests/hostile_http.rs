@@ -30,7 +30,6 @@ use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::{CacheKey, CacheStore, Completeness};
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::hsync::EncoderOptions;
 use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -139,17 +138,12 @@ async fn listen<H: Handler>(handler: Arc<H>) -> SocketAddr {
 
 async fn start_accelerator(origin: SocketAddr) -> SocketAddr {
     let accelerator = Accelerator::new(AcceleratorConfig {
-        origin: format!("http://{origin}").parse().unwrap(),
         via_name: HeaderValue::from_static("accel-test"),
-        encoder: EncoderOptions::default(),
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(3),
         basis_store_bytes: 1 << 20,
         max_stored_body: 64 << 10,
-        queue: None,
-        queue_state: None,
+        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
     })
     .unwrap();
     listen(Arc::new(accelerator)).await

@@ -92,7 +92,7 @@ mod signature;
 
 pub use decode::{Basis, DecodeError, DecodeLimits, Decoded, Decoder, FileBasis, Partial};
 pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_commands, split_delta};
-pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions};
+pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, UNCODED_LEVEL};
 pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
 pub use signature::{
     BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, SignatureParams,
