@@ -568,11 +568,37 @@ fn fast_prefix_len(literal_len: usize) -> usize {
     window - literal_len
 }
 
-/// zstd level of the fast stage's literals without entropy coding: zstd's
-/// negative levels store literals raw. -1 keeps zstd's fast match finder
-/// whole (text still compresses by its repeats); on random base64 it
-/// encodes at about 2.7 GB/s where level 1 took 0.4.
+/// zstd level of the fast stage's literals without entropy coding, when
+/// the last coded window found redundancy: zstd's negative levels store
+/// literals raw, and -1 keeps its fast match finder whole, so text still
+/// compresses by its repeats. After a window without redundancy the
+/// literals are stored instead ([`store_frame`]): on random base64 level
+/// -1 found nothing, at about 2.7 GB/s, and its match search and two
+/// copies were a sixth of the accelerator's CPU.
 pub const UNCODED_LEVEL: i32 = -1;
+
+/// Largest block of a zstd frame (bytes); also the window that
+/// [`store_frame`] declares, so that a decoder builds no more prefix.
+const ZSTD_BLOCK_MAX: usize = 128 << 10;
+
+/// Appends `data` as a zstd frame of raw blocks: what zstd's encoder
+/// would write for data it cannot compress, without the search.
+fn store_frame(data: &[u8], out: &mut Vec<u8>) {
+    out.reserve(6 + data.len() + data.len().div_ceil(ZSTD_BLOCK_MAX) * 3);
+    out.extend_from_slice(&0xFD2F_B528u32.to_le_bytes());
+    // Frame header: no content size, not a single segment, no checksum,
+    // no dictionary; window 2^(10 + 7) bytes.
+    out.extend_from_slice(&[0x00, 7 << 3]);
+    let mut blocks = data.chunks(ZSTD_BLOCK_MAX).peekable();
+    while let Some(block) = blocks.next() {
+        // Block header (little-endian, 3 bytes): size, type 0 (raw), and
+        // whether this is the last block.
+        let last = u32::from(blocks.peek().is_none());
+        let header = (block.len() as u32) << 3 | last;
+        out.extend_from_slice(&header.to_le_bytes()[..3]);
+        out.extend_from_slice(block);
+    }
+}
 
 /// Prefixes from this size on get zstd's long-distance matcher (bytes).
 const LONG_DISTANCE_PREFIX: usize = 1 << 20;
@@ -749,6 +775,10 @@ impl LiteralCompressor {
                     compress_frame(*level, prefix, long_distance, data, out)?;
                 } else {
                     *budget = 0;
+                    if !*entropy_coding && *little_redundancy {
+                        store_frame(data, out);
+                        return Ok(());
+                    }
                     let level = if !*entropy_coding {
                         UNCODED_LEVEL.min(*fast_level)
                     } else if *little_redundancy {
@@ -783,7 +813,10 @@ impl LiteralCompressor {
 
 #[cfg(test)]
 mod tests {
-    use super::{EncoderOptions, LiteralCodec, LiteralCompressor, compress_frame, fast_prefix_len};
+    use super::{
+        EncoderOptions, LiteralCodec, LiteralCompressor, compress_frame, fast_prefix_len,
+        store_frame,
+    };
 
     /// Base64-like bytes from a xorshift generator: 6 bits of entropy per
     /// byte and no repeats for zstd's match finder.
@@ -972,6 +1005,60 @@ mod tests {
         decoder.push(&stream, &mut body).unwrap();
         decoder.finish().unwrap();
         assert!(body == new);
+    }
+
+    /// A stored frame is a zstd frame of the data, in blocks no larger
+    /// than zstd allows, after what `out` holds.
+    #[test]
+    fn a_stored_frame_decodes_with_zstd() {
+        let block = super::ZSTD_BLOCK_MAX;
+        for len in [1, 1000, block - 1, block, block + 1, 3 * block + 17] {
+            let data = random_base64(len, len as u64);
+            let mut out = b"before".to_vec();
+            store_frame(&data, &mut out);
+            assert_eq!(&out[..6], b"before");
+            let frame = &out[6..];
+            assert_eq!(frame.len(), 6 + len + len.div_ceil(block) * 3);
+            let decoded = zstd::bulk::decompress(frame, len).unwrap();
+            assert!(decoded == data, "len {len}");
+        }
+    }
+
+    /// Without entropy coding, literals after a window without redundancy
+    /// are stored; after one with redundancy they still get level -1's
+    /// match finder.
+    #[test]
+    fn uncoded_literals_are_stored_only_after_a_window_without_redundancy() {
+        let options = EncoderOptions::default();
+        let mut compressor =
+            LiteralCompressor::new(LiteralCodec::ZstdWindow, &options, Some(1 << 30));
+        let random = random_base64(256 << 10, 9);
+        let text = b"the quick brown fox jumps over the lazy dog; ".repeat(6000);
+        let mut out = Vec::new();
+        compressor.compress(&random, &[], 0, &mut out).unwrap();
+        assert!(little_redundancy(&compressor));
+        let LiteralCompressor::ZstdWindow { entropy_coding, .. } = &mut compressor else {
+            unreachable!()
+        };
+        *entropy_coding = false;
+        out.clear();
+        compressor.compress(&random, &random, 0, &mut out).unwrap();
+        let mut stored = Vec::new();
+        store_frame(&random, &mut stored);
+        assert!(out == stored);
+
+        // Redundancy seen by a coded window: level -1 for the next ones.
+        let LiteralCompressor::ZstdWindow {
+            little_redundancy, ..
+        } = &mut compressor
+        else {
+            unreachable!()
+        };
+        *little_redundancy = false;
+        out.clear();
+        compressor.compress(&text, &random, 0, &mut out).unwrap();
+        assert!(out.len() * 10 < text.len(), "{}", out.len());
+        assert!(zstd::bulk::decompress(&out, text.len()).unwrap() == text);
     }
 
     /// The literal section is appended after what `out` already holds.
