@@ -475,28 +475,35 @@ impl Encoder {
             None => &self.window[..covered],
             Some(_) => &self.literal_bytes[..],
         };
-        if matches!(self.literals, LiteralCompressor::ZstdWindow { .. }) && !literals.is_empty() {
-            if let Some(body) = &self.basis_body {
-                let range = super::basis_slice(self.summary.body_len, covered as u64, body.size());
-                self.basis_part.clear();
-                body.append_range(
-                    range.start,
-                    (range.end - range.start) as usize,
-                    &mut self.basis_part,
-                )
-                .map_err(EncodeError::Basis)?;
-                super::window_prefix(
-                    &self.basis_part,
-                    &self.context,
-                    &[],
-                    covered as u64,
-                    &mut self.prefix,
-                );
-            } else if self.basis.is_none() {
-                super::window_prefix(&[], &self.context, &[], covered as u64, &mut self.prefix);
-            }
+        let windowed = matches!(self.literals, LiteralCompressor::ZstdWindow { .. });
+        if windowed
+            && !literals.is_empty()
+            && let Some(body) = &self.basis_body
+        {
+            let range = super::basis_slice(self.summary.body_len, covered as u64, body.size());
+            self.basis_part.clear();
+            body.append_range(
+                range.start,
+                (range.end - range.start) as usize,
+                &mut self.basis_part,
+            )
+            .map_err(EncodeError::Basis)?;
+            super::window_prefix(
+                &self.basis_part,
+                &self.context,
+                &[],
+                covered as u64,
+                &mut self.prefix,
+            );
         }
-        let reference = &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..];
+        // Without a basis the prefix is the context's tail (what
+        // `window_prefix` would copy out of it).
+        let reference = if windowed && self.basis.is_none() && self.basis_body.is_none() {
+            let tail = super::context_tail(&self.context, covered as u64);
+            &tail[tail.len().saturating_sub(MAX_PREFIX_LEN)..]
+        } else {
+            &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..]
+        };
         // The prefix is [basis slice | context tail], cut from the front.
         let basis_in_prefix = match &self.basis_body {
             Some(_) => reference
@@ -508,6 +515,19 @@ impl Encoder {
         if !literals.is_empty() && self.is_in_fast_stage() && !self.entropy_coding() {
             self.summary.uncoded_windows += 1;
         }
+        // Room for this window's frames: the DELTA, then SIG entries for
+        // its blocks (and END), so that appending them never moves the
+        // window's bytes (a realloc of `out` was 6 % of the encoder's CPU).
+        let entries = covered / self.header.block_size as usize + 2;
+        out.reserve(
+            2 * super::FRAME_PREFIX_LEN
+                + 4
+                + self.commands.len()
+                + zstd_safe::compress_bound(literals.len())
+                + entries * self.signature.params().entry_len()
+                + super::END_LEN
+                + super::FRAME_PREFIX_LEN,
+        );
         let start = out.len();
         let mut literal_wire_bytes = 0;
         super::frame::write_delta_with(&self.commands, out, |out| {
