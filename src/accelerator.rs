@@ -547,7 +547,7 @@ fn encode_body(
 ) -> ProxyBody {
     let (to_encoder, mut from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
     let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
-    let idle = pacing.idle.clone();
+    let link_idle = pacing.idle.clone();
     let origin_idle = pacing.idle.clone();
     tokio::spawn(async move {
         let mut origin = origin;
@@ -642,7 +642,7 @@ fn encode_body(
     });
     StreamBody::new(EncodedStream {
         frames: from_encoder,
-        idle,
+        idle: link_idle,
         since: None,
     })
     .boxed()
@@ -687,9 +687,9 @@ impl Pacing {
         pushed
     }
 
-    /// Sends `out` with `send` (false: the client is gone), timing the
-    /// wait; once a window is complete, lets the pacer choose the next
-    /// window's mode.
+    /// Sends `out` with `send` (false: the client is gone); once a window
+    /// is complete, records what it cost and lets the pacer choose the
+    /// next window's mode.
     fn send(&mut self, out: &mut Vec<u8>, send: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
         let wire_bytes = out.len() as u64;
         let sent = send(out);
@@ -719,7 +719,6 @@ impl Pacing {
     }
 }
 
-/// A `Stream` over an mpsc receiver (tokio-stream's, without the crate).
 /// Nanoseconds that the origin's reader and the link have each waited
 /// for the encoder, in all (for [`Pacing`]).
 #[derive(Debug, Default)]

@@ -304,9 +304,10 @@ impl Encoder {
     }
 
     /// Whether the fast stage's literals get entropy coding (the default).
-    /// Without it they are compressed at [`UNCODED_LEVEL`]: matches only,
-    /// several times faster on each end, for a caller whose link drains
-    /// faster than entropy coding can feed it (see `crate::pace`).
+    /// Without it they are stored, or compressed at [`UNCODED_LEVEL`]
+    /// (matches only) after a window with redundancy: several times faster
+    /// on each end, for a caller whose link drains faster than entropy
+    /// coding can feed it (see `crate::pace`).
     pub fn set_entropy_coding(&mut self, on: bool) {
         if let LiteralCompressor::ZstdWindow { entropy_coding, .. } = &mut self.literals {
             *entropy_coding = on;
