@@ -31,7 +31,7 @@
 #   DURATION=5       seconds per wrk case
 #   CONNECTIONS=64   wrk connections for the loaded cases
 #   BIG_MB=256       size of the large body (MiB; 1024 for target L-3)
-#   ACCEL_ARGS=      more accelerator flags, e.g. "--bulk-level -1"
+#   ACCEL_ARGS=      more accelerator flags, e.g. "--no-adapt" (always entropy-code)
 #   CORPUS=DIR       corpus folder (default ../shared/corpus; skipped if absent)
 #   RPROXY, NGINX, CARGO_TARGET_DIR, KEEP_TMP: see scripts/lib-nginx.sh
 # Needs: nginx, wrk (installed with apt-get when missing and run as root),
