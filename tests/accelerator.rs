@@ -96,6 +96,11 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
                 .headers_mut()
                 .insert("cache-control", HeaderValue::from_static("no-transform"));
         }
+        "/hang" => {
+            // Sends its head long after any origin timeout of these tests.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            *response.body_mut() = Full::new(Bytes::from(body_v2()));
+        }
         "/echo" => {
             // The request headers as the origin saw them, one per line.
             let mut text = String::new();
@@ -548,6 +553,30 @@ async fn p22_an_unreachable_origin_is_a_502_at_once() {
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert!(String::from_utf8_lossy(&body).contains("origin unreachable"));
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn p22_an_origin_that_sends_no_head_in_time_is_a_504_within_the_timeout_and_a_second() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(AcceleratorConfig {
+        origin_timeout: Duration::from_secs(1),
+        ..config(origin.addr)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let (status, _, body) = fetch(accel, get("/hang", &offer(&body_v1()))).await;
+    let waited = started.elapsed();
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        String::from_utf8_lossy(&body).contains("no response head within"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
+        "answered after {waited:?}"
+    );
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
 }
 
 #[test]

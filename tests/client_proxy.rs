@@ -346,6 +346,33 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
             }
             ok(&[("cache-control", "max-age=60")], release(1))
         }
+        "/hang.js" => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            ok(&[("cache-control", "max-age=60")], release(1))
+        }
+        // Stale at once; then upstream fails: a 503, or no head in time.
+        "/stale-if-error.js" | "/stale-if-error-hang.js" | "/no-stale-if-error.js"
+            if earlier == 0 =>
+        {
+            let cache_control = if path.starts_with("/no-") {
+                "max-age=0"
+            } else {
+                "max-age=0, stale-if-error=60"
+            };
+            ok(
+                &[("cache-control", cache_control), ("etag", "\"s1\"")],
+                release(1),
+            )
+        }
+        "/stale-if-error-hang.js" => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            ok(&[], release(2))
+        }
+        "/stale-if-error.js" | "/no-stale-if-error.js" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &[("retry-after", "5")],
+            full("down for maintenance"),
+        ),
         "/bad-digest.js" => {
             use base64::Engine;
             let wrong = sha2::Sha256::digest(b"not the body");
@@ -1597,6 +1624,81 @@ async fn p22_an_unreachable_upstream_is_a_502_at_once() {
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(proxy.stats().upstream_errors, 1);
     assert_eq!(proxy.stored_len(), 0);
+}
+
+#[tokio::test]
+async fn p22_an_upstream_that_sends_no_head_in_time_is_a_504_within_the_timeout_and_a_second() {
+    let stack = Stack::start_with(|c| c.upstream_timeout = Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let reply = stack.get("/hang.js").await;
+    let waited = started.elapsed();
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        String::from_utf8_lossy(reply.body()).contains("no response head within"),
+        "{reply:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
+        "answered after {waited:?}"
+    );
+    assert_eq!(stack.proxy.stats().upstream_errors, 1);
+    assert!(stack.proxy.entry(&stack.url("/hang.js")).is_none());
+}
+
+#[tokio::test]
+async fn p22_a_stale_entry_within_stale_if_error_is_served_when_upstream_answers_5xx() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/stale-if-error.js").await.body() == release(1));
+    let reply = stack.get("/stale-if-error.js").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body() == release(1), "the stored body, whole");
+    let status = reply.cache_status();
+    for part in ["fwd=stale", "fwd-status=503", "detail=stale-if-error"] {
+        assert!(status.contains(part), "{part} missing: {reply:?}");
+    }
+    assert!(reply.header("age").is_some(), "{reply:?}");
+    // The 503 went upstream once, carrying the stored validator
+    let seen = stack.origin.seen_for("/stale-if-error.js");
+    assert_eq!(seen.len(), 2);
+    // (weakened by the accelerator while coded).
+    assert_eq!(seen[1].header("if-none-match"), Some("W/\"s1\""));
+    stack
+        .proxy
+        .assert_complete(&stack.url("/stale-if-error.js"), release(1));
+}
+
+#[tokio::test]
+async fn p22_a_stale_entry_within_stale_if_error_is_served_when_upstream_times_out() {
+    let stack = Stack::start_with(|c| c.upstream_timeout = Duration::from_secs(1)).await;
+    assert!(stack.get("/stale-if-error-hang.js").await.body() == release(1));
+    let started = Instant::now();
+    let reply = stack.get("/stale-if-error-hang.js").await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body() == release(1));
+    let status = reply.cache_status();
+    assert!(
+        status.contains("fwd=stale") && status.contains("detail=stale-if-error"),
+        "{reply:?}"
+    );
+    assert!(
+        !status.contains("fwd-status"),
+        "no upstream status: {reply:?}"
+    );
+}
+
+#[tokio::test]
+async fn p22_without_stale_if_error_the_upstream_error_reaches_the_user_agent() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/no-stale-if-error.js").await.body() == release(1));
+    let reply = stack.get("/no-stale-if-error.js").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body(), b"down for maintenance");
+    assert_eq!(reply.header("retry-after"), Some("5"));
+    // The error is not stored over the entry (P-20).
+    stack
+        .proxy
+        .assert_complete(&stack.url("/no-stale-if-error.js"), release(1));
 }
 
 #[tokio::test]
