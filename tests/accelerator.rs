@@ -579,6 +579,89 @@ async fn p22_an_origin_that_sends_no_head_in_time_is_a_504_within_the_timeout_an
     assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
 }
 
+/// An origin written by hand that announces `declared` bytes, sends 100
+/// of them, then closes (`close`) or goes silent.
+async fn start_short_origin(declared: usize, close: bool) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {declared}\r\n\r\n");
+                stream.write_all(answer.as_bytes()).await.unwrap();
+                stream.write_all(&[b'x'; 100]).await.unwrap();
+                if !close {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    // /echo answers a few hundred bytes.
+    let (status, headers, stream) = fetch(accel, get("/echo", &offer(&body_v1()))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "hsync");
+    assert_eq!(
+        headers["content-length"].to_str().unwrap(),
+        stream.len().to_string()
+    );
+    assert!(headers.get("transfer-encoding").is_none());
+    let body = decode_stream(&body_v1(), &stream);
+    assert!(
+        String::from_utf8(body)
+            .unwrap()
+            .contains("accept-encoding: identity")
+    );
+}
+
+#[tokio::test]
+async fn a_small_body_the_origin_cuts_is_a_clean_502() {
+    let origin = start_short_origin(5000, true).await;
+    let accel = start_accelerator(config(origin)).await;
+    let (status, headers, body) = fetch(accel, get("/cut", &offer(&body_v1()))).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert!(headers.get("content-encoding").is_none());
+    assert!(
+        String::from_utf8_lossy(&body).contains("origin body"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+#[tokio::test]
+async fn a_small_body_the_origin_does_not_finish_in_time_is_a_504() {
+    let origin = start_short_origin(5000, false).await;
+    let accel = start_accelerator(AcceleratorConfig {
+        origin_timeout: Duration::from_secs(1),
+        ..config(origin)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let (status, _, body) = fetch(accel, get("/stall", &offer(&body_v1()))).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        String::from_utf8_lossy(&body).contains("no whole body within"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
 #[test]
 fn an_origin_with_a_path_or_tls_is_refused_at_start() {
     for origin in [
