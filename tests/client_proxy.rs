@@ -46,6 +46,10 @@ use tokio::sync::watch;
 
 const BODY_LEN: usize = 200_000;
 
+/// A body the client relays whole (under `transfer::WHOLE_BELOW`), where
+/// [`BODY_LEN`] streams.
+const SMALL_LEN: usize = 20_000;
+
 /// Release `n` (1..=3) of a script: each release inserts a line into the
 /// previous one, so consecutive releases differ by a few dozen bytes.
 /// 6 MiB of text: past its first MiB the client writes it to the cache
@@ -345,6 +349,31 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
             ok(&[("cache-control", "max-age=60")], release(1))
+        }
+        "/small.js" => ok(&[("cache-control", "max-age=60")], &release(1)[..SMALL_LEN]),
+        "/small-2.js" => ok(&[("cache-control", "max-age=60")], &release(2)[..SMALL_LEN]),
+        "/bad-digest-small.js" => {
+            use base64::Engine;
+            let wrong = sha2::Sha256::digest(b"not the body");
+            let wrong = base64::engine::general_purpose::STANDARD.encode(wrong);
+            ok(
+                &[("content-digest", &format!("sha-256=:{wrong}:"))],
+                &release(1)[..SMALL_LEN],
+            )
+        }
+        // Half now, half after longer than the tests' upstream wait.
+        "/dribble.js" => {
+            let body = Bytes::from_static(&release(1)[..SMALL_LEN]);
+            let steps = [
+                Step::Data(body.slice(..SMALL_LEN / 2)),
+                Step::Pause(Duration::from_millis(1500)),
+                Step::Data(body.slice(SMALL_LEN / 2..)),
+            ];
+            respond(
+                StatusCode::OK,
+                &[("cache-control", "max-age=60")],
+                ScriptedBody::new(steps).boxed(),
+            )
         }
         "/hang.js" => {
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -1273,14 +1302,16 @@ enum Hostile {
 /// cache) and answers /app-2.js per `behaviour`.
 async fn start_hostile(behaviour: Hostile) -> Server {
     start_server(move |request, _| async move {
-        if request.uri().path() != "/app-2.js" {
-            return ok(&[], release(1));
-        }
+        let body = match request.uri().path() {
+            "/app-2.js" => release(2),
+            // Rebuilds to less than the client relays whole.
+            "/small-2.js" => &release(2)[..SMALL_LEN],
+            _ => return ok(&[], release(1)),
+        };
         let signature = request
             .headers()
             .get("hsync-signature")
             .and_then(|v| parse_byte_sequence(v, 1 << 20));
-        let body = release(2);
         let mut encoder = Encoder::new(
             signature.as_deref(),
             Some(body.len() as u64),
@@ -1358,6 +1389,141 @@ async fn d_a4_a_stream_with_a_wrong_digest_aborts_the_response_and_drops_its_bas
     assert_eq!(proxy.stored_len(), 0);
     let stats = proxy.stats();
     assert_eq!((stats.stored, stats.deltas), (1, 1), "{stats:?}");
+}
+
+#[tokio::test]
+async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_basis() {
+    let hostile = start_hostile(Hostile::BadDigest).await;
+    let proxy = start_proxy(client_config(hostile.addr)).await;
+    let url = |path: &str| format!("http://{}{path}", hostile.addr);
+    let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
+    assert!(seed.body() == release(1));
+    proxy.settled(&url("/app-1.js")).await;
+
+    // Small enough to be rebuilt and checked before the head goes out:
+    // a clean error instead of a cut body.
+    let reply = send(
+        proxy.addr,
+        forward(Method::GET, hostile.addr, "/small-2.js"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{reply:?}");
+    assert!(
+        String::from_utf8_lossy(reply.body()).contains("failed"),
+        "{reply:?}"
+    );
+    let seen = hostile.seen_for("/small-2.js");
+    assert_eq!(
+        seen[0].header("hsync-basis"),
+        Some(&*basis_name(release(1)))
+    );
+    eventually("digest failure counted", || {
+        proxy.stats().digest_failures == 1
+    })
+    .await;
+    assert!(proxy.entry(&url("/small-2.js")).is_none(), "nothing stored");
+    assert!(
+        proxy.entry(&url("/app-1.js")).is_none(),
+        "the basis that produced wrong bytes is dropped"
+    );
+}
+
+#[tokio::test]
+async fn d_a5_a_small_body_is_checked_before_its_head_and_sent_with_a_length() {
+    let stack = Stack::start().await;
+    let reply = stack.get("/small.js").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body() == &release(1)[..SMALL_LEN]);
+    assert_eq!(
+        reply.header("content-length"),
+        Some(&*SMALL_LEN.to_string())
+    );
+    assert!(reply.header("transfer-encoding").is_none(), "{reply:?}");
+    // Committed before the head left, so at once a hit.
+    stack
+        .proxy
+        .assert_complete(&stack.url("/small.js"), &release(1)[..SMALL_LEN]);
+    assert_eq!(stack.proxy.stats().deltas, 1, "it came coded");
+    // A body past the limit streams (chunked, no length).
+    let large = stack.get("/app-1.js").await;
+    assert!(large.body() == release(1));
+    assert!(large.header("content-length").is_none(), "{large:?}");
+}
+
+#[tokio::test]
+async fn d_a5_a_small_plain_body_failing_the_origins_content_digest_is_a_clean_502() {
+    let origin = start_origin().await;
+    let proxy = start_proxy(client_config(origin.addr)).await;
+    let reply = send(
+        proxy.addr,
+        forward(Method::GET, origin.addr, "/bad-digest-small.js"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{reply:?}");
+    eventually("digest failure counted", || {
+        proxy.stats().digest_failures == 1
+    })
+    .await;
+    assert_eq!(proxy.stored_len(), 0);
+}
+
+#[tokio::test]
+async fn a_small_body_slower_than_the_upstream_wait_streams_instead() {
+    let origin = start_origin().await;
+    let proxy = start_proxy(ClientConfig {
+        upstream_timeout: Duration::from_secs(1),
+        ..client_config(origin.addr)
+    })
+    .await;
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let started = Instant::now();
+    let response = sender
+        .send_request(forward(Method::GET, origin.addr, "/dribble.js"))
+        .await
+        .unwrap();
+    let head_after = started.elapsed();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        head_after < Duration::from_millis(1400),
+        "the head waited for the whole body: {head_after:?}"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert!(body == release(1)[..SMALL_LEN]);
+    proxy
+        .settled(&format!("http://{}/dribble.js", origin.addr))
+        .await;
+}
+
+#[tokio::test]
+async fn a_basis_held_in_memory_is_offered_without_opening_its_file() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/small.js").await.body() == &release(1)[..SMALL_LEN]);
+    // Served from disk once, then kept in the memory cache.
+    let hit = stack.get("/small.js").await;
+    assert!(hit.cache_status().contains("hit"), "{hit:?}");
+    assert_eq!(stack.proxy.stats().memory_bases, 0);
+
+    let before = stack.proxy.stats();
+    let reply = stack.get("/small-2.js").await;
+    assert!(reply.body() == &release(2)[..SMALL_LEN]);
+    let stats = stack.proxy.stats();
+    assert_eq!(stats.memory_bases, 1, "{stats:?}");
+    let seen = stack.tap.server.seen_for("/small-2.js");
+    assert_eq!(
+        seen[0].header("hsync-basis"),
+        Some(&*basis_name(&release(1)[..SMALL_LEN]))
+    );
+    // A delta: a fraction of the body crossed the link.
+    let link = stats.upstream_bytes - before.upstream_bytes;
+    assert!(link < SMALL_LEN as u64 / 4, "{link} bytes on the link");
+    stack
+        .proxy
+        .assert_complete(&stack.url("/small-2.js"), &release(2)[..SMALL_LEN]);
 }
 
 #[tokio::test]

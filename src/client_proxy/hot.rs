@@ -2,6 +2,9 @@
 //! entries kept in memory so that a hit on them opens no file, hashes
 //! nothing and leaves the async thread (target L-1).
 //!
+//! A memory entry is also a basis that costs no file and no thread hop
+//! when another URL's request chooses it.
+//!
 //! The disk store stays the truth. A memory entry is used only while the
 //! store's index still describes the same body (length, blake3, time
 //! stored, complete): an entry replaced, refreshed by a 304, evicted or
@@ -28,6 +31,8 @@ pub struct HotEntry {
     /// The checked body.
     pub body: Bytes,
     body_blake3: blake3::Hash,
+    /// The entry's signature, for when it is another request's basis.
+    pub signature: Bytes,
 }
 
 impl HotEntry {
@@ -38,6 +43,7 @@ impl HotEntry {
         stored_at: u64,
         body: Bytes,
         body_blake3: blake3::Hash,
+        signature: Bytes,
     ) -> HotEntry {
         HotEntry {
             status,
@@ -45,6 +51,7 @@ impl HotEntry {
             stored_at,
             body,
             body_blake3,
+            signature,
         }
     }
 
@@ -58,7 +65,7 @@ impl HotEntry {
 
     fn cost(&self) -> usize {
         // Headers and bookkeeping, roughly.
-        self.body.len() + 512
+        self.body.len() + self.signature.len() + 512
     }
 }
 
@@ -168,6 +175,7 @@ mod tests {
             stored_at,
             Bytes::from_static(body),
             blake3::hash(body),
+            Bytes::new(),
         )
     }
 

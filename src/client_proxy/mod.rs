@@ -59,7 +59,9 @@ use crate::upstream_guard::ExchangeCheck;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
 use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits, WaitView};
-use transfer::{CachedBody, ClientBasis, Coding, OriginDigest, Relay, Report, StoreTarget, full};
+use transfer::{
+    CachedBody, ClientBasis, Coding, OriginDigest, Relay, Relayed, Report, StoreTarget, full,
+};
 use upstream::Upstream;
 
 /// The path where the proxy answers with its counters as JSON.
@@ -136,6 +138,7 @@ pub struct ClientStats {
     queue_waits: AtomicU64,
     queue_waiting: AtomicU64,
     signature_bytes: AtomicU64,
+    memory_bases: AtomicU64,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
     /// The cache store's own counter.
@@ -176,6 +179,9 @@ pub struct StatsSnapshot {
     pub queue_waiting: u64,
     /// Bytes of basis signatures sent upstream (decoded).
     pub signature_bytes: u64,
+    /// Bases offered from the memory cache (no file opened).
+    #[serde(default)]
+    pub memory_bases: u64,
     /// Body bytes received from upstream (coded, as on the link).
     pub upstream_bytes: u64,
     /// Body bytes sent to user agents.
@@ -208,6 +214,7 @@ impl ClientStats {
             queue_waits: get(&self.queue_waits),
             queue_waiting: get(&self.queue_waiting),
             signature_bytes: get(&self.signature_bytes),
+            memory_bases: get(&self.memory_bases),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
             cache_write_errors: get(&self.cache_write_errors),
@@ -242,15 +249,23 @@ struct Target {
 /// The basis sent upstream.
 struct BasisOffer {
     key: CacheKey,
-    /// The body's descriptor, kept open so the decoder reads the bytes the
-    /// signature describes even if the entry is replaced meanwhile (D-A7).
-    body: std::fs::File,
+    /// The body the signature describes, even if the entry is replaced
+    /// meanwhile (D-A7).
+    body: BasisBody,
     /// `Hsync-Basis`.
     name: HeaderValue,
     /// `Hsync-Signature`, cut to the budget.
     signature: HeaderValue,
     /// Its length, decoded.
     signature_len: usize,
+}
+
+/// Where a basis's bytes are.
+enum BasisBody {
+    /// The entry's body file, kept open.
+    File(std::fs::File),
+    /// The memory cache's copy.
+    Memory(Bytes),
 }
 
 /// The client proxy role.
@@ -630,7 +645,7 @@ impl ClientProxy {
     /// With `remember`, a small body is kept in the memory cache.
     async fn respond_from_entry(
         &self,
-        entry: Entry,
+        mut entry: Entry,
         stored: HeaderMap,
         age: u64,
         parts: &Parts,
@@ -647,6 +662,7 @@ impl ClientProxy {
         };
         let digest = entry.meta.body_digest().map_err(|_| ())?;
         let stored_at = entry.meta.stored_at;
+        let signature = Bytes::from(std::mem::take(&mut entry.signature));
         let store = self.store.clone();
         let key = entry.meta.key().map_err(|_| ())?;
         let key_digest = *key.digest().as_bytes();
@@ -665,8 +681,14 @@ impl ClientProxy {
             CachedBody::Whole(bytes) => {
                 ClientStats::add(&self.stats.downstream_bytes, bytes.len() as u64);
                 if let Some(kept) = kept_headers {
-                    let entry =
-                        HotEntry::new(status.as_u16(), kept, stored_at, bytes.clone(), digest);
+                    let entry = HotEntry::new(
+                        status.as_u16(),
+                        kept,
+                        stored_at,
+                        bytes.clone(),
+                        digest,
+                        signature,
+                    );
                     self.hot.insert(key_digest, entry);
                 }
                 full(bytes)
@@ -689,8 +711,21 @@ impl ClientProxy {
             let usable = entry.meta.shareable_as_basis || !self.is_shared();
             return usable.then(|| basis_offer(entry, budget)).flatten();
         }
-        // The choice is made in memory; only reading the entry needs a thread.
+        // The choice is made in memory; only reading the entry needs a
+        // thread, unless the memory cache holds it.
         let candidate = self.store.basis(key, self.config.scope)?;
+        if let Some(hot) = self.hot.get(candidate.key.digest().as_bytes(), &candidate)
+            && let Some(signature) = cut_signature(&hot.signature, budget)
+        {
+            ClientStats::add(&self.stats.memory_bases, 1);
+            return Some(BasisOffer {
+                name: byte_sequence(candidate.body_blake3.as_bytes()),
+                signature: byte_sequence(signature),
+                signature_len: signature.len(),
+                key: candidate.key,
+                body: BasisBody::Memory(hot.body.clone()),
+            });
+        }
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
             let entry = store.get(&candidate.key)?;
@@ -835,8 +870,17 @@ impl ClientProxy {
         let basis_url = basis.as_ref().map(|b| b.key.to_string());
         let coding = if hsync {
             let (basis_file, basis_key) = match basis {
-                Some(offer) => match FileBasis::new(offer.body) {
-                    Ok(file) => (ClientBasis::File(file), Some(offer.key)),
+                Some(BasisOffer {
+                    body: BasisBody::Memory(body),
+                    key,
+                    ..
+                }) => (ClientBasis::Memory(body), Some(key)),
+                Some(BasisOffer {
+                    body: BasisBody::File(file),
+                    key,
+                    ..
+                }) => match FileBasis::new(file) {
+                    Ok(file) => (ClientBasis::File(file), Some(key)),
                     Err(e) => {
                         return error(
                             StatusCode::BAD_GATEWAY,
@@ -880,7 +924,7 @@ impl ClientProxy {
                 .map_or_else(Instant::now, |s| s.0),
         };
         rparts.extensions.insert(LoggedAtEnd);
-        let body = transfer::relay(
+        let relayed = transfer::relay(
             rbody,
             Relay {
                 coding,
@@ -888,12 +932,25 @@ impl ClientProxy {
                 origin_digests,
                 framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
             },
+            self.config.upstream_timeout,
             move |report: Report| {
                 record(&stats, &log, &report);
                 drop(leader);
             },
-        );
-        Response::from_parts(rparts, body)
+        )
+        .await;
+        match relayed {
+            Relayed::Whole(body) => {
+                // Ours now, whatever upstream said (a coded length, or none).
+                rparts.headers.remove(header::CONTENT_LENGTH);
+                Response::from_parts(rparts, full(body))
+            }
+            Relayed::Stream(body) => Response::from_parts(rparts, body),
+            Relayed::Failed(reason) => error(
+                StatusCode::BAD_GATEWAY,
+                format!("the upstream body failed: {reason}; retry"),
+            ),
+        }
     }
 
     /// Opens a cache entry for a storable response: the key with its Vary'd
@@ -1448,7 +1505,7 @@ fn basis_offer(entry: &Entry, budget: usize) -> Option<BasisOffer> {
     let digest = entry.meta.body_digest().ok()?;
     Some(BasisOffer {
         key: entry.meta.key().ok()?,
-        body: entry.body.try_clone().ok()?,
+        body: BasisBody::File(entry.body.try_clone().ok()?),
         name: byte_sequence(digest.as_bytes()),
         signature: byte_sequence(signature),
         signature_len: signature.len(),

@@ -11,13 +11,17 @@
 //! check passed (END's length and blake3, the origin's `Content-Digest` or
 //! `Repr-Digest`); on a failed check it is aborted, the entry is not
 //! committed, and the basis that produced the wrong bytes is dropped
-//! (D-A4, D-A5). An interrupted transfer leaves a partial entry — the
-//! prefix and its signature — so the next fetch resumes from it.
+//! (D-A4, D-A5). A body shorter than [`WHOLE_BELOW`] that is over within
+//! the upstream wait is relayed whole instead: checked (and committed)
+//! before the user agent's head, sent with a Content-Length in one write,
+//! and a failed check is a clean 502 rather than a cut body (D-A5's two
+//! branches, by size). An interrupted transfer leaves a partial entry —
+//! the prefix and its signature — so the next fetch resumes from it.
 //!
 //! Also here: streaming a cached body to the user agent with its digest
 //! checked on the way (C-E3).
 //!
-//! Main items: [`relay`], [`Relay`], [`Outcome`], [`serve_cached`].
+//! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`], [`serve_cached`].
 
 use std::io::Read;
 use std::sync::{Arc, Mutex};
@@ -122,6 +126,9 @@ pub enum ClientBasis {
     None,
     /// A cached body.
     File(FileBasis),
+    /// A cached body held by the memory cache (checked when it was read;
+    /// immutable, so a snapshot as the descriptor is).
+    Memory(Bytes),
 }
 
 impl Basis for ClientBasis {
@@ -129,6 +136,7 @@ impl Basis for ClientBasis {
         match self {
             ClientBasis::None => 0,
             ClientBasis::File(file) => file.size(),
+            ClientBasis::Memory(body) => body.len() as u64,
         }
     }
 
@@ -136,6 +144,15 @@ impl Basis for ClientBasis {
         match self {
             ClientBasis::None => Err(std::io::Error::other("copy from an empty basis")),
             ClientBasis::File(file) => file.append_range(offset, len, out),
+            ClientBasis::Memory(body) => {
+                let range = usize::try_from(offset)
+                    .ok()
+                    .and_then(|start| Some(start..start.checked_add(len)?))
+                    .filter(|range| range.end <= body.len())
+                    .ok_or_else(|| std::io::Error::other("copy past the end of the basis"))?;
+                out.extend_from_slice(&body[range]);
+                Ok(())
+            }
         }
     }
 }
@@ -301,15 +318,38 @@ impl DigestCheck {
     }
 }
 
+/// A relayed body, as the user agent gets it.
+pub enum Relayed {
+    /// The whole body, every check passed (and a storable one committed)
+    /// before the user agent's head: sent with a Content-Length, in one
+    /// write, and a failure can still be a clean error status (D-A5's
+    /// "buffer and verify" branch).
+    Whole(Bytes),
+    /// Longer than [`WHOLE_BELOW`], or slower than the wait: what came so
+    /// far, then the rest as it comes (D-A5's "stream and abort" branch).
+    Stream(ProxyBody),
+    /// The relay failed before the user agent saw a byte: why.
+    Failed(String),
+}
+
+/// Bodies shorter than this are relayed [`Relayed::Whole`] when they come
+/// within the wait: a 1 KiB body streamed cost hyper a write for the head,
+/// one per chunk and one for the end of the chunked body.
+pub const WHOLE_BELOW: usize = 64 << 10;
+
 /// Streams `upstream` to the user agent per `relay`, and calls `done` once
 /// with the report when the relay is over (also when the user agent left).
-pub fn relay(
+/// A body shorter than [`WHOLE_BELOW`] that is over within `wait` comes
+/// back whole; any other streams.
+pub async fn relay(
     upstream: Incoming,
     relay: Relay,
+    wait: std::time::Duration,
     done: impl FnOnce(Report) + Send + 'static,
-) -> ProxyBody {
+) -> Relayed {
     let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
-    let (to_agent, from_worker) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    let (to_agent, mut from_worker) =
+        mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
     tokio::spawn(read_upstream(upstream, to_worker));
     tokio::task::spawn_blocking(move || {
         let mut worker = Worker::new(relay, to_agent);
@@ -320,7 +360,63 @@ pub fn relay(
         // followers know how the transfer went.
         worker.end_agent();
     });
-    StreamBody::new(ReceiverStream(from_worker)).boxed()
+    let mut prefix = Vec::new();
+    let mut len = 0;
+    let deadline = tokio::time::Instant::now() + wait;
+    while len < WHOLE_BELOW {
+        match tokio::time::timeout_at(deadline, from_worker.recv()).await {
+            Ok(None) => return Relayed::Whole(concat(prefix, len)),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    len += data.len();
+                    prefix.push(data);
+                }
+            }
+            Ok(Some(Err(error))) => return Relayed::Failed(error.to_string()),
+            Err(_) => break,
+        }
+    }
+    Relayed::Stream(
+        StreamBody::new(Prefixed {
+            prefix: prefix.into(),
+            rest: from_worker,
+        })
+        .boxed(),
+    )
+}
+
+fn concat(mut parts: Vec<Bytes>, len: usize) -> Bytes {
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().expect("one part"),
+        _ => {
+            let mut whole = Vec::with_capacity(len);
+            for part in &parts {
+                whole.extend_from_slice(part);
+            }
+            whole.into()
+        }
+    }
+}
+
+/// The chunks a relay took before it chose to stream, then the rest.
+struct Prefixed {
+    prefix: std::collections::VecDeque<Bytes>,
+    rest: mpsc::Receiver<Result<Frame<Bytes>, BodyError>>,
+}
+
+impl futures_core::Stream for Prefixed {
+    type Item = Result<Frame<Bytes>, BodyError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.prefix.pop_front() {
+            Some(data) => std::task::Poll::Ready(Some(Ok(Frame::data(data)))),
+            None => self.rest.poll_recv(cx),
+        }
+    }
 }
 
 /// Whether a body error says the upstream's framing was malformed (hyper
