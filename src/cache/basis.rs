@@ -15,8 +15,11 @@
 //!    `/jquery/3.6.4/jquery.js` for `/jquery/3.7.0/jquery.js`, rather than
 //!    `/jquery/3.7.0/jquery.min.js` whose prefix is longer); then the
 //!    longest common prefix of path and query. Ties go to the same file
-//!    extension, then the newest, then the smallest URL so the choice is
-//!    deterministic.
+//!    extension; then, among the candidates left, one less than half the
+//!    size of another is dropped (a stub or a broken release of the file:
+//!    lodash 4.17.16 is 20 KB between two 540 KB releases, and as the basis
+//!    of 4.17.19 it cost 88 KB on the link where 4.17.15 costs 10); then the
+//!    newest wins, then the smallest URL, so the choice is deterministic.
 //!
 //! Partial entries are allowed: a prefix is a fine basis for its own URL.
 //! What it leaves out: freshness (a stale entry is still a good basis) and
@@ -49,7 +52,7 @@ pub fn select_basis<'a>(
     let wanted = url.path_and_query().as_bytes();
     let ext = url.extension();
     let name = url.file_name();
-    candidates
+    let ranked: Vec<(&IndexEntry, Rank)> = candidates
         .into_iter()
         .filter(|c| c.key.origin() == url.origin())
         .filter(|c| c.shareable_as_basis || scope == CacheScope::Private)
@@ -71,15 +74,23 @@ pub fn select_basis<'a>(
             };
             Some((c, rank))
         })
-        .max_by(|(a, a_rank), (b, b_rank)| {
-            a_rank
-                .cmp(b_rank)
-                .then(a.stored_at.cmp(&b.stored_at))
+        .collect();
+    let best = ranked.iter().map(|(_, rank)| rank).max()?;
+    let best: Vec<&IndexEntry> = ranked
+        .iter()
+        .filter(|(_, rank)| rank == best)
+        .map(|(c, _)| *c)
+        .collect();
+    let largest = best.iter().map(|c| c.body_len).max()?;
+    best.into_iter()
+        .filter(|c| c.body_len >= largest / 2)
+        .max_by(|a, b| {
+            a.stored_at
+                .cmp(&b.stored_at)
                 // Smaller URL wins the last tie, hence reversed.
                 .then_with(|| b.key.url().cmp(a.key.url()))
                 .then_with(|| vary_order(b, a))
         })
-        .map(|(c, _)| c)
 }
 
 /// How well a candidate fits, best last (fields compare in order).
@@ -172,6 +183,41 @@ mod tests {
         assert_eq!(
             pick(&c, "http://e.com/b/c/app.js"),
             Some("http://e.com/b/c/util.js")
+        );
+    }
+
+    #[test]
+    fn a_release_less_than_half_the_size_of_another_is_passed_over() {
+        let sized = |url: &str, stored_at: u64, body_len: u64| IndexEntry {
+            body_len,
+            ..entry(url, stored_at)
+        };
+        let c = [
+            sized("http://e.com/lodash/4.17.15/lodash.js", 1, 540_512),
+            sized("http://e.com/lodash/4.17.16/lodash.js", 2, 20_666),
+        ];
+        assert_eq!(
+            pick(&c, "http://e.com/lodash/4.17.19/lodash.js"),
+            Some("http://e.com/lodash/4.17.15/lodash.js")
+        );
+        // Within half the size, the newest still wins.
+        let c = [
+            sized("http://e.com/lodash/4.17.15/lodash.js", 1, 540_512),
+            sized("http://e.com/lodash/4.17.16/lodash.js", 2, 280_000),
+        ];
+        assert_eq!(
+            pick(&c, "http://e.com/lodash/4.17.19/lodash.js"),
+            Some("http://e.com/lodash/4.17.16/lodash.js")
+        );
+        // A better rank is never passed over for its size: a small entry
+        // of the same URL (a partial one, say) is still the basis.
+        let c = [
+            sized("http://e.com/lodash/4.17.15/lodash.js", 1, 540_512),
+            sized("http://e.com/lodash/4.17.19/lodash.js", 2, 1_000),
+        ];
+        assert_eq!(
+            pick(&c, "http://e.com/lodash/4.17.19/lodash.js"),
+            Some("http://e.com/lodash/4.17.19/lodash.js")
         );
     }
 
