@@ -67,7 +67,8 @@ pub struct AcceleratorArgs {
     /// Seconds to connect to the origin.
     #[arg(long, default_value_t = 4)]
     pub connect_timeout: u64,
-    /// Seconds for the origin's response head (504 after).
+    /// Seconds for the origin's response head (504 after), and for the
+    /// whole of a coded body announced at most 64 KiB long.
     #[arg(long, default_value_t = 30)]
     pub origin_timeout: u64,
     /// Memory for bodies served, kept so that a client naming one as its

@@ -932,7 +932,7 @@ impl ClientProxy {
                 origin_digests,
                 framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
             },
-            self.config.upstream_timeout,
+            self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {
                 record(&stats, &log, &report);
                 drop(leader);

@@ -337,6 +337,11 @@ pub enum Relayed {
 /// one per chunk and one for the end of the chunked body.
 pub const WHOLE_BELOW: usize = 64 << 10;
 
+/// The longest a small body is waited for before its head goes out (the
+/// upstream timeout when shorter): past it, the body streams as it comes,
+/// so a slow link does not hold back a page's first bytes for long.
+pub const WHOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Streams `upstream` to the user agent per `relay`, and calls `done` once
 /// with the report when the relay is over (also when the user agent left).
 /// A body shorter than [`WHOLE_BELOW`] that is over within `wait` comes
