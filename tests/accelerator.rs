@@ -2,7 +2,9 @@
 //! accelerator in front of it, and requests as the client proxy (or an
 //! unaware client) sends them. Checks bytes, headers, the encode/pass
 //! decision of DESIGN.md, and that refused requests never reach the origin
-//! (P-12, P-14, P-15, P-22, A-7, D-S5).
+//! (P-12, P-14, P-15, P-22, A-7, D-S5), that a coded stream starts before
+//! the origin has finished and that a client that stops reading stops the
+//! origin read.
 
 mod support;
 
@@ -577,6 +579,159 @@ async fn p22_an_origin_that_sends_no_head_in_time_is_a_504_within_the_timeout_an
         "answered after {waited:?}"
     );
     assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+}
+
+/// An origin whose one response (chunked, no length, so it is coded as
+/// it streams) sends what the test pushes into the returned sender, and
+/// counts the bytes the accelerator took from it.
+async fn start_streaming_origin() -> (
+    SocketAddr,
+    tokio::sync::mpsc::Sender<Bytes>,
+    Arc<AtomicUsize>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counter = taken.clone();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let rx = std::sync::Mutex::new(Some(rx));
+        let service = hyper::service::service_fn(move |_request| {
+            let mut rx = rx.lock().unwrap().take().expect("one request");
+            let counter = counter.clone();
+            async move {
+                let chunks = futures_util_stream(move |cx| {
+                    rx.poll_recv(cx).map(|chunk| {
+                        chunk.map(|chunk: Bytes| {
+                            counter.fetch_add(chunk.len(), Ordering::SeqCst);
+                            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk))
+                        })
+                    })
+                });
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::StreamBody::new(
+                    chunks,
+                )))
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    });
+    (addr, tx, taken)
+}
+
+/// A `Stream` from a poll function.
+fn futures_util_stream<T>(
+    poll: impl FnMut(&mut std::task::Context<'_>) -> std::task::Poll<Option<T>> + Unpin,
+) -> impl futures_core::Stream<Item = T> {
+    struct PollStream<F>(F);
+    impl<T, F> futures_core::Stream for PollStream<F>
+    where
+        F: FnMut(&mut std::task::Context<'_>) -> std::task::Poll<Option<T>> + Unpin,
+    {
+        type Item = T;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            (self.0)(cx)
+        }
+    }
+    PollStream(poll)
+}
+
+fn small_windows(origin: SocketAddr) -> AcceleratorConfig {
+    AcceleratorConfig {
+        encoder: EncoderOptions {
+            zstd_level: 3,
+            window_bytes: 16 << 10,
+            ..EncoderOptions::default()
+        },
+        ..config(origin)
+    }
+}
+
+#[tokio::test]
+async fn the_first_frames_leave_before_the_origin_has_finished() {
+    let (origin, to_origin, _) = start_streaming_origin().await;
+    let accel = start_accelerator(small_windows(origin)).await;
+    let body = pseudo_text(7, 400_000);
+    to_origin
+        .send(Bytes::copy_from_slice(&body[..200_000]))
+        .await
+        .unwrap();
+    let stream = TcpStream::connect(accel).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let response = tokio::time::timeout(
+        Duration::from_secs(5),
+        sender.send_request(get("/stream", &offer)),
+    )
+    .await
+    .expect("the head before the origin finished")
+    .unwrap();
+    assert_eq!(response.headers()["content-encoding"], "hsync");
+    let mut response = response.into_body();
+    // The origin is still open: these bytes were coded from its first half.
+    let first = tokio::time::timeout(Duration::from_secs(5), response.frame())
+        .await
+        .expect("a frame before the origin finished")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert!(!first.is_empty());
+    to_origin
+        .send(Bytes::copy_from_slice(&body[200_000..]))
+        .await
+        .unwrap();
+    drop(to_origin);
+    let mut coded = first.to_vec();
+    coded.extend_from_slice(&response.collect().await.unwrap().to_bytes());
+    assert!(decode_stream(&[], &coded) == body);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_stops_the_origin_read() {
+    let (origin, to_origin, taken) = start_streaming_origin().await;
+    let accel = start_accelerator(small_windows(origin)).await;
+    // A small receive buffer, as a real link's receiver drains as bytes
+    // arrive; loopback would otherwise let it grow to many MiB.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let stream = socket.connect(accel).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let feeder = tokio::spawn(async move {
+        // 256 MiB of random text (nothing for zstd to take off but a
+        // quarter), offered as fast as the accelerator takes it.
+        let chunk = random_text().slice(..1 << 20);
+        for _ in 0..256 {
+            if to_origin.send(chunk.clone()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let response = sender.send_request(get("/stream", &offer)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The client reads nothing more. Whatever the accelerator takes from
+    // the origin now sits in its channels and the sockets' buffers.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = taken.load(Ordering::SeqCst);
+    assert!(
+        held < 32 << 20,
+        "the accelerator read {} MiB of a body nobody reads",
+        held >> 20
+    );
+    drop(response);
+    feeder.abort();
 }
 
 /// An origin written by hand that announces `declared` bytes, sends 100
