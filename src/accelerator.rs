@@ -9,9 +9,9 @@
 //! The encoder runs on a blocking thread between two bounded channels, so
 //! a slow client slows the origin read instead of filling memory, and the
 //! first frames leave before the origin has finished. A body the origin
-//! announces at most `SMALL_BODY` (64 KiB) long is read whole and coded in one go
-//! on a blocking thread instead, and sent with a Content-Length: cheaper
-//! per request, and a cut or late origin body is a clean 502/504.
+//! announces at most `SMALL_BODY` (64 KiB) long is read whole and coded in
+//! one go on a blocking thread instead, and sent with a Content-Length:
+//! cheaper per request, and a cut or late origin body is a clean 502/504.
 //!
 //! Bodies it serves coded are kept in a bounded [`BasisStore`]; a client
 //! that names one of them in `Hsync-Basis` gets codec 3 (compressed

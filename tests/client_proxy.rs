@@ -1292,6 +1292,9 @@ async fn with_a_plain_origin_upstream_it_is_an_ordinary_caching_proxy() {
 enum Hostile {
     /// Codes release 2 against the offered signature but breaks END's digest.
     BadDigest,
+    /// Breaks END's digest only when coding against a basis (as an MD4
+    /// collision would); codes a from-scratch stream correctly.
+    BadDigestWithBasis,
     /// Codes correctly but echoes another basis than the one offered.
     WrongBasis,
     /// Codes correctly but echoes no basis at all.
@@ -1332,6 +1335,13 @@ async fn start_hostile(behaviour: Hostile) -> Server {
                 // END is the last frame; its last 32 bytes are the blake3.
                 let last = stream.len() - 1;
                 stream[last] ^= 0x01;
+                offered
+            }
+            Hostile::BadDigestWithBasis => {
+                if offered.is_some() {
+                    let last = stream.len() - 1;
+                    stream[last] ^= 0x01;
+                }
                 offered
             }
             Hostile::WrongBasis => Some(basis_name(b"some other body")),
@@ -1400,8 +1410,9 @@ async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_ba
     assert!(seed.body() == release(1));
     proxy.settled(&url("/app-1.js")).await;
 
-    // Small enough to be rebuilt and checked before the head goes out:
-    // a clean error instead of a cut body.
+    // Small enough to be rebuilt and checked before the head goes out: it
+    // is fetched once more without the basis, and as that fails too, a
+    // clean error instead of a cut body.
     let reply = send(
         proxy.addr,
         forward(Method::GET, hostile.addr, "/small-2.js"),
@@ -1413,12 +1424,14 @@ async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_ba
         "{reply:?}"
     );
     let seen = hostile.seen_for("/small-2.js");
+    assert_eq!(seen.len(), 2, "one retry, no more");
     assert_eq!(
         seen[0].header("hsync-basis"),
         Some(&*basis_name(release(1)))
     );
-    eventually("digest failure counted", || {
-        proxy.stats().digest_failures == 1
+    assert_eq!(seen[1].header("hsync-basis"), None);
+    eventually("digest failures counted", || {
+        proxy.stats().digest_failures == 2
     })
     .await;
     assert!(proxy.entry(&url("/small-2.js")).is_none(), "nothing stored");
@@ -1426,6 +1439,37 @@ async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_ba
         proxy.entry(&url("/app-1.js")).is_none(),
         "the basis that produced wrong bytes is dropped"
     );
+}
+
+#[tokio::test]
+async fn d_a4_a_small_body_that_its_basis_rebuilt_wrong_is_fetched_whole_and_served_right() {
+    let hostile = start_hostile(Hostile::BadDigestWithBasis).await;
+    let proxy = start_proxy(client_config(hostile.addr)).await;
+    let url = |path: &str| format!("http://{}{path}", hostile.addr);
+    send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
+    proxy.settled(&url("/app-1.js")).await;
+
+    let reply = send(
+        proxy.addr,
+        forward(Method::GET, hostile.addr, "/small-2.js"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert!(reply.body() == &release(2)[..SMALL_LEN]);
+    let seen = hostile.seen_for("/small-2.js");
+    assert_eq!(seen.len(), 2);
+    assert!(seen[0].header("hsync-basis").is_some());
+    assert_eq!(
+        seen[1].header("hsync-basis"),
+        None,
+        "the retry has no basis"
+    );
+    proxy.assert_complete(&url("/small-2.js"), &release(2)[..SMALL_LEN]);
+    assert!(
+        proxy.entry(&url("/app-1.js")).is_none(),
+        "the basis that produced wrong bytes is dropped"
+    );
+    assert_eq!(proxy.stats().digest_failures, 1);
 }
 
 #[tokio::test]

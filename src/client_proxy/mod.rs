@@ -260,6 +260,15 @@ struct BasisOffer {
     signature_len: usize,
 }
 
+/// Which try of a fetch this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// With the basis chosen for it.
+    First,
+    /// After the first one's rebuilt body failed its checks.
+    WithoutBasis,
+}
+
 /// Where a basis's bytes are.
 enum BasisBody {
     /// The entry's body file, kept open.
@@ -758,7 +767,26 @@ impl ClientProxy {
         stale: Option<Entry>,
         leader: Option<coalesce::Leader>,
     ) -> Response<ProxyBody> {
-        let basis = self.choose_basis(&key, stale.as_ref()).await;
+        self.fetch_with(parts, target, key, stale, leader, Attempt::First)
+            .await
+    }
+
+    /// [`fetch`](Self::fetch), once more without a basis when a small body
+    /// rebuilt against one failed its checks before the user agent saw a
+    /// byte (D-A1, D-A4: the full fetch serves the right bytes).
+    async fn fetch_with(
+        self: Arc<Self>,
+        parts: Parts,
+        target: Target,
+        key: CacheKey,
+        stale: Option<Entry>,
+        leader: Option<coalesce::Leader>,
+        attempt: Attempt,
+    ) -> Response<ProxyBody> {
+        let basis = match attempt {
+            Attempt::First => self.choose_basis(&key, stale.as_ref()).await,
+            Attempt::WithoutBasis => None,
+        };
         let stale_complete =
             stale.filter(|e| e.meta.completeness == Completeness::Complete && e.meta.status == 200);
         let mut headers = parts.headers.clone();
@@ -868,6 +896,7 @@ impl ClientProxy {
             None
         };
         let basis_url = basis.as_ref().map(|b| b.key.to_string());
+        let had_basis = basis.is_some();
         let coding = if hsync {
             let (basis_file, basis_key) = match basis {
                 Some(BasisOffer {
@@ -946,7 +975,16 @@ impl ClientProxy {
                 Response::from_parts(rparts, full(body))
             }
             Relayed::Stream(body) => Response::from_parts(rparts, body),
-            Relayed::Failed(reason) => error(
+            Relayed::Failed {
+                reason,
+                corrupt: true,
+            } if attempt == Attempt::First && had_basis => {
+                // The basis is dropped by now; the retry cannot loop.
+                tracing::warn!(url = %key, %reason, "rebuilt body failed its checks; fetching it whole");
+                Box::pin(self.fetch_with(parts, target, key, None, None, Attempt::WithoutBasis))
+                    .await
+            }
+            Relayed::Failed { reason, .. } => error(
                 StatusCode::BAD_GATEWAY,
                 format!("the upstream body failed: {reason}; retry"),
             ),

@@ -328,8 +328,14 @@ pub enum Relayed {
     /// Longer than [`WHOLE_BELOW`], or slower than the wait: what came so
     /// far, then the rest as it comes (D-A5's "stream and abort" branch).
     Stream(ProxyBody),
-    /// The relay failed before the user agent saw a byte: why.
-    Failed(String),
+    /// The relay failed before the user agent saw a byte.
+    Failed {
+        /// Why.
+        reason: String,
+        /// The bytes failed their checks ([`Outcome::Corrupt`]), rather
+        /// than the transfer being cut.
+        corrupt: bool,
+    },
 }
 
 /// Bodies shorter than this are relayed [`Relayed::Whole`] when they come
@@ -355,10 +361,12 @@ pub async fn relay(
     let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
     let (to_agent, mut from_worker) =
         mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    let (corrupt_tx, corrupt_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(read_upstream(upstream, to_worker));
     tokio::task::spawn_blocking(move || {
         let mut worker = Worker::new(relay, to_agent);
         let report = worker.run(from_upstream);
+        let _ = corrupt_tx.send(matches!(report.outcome, Outcome::Corrupt { .. }));
         done(report);
         // Only now does the user agent's body end (but for a large body,
         // see `Worker::complete`): by then the stats and any waiting
@@ -377,7 +385,12 @@ pub async fn relay(
                     prefix.push(data);
                 }
             }
-            Ok(Some(Err(error))) => return Relayed::Failed(error.to_string()),
+            Ok(Some(Err(error))) => {
+                return Relayed::Failed {
+                    reason: error.to_string(),
+                    corrupt: corrupt_rx.await.unwrap_or(false),
+                };
+            }
             Err(_) => break,
         }
     }
