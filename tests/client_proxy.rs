@@ -8,8 +8,9 @@
 //! Each test checks bytes, status and headers the user agent got (never an
 //! hsync coding or header: every reply goes through [`send`]), the cache
 //! state, the proxy's counters and what the servers behind it saw. Covers
-//! D-A4, D-A5, D-A7, D-A8, C-W2, C-W3, P-12, P-15, P-16, P-20, P-22, P-23,
-//! A-6 and D-B1 of RELIABILITY.md.
+//! D-A1 (small bodies), D-A4, D-A5 (both branches), D-A7, D-A8, C-W2,
+//! C-W3, P-12, P-15, P-16, P-20, P-22, P-23, A-6 and D-B1 of
+//! RELIABILITY.md.
 
 mod support;
 
