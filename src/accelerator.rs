@@ -35,7 +35,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::basis_store::BasisStore;
 use crate::hsync::{Basis, BasisUse, EncodeError, Encoder, EncoderOptions};
@@ -84,6 +84,10 @@ pub struct AcceleratorConfig {
     /// Where the queue is saved every second and reloaded at start-up, so
     /// places survive a restart.
     pub queue_state: Option<std::path::PathBuf>,
+    /// Encoders that run at once (0: one per core). The others wait for
+    /// a turn window by window, so a burst of large bodies leaves the async
+    /// workers, and cheap requests, their share of the CPU (D-S6).
+    pub max_encoders: usize,
 }
 
 impl AcceleratorConfig {
@@ -103,6 +107,7 @@ impl AcceleratorConfig {
             max_stored_body: 8 << 20,
             queue: None,
             queue_state: None,
+            max_encoders: 0,
         }
     }
 }
@@ -133,6 +138,7 @@ pub struct Stats {
     queued: AtomicU64,
     body_bytes: AtomicU64,
     stream_bytes: AtomicU64,
+    encoder_waits: AtomicU64,
 }
 
 impl Stats {
@@ -144,7 +150,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"coded\":{},\"coded_against_body\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{}}}\n",
+            "{{\"requests\":{},\"coded\":{},\"coded_against_body\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
             get(&self.coded_against_body),
@@ -153,6 +159,7 @@ impl Stats {
             get(&self.queued),
             get(&self.body_bytes),
             get(&self.stream_bytes),
+            get(&self.encoder_waits),
         )
     }
 }
@@ -165,6 +172,7 @@ pub struct Accelerator {
     client: Client<FramedHttpConnector, ProxyBody>,
     bodies: Arc<BasisStore>,
     stats: Arc<Stats>,
+    encoders: Encoders,
 }
 
 /// An HTTP/2 target always carries an authority: naming us (as the client
@@ -207,8 +215,13 @@ impl Accelerator {
             .queue
             .clone()
             .map(|queue| Arc::new(Slots::new(queue, config.queue_state.clone())));
+        let encoders = match config.max_encoders {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
         Ok(Accelerator {
             slots,
+            encoders: Encoders(Arc::new(Semaphore::new(encoders))),
             stats: Arc::default(),
             bodies,
             config,
@@ -497,8 +510,13 @@ impl Accelerator {
                 framing,
                 timeout: self.config.origin_timeout,
             };
-            return match encode_whole(origin, encoder, store, self.stats.clone(), method, uri).await
-            {
+            let coding = Coding {
+                encoder,
+                encoders: self.encoders.clone(),
+                store,
+                stats: self.stats.clone(),
+            };
+            return match encode_whole(origin, coding, method, uri).await {
                 Ok(stream) => Response::from_parts(
                     parts,
                     Full::new(stream).map_err(|never| match never {}).boxed(),
@@ -507,15 +525,13 @@ impl Accelerator {
             };
         }
         let pacer = self.config.adapt_entropy_coding.then(Pacer::new);
-        let body = encode_body(
-            body,
-            framing,
-            Pacing::new(encoder, pacer),
+        let coding = Coding {
+            encoder,
+            encoders: self.encoders.clone(),
             store,
-            self.stats.clone(),
-            method,
-            uri,
-        );
+            stats: self.stats.clone(),
+        };
+        let body = encode_body(body, framing, coding, pacer, method, uri);
         Response::from_parts(parts, body)
     }
 
@@ -571,12 +587,16 @@ struct OriginBody {
 /// clean 502/504: the client has seen nothing yet.
 async fn encode_whole(
     origin: OriginBody,
-    mut encoder: Encoder,
-    store: Option<Arc<BasisStore>>,
-    stats: Arc<Stats>,
+    coding: Coding,
     method: Method,
     uri: Uri,
 ) -> Result<Bytes, (StatusCode, String)> {
+    let Coding {
+        mut encoder,
+        encoders,
+        store,
+        stats,
+    } = coding;
     let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
         Err(_) => {
             return Err((
@@ -595,8 +615,10 @@ async fn encode_whole(
     }
     let coded = tokio::task::spawn_blocking(move || {
         let mut out = Vec::with_capacity(body.len() / 2 + 4096);
+        let turn = encoders.wait_turn(&stats);
         encoder.push(&body, &mut out)?;
         let summary = encoder.finish(&mut out)?;
+        drop(turn);
         Stats::add(&stats.body_bytes, summary.body_len);
         Stats::add(&stats.stream_bytes, summary.stream_bytes);
         if let Some(store) = &store {
@@ -621,18 +643,52 @@ async fn encode_whole(
     }
 }
 
+/// What a coded response is coded with.
+struct Coding {
+    encoder: Encoder,
+    encoders: Encoders,
+    /// Where the body is kept once coded, if it may be.
+    store: Option<Arc<BasisStore>>,
+    stats: Arc<Stats>,
+}
+
+/// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]).
+#[derive(Clone)]
+struct Encoders(Arc<Semaphore>);
+
+impl Encoders {
+    /// Waits (on the encoder's blocking thread) until this encoder may
+    /// run; it runs until the turn is dropped.
+    fn wait_turn(&self, stats: &Stats) -> Option<OwnedSemaphorePermit> {
+        if let Ok(turn) = self.0.clone().try_acquire_owned() {
+            return Some(turn);
+        }
+        Stats::add(&stats.encoder_waits, 1);
+        // Never closed, so `None` only if that changes.
+        tokio::runtime::Handle::current()
+            .block_on(self.0.clone().acquire_owned())
+            .ok()
+    }
+}
+
 /// Streams the origin body through the encoder on a blocking thread.
 /// The body is also collected, up to the store's limit, and kept there once
 /// END's digest is known.
 fn encode_body(
     origin: Incoming,
     framing: Option<ExchangeCheck>,
-    mut pacing: Pacing,
-    store: Option<Arc<BasisStore>>,
-    stats: Arc<Stats>,
+    coding: Coding,
+    pacer: Option<Pacer>,
     method: Method,
     uri: Uri,
 ) -> ProxyBody {
+    let Coding {
+        encoder,
+        encoders,
+        store,
+        stats,
+    } = coding;
+    let mut pacing = Pacing::new(encoder, pacer);
     let (to_encoder, mut from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
     let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
     let link_idle = pacing.idle.clone();
@@ -699,7 +755,10 @@ fn encode_body(
                     kept = None;
                 }
             }
-            if let Err(error) = pacing.push(&chunk, &mut out) {
+            let turn = encoders.wait_turn(&stats);
+            let pushed = pacing.push(&chunk, &mut out);
+            drop(turn);
+            if let Err(error) = pushed {
                 let _ = to_client.blocking_send(Err(error.into()));
                 return;
             }
@@ -707,7 +766,10 @@ fn encode_body(
                 return;
             }
         }
-        match pacing.encoder.finish(&mut out) {
+        let turn = encoders.wait_turn(&stats);
+        let finished = pacing.encoder.finish(&mut out);
+        drop(turn);
+        match finished {
             Ok(summary) => {
                 Stats::add(&stats.body_bytes, summary.body_len);
                 Stats::add(&stats.stream_bytes, summary.stream_bytes);

@@ -88,6 +88,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         max_stored_body: 8 << 20,
         queue: None,
         queue_state: None,
+        max_encoders: 0,
     })?;
     let accelerator_addr = start(Arc::new(accelerator)).await?;
 

@@ -156,6 +156,7 @@ fn config(origin: SocketAddr) -> AcceleratorConfig {
         max_stored_body: 4 << 20,
         queue: None,
         queue_state: None,
+        max_encoders: 0,
     }
 }
 
@@ -302,6 +303,32 @@ async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
     // on an idle machine: 8 MiB on the wire before adapting).
     let fast = ratio(&fetch_random_text(adapting, None).await);
     assert!(fast > 0.80, "fast reader got {fast:.3}x");
+}
+
+/// D-S6: encoders take turns on the CPU. With one turn, two large bodies
+/// coded at once make one of them wait, window by window, and both still
+/// come out right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d_s6_encoders_beyond_the_limit_wait_for_a_turn() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(AcceleratorConfig {
+        max_encoders: 1,
+        ..config(origin.addr)
+    })
+    .await;
+    // fetch_random_text checks each body.
+    tokio::join!(
+        fetch_random_text(accel, None),
+        fetch_random_text(accel, None)
+    );
+    let stats = stats_of(accel).await;
+    assert!(stats["encoder_waits"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(stats["coded"].as_u64(), Some(2));
+}
+
+async fn stats_of(accel: SocketAddr) -> serde_json::Value {
+    let (_, _, body) = fetch(accel, get("/.rproxy/stats", &[])).await;
+    serde_json::from_slice(&body).unwrap()
 }
 
 /// Decodes an hsync stream against `basis`.

@@ -454,6 +454,7 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
         max_stored_body: 4 << 20,
         queue: None,
         queue_state: None,
+        max_encoders: 0,
     }
 }
 

@@ -120,6 +120,7 @@ async fn start_with(
         max_stored_body: 0,
         queue: Some(queue),
         queue_state: state,
+        max_encoders: 0,
         ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
     })
     .unwrap();

@@ -64,6 +64,11 @@ pub struct AcceleratorArgs {
     /// advertised in Hsync-Accept.
     #[arg(long, default_value_t = 24 << 10)]
     pub max_signature: usize,
+    /// Bodies encoded at once (0: one per core). More wait for a turn
+    /// window by window, so that large bodies coded together leave the
+    /// CPU to cheap requests too.
+    #[arg(long, default_value_t = 0)]
+    pub max_encoders: usize,
     /// Seconds to connect to the origin.
     #[arg(long, default_value_t = 4)]
     pub connect_timeout: u64,
@@ -170,6 +175,7 @@ impl AcceleratorArgs {
                 queue
             }),
             queue_state: self.queue_state.clone(),
+            max_encoders: self.max_encoders,
         })
     }
 
