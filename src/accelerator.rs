@@ -85,8 +85,9 @@ pub struct AcceleratorConfig {
     /// places survive a restart.
     pub queue_state: Option<std::path::PathBuf>,
     /// Encoders that run at once (0: one per core). The others wait for
-    /// a turn window by window, so a burst of large bodies leaves the async
-    /// workers, and cheap requests, their share of the CPU (D-S6).
+    /// a turn, one per chunk of the origin body, so a burst of large bodies
+    /// leaves the async workers, and cheap requests, their share of the CPU
+    /// (D-S6).
     pub max_encoders: usize,
 }
 

@@ -64,9 +64,9 @@ pub struct AcceleratorArgs {
     /// advertised in Hsync-Accept.
     #[arg(long, default_value_t = 24 << 10)]
     pub max_signature: usize,
-    /// Bodies encoded at once (0: one per core). More wait for a turn
-    /// window by window, so that large bodies coded together leave the
-    /// CPU to cheap requests too.
+    /// Bodies encoded at once (0: one per core). More wait for a turn, one
+    /// per chunk of the origin body, so that large bodies coded together
+    /// leave the CPU to cheap requests too.
     #[arg(long, default_value_t = 0)]
     pub max_encoders: usize,
     /// Seconds to connect to the origin.
