@@ -35,7 +35,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 
 use crate::basis_store::BasisStore;
 use crate::hsync::{Basis, BasisUse, EncodeError, Encoder, EncoderOptions};
@@ -660,14 +660,14 @@ struct Encoders(Arc<Semaphore>);
 impl Encoders {
     /// Waits (on the encoder's blocking thread) until this encoder may
     /// run; it runs until the turn is dropped.
-    fn wait_turn(&self, stats: &Stats) -> Option<OwnedSemaphorePermit> {
-        if let Ok(turn) = self.0.clone().try_acquire_owned() {
+    fn wait_turn(&self, stats: &Stats) -> Option<SemaphorePermit<'_>> {
+        if let Ok(turn) = self.0.try_acquire() {
             return Some(turn);
         }
         Stats::add(&stats.encoder_waits, 1);
         // Never closed, so `None` only if that changes.
         tokio::runtime::Handle::current()
-            .block_on(self.0.clone().acquire_owned())
+            .block_on(self.0.acquire())
             .ok()
     }
 }

@@ -173,17 +173,31 @@ async fn start_accelerator(config: AcceleratorConfig) -> SocketAddr {
     addr
 }
 
+/// A connection to `accel` (with a receive buffer of `recv_buffer` bytes
+/// when given) and its request sender.
+async fn connect(
+    accel: SocketAddr,
+    recv_buffer: Option<u32>,
+) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(bytes) = recv_buffer {
+        socket.set_recv_buffer_size(bytes).unwrap();
+    }
+    let stream = socket.connect(accel).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
 /// Sends one request over a fresh connection; returns status, headers and
 /// the whole body.
 async fn fetch(
     addr: SocketAddr,
     request: Request<Empty<Bytes>>,
 ) -> (StatusCode, http::HeaderMap, Vec<u8>) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut sender = connect(addr, None).await;
     let response = sender.send_request(request).await.unwrap();
     let (parts, body) = response.into_parts();
     let body = body.collect().await.unwrap().to_bytes().to_vec();
@@ -250,13 +264,7 @@ async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
 /// would take the whole body early however slowly it is read, where a
 /// real link's receiver drains as bytes arrive.
 async fn fetch_random_text(accel: SocketAddr, bytes_per_second: Option<f64>) -> Vec<u8> {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(256 << 10).unwrap();
-    let stream = socket.connect(accel).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut sender = connect(accel, Some(256 << 10)).await;
     let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
     let response = sender
         .send_request(get("/random.txt", &offer))
@@ -688,11 +696,7 @@ async fn the_first_frames_leave_before_the_origin_has_finished() {
         .send(Bytes::copy_from_slice(&body[..200_000]))
         .await
         .unwrap();
-    let stream = TcpStream::connect(accel).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut sender = connect(accel, None).await;
     let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
     let response = tokio::time::timeout(
         Duration::from_secs(5),
@@ -728,13 +732,7 @@ async fn a_client_that_stops_reading_stops_the_origin_read() {
     let accel = start_accelerator(small_windows(origin)).await;
     // A small receive buffer, as a real link's receiver drains as bytes
     // arrive; loopback would otherwise let it grow to many MiB.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(64 << 10).unwrap();
-    let stream = socket.connect(accel).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut sender = connect(accel, Some(64 << 10)).await;
     let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
     let feeder = tokio::spawn(async move {
         // 256 MiB of random text (nothing for zstd to take off but a

@@ -1366,14 +1366,23 @@ async fn start_hostile(behaviour: Hostile) -> Server {
     .await
 }
 
-#[tokio::test]
-async fn d_a4_a_stream_with_a_wrong_digest_aborts_the_response_and_drops_its_basis() {
-    let hostile = start_hostile(Hostile::BadDigest).await;
+/// A client proxy behind a hostile upstream, with release 1 fetched and
+/// stored as `/app-1.js`: the basis its next requests offer.
+async fn seeded_behind(behaviour: Hostile) -> (Server, Proxy) {
+    let hostile = start_hostile(behaviour).await;
     let proxy = start_proxy(client_config(hostile.addr)).await;
-    let url = |path: &str| format!("http://{}{path}", hostile.addr);
     let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
     assert!(seed.body() == release(1));
-    proxy.settled(&url("/app-1.js")).await;
+    proxy
+        .settled(&format!("http://{}/app-1.js", hostile.addr))
+        .await;
+    (hostile, proxy)
+}
+
+#[tokio::test]
+async fn d_a4_a_stream_with_a_wrong_digest_aborts_the_response_and_drops_its_basis() {
+    let (hostile, proxy) = seeded_behind(Hostile::BadDigest).await;
+    let url = |path: &str| format!("http://{}{path}", hostile.addr);
     proxy.assert_complete(&url("/app-1.js"), release(1));
 
     let reply = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-2.js")).await;
@@ -1405,12 +1414,8 @@ async fn d_a4_a_stream_with_a_wrong_digest_aborts_the_response_and_drops_its_bas
 
 #[tokio::test]
 async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_basis() {
-    let hostile = start_hostile(Hostile::BadDigest).await;
-    let proxy = start_proxy(client_config(hostile.addr)).await;
+    let (hostile, proxy) = seeded_behind(Hostile::BadDigest).await;
     let url = |path: &str| format!("http://{}{path}", hostile.addr);
-    let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
-    assert!(seed.body() == release(1));
-    proxy.settled(&url("/app-1.js")).await;
 
     // Small enough to be rebuilt and checked before the head goes out: it
     // is fetched once more without the basis, and as that fails too, a
@@ -1445,11 +1450,8 @@ async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_ba
 
 #[tokio::test]
 async fn d_a4_a_small_body_that_its_basis_rebuilt_wrong_is_fetched_whole_and_served_right() {
-    let hostile = start_hostile(Hostile::BadDigestWithBasis).await;
-    let proxy = start_proxy(client_config(hostile.addr)).await;
+    let (hostile, proxy) = seeded_behind(Hostile::BadDigestWithBasis).await;
     let url = |path: &str| format!("http://{}{path}", hostile.addr);
-    send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
-    proxy.settled(&url("/app-1.js")).await;
 
     let reply = send(
         proxy.addr,
