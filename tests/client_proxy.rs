@@ -9,7 +9,7 @@
 //! hsync coding or header: every reply goes through [`send`]), the cache
 //! state, the proxy's counters and what the servers behind it saw. Covers
 //! D-A1 (small bodies), D-A4, D-A5 (both branches), D-A7, D-A8, C-W2,
-//! C-W3, P-12, P-15, P-16, P-20, P-22, P-23, A-6 and D-B1 of
+//! C-W3, P-12, P-15, P-16, P-20, P-22, P-23, A-6, A-9 and D-B1 of
 //! RELIABILITY.md.
 
 mod support;
@@ -303,6 +303,26 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
         ),
         "/etag.js" => ok(
             &[("cache-control", "max-age=0"), ("etag", "\"e1\"")],
+            release(1),
+        ),
+        // revalidated on every use; the 304 brings what it brings.
+        "/sliding.js" | "/turns-private.js" | "/turns-vary.js"
+            if if_none_match_has(&request, "\"r1\"") =>
+        {
+            let mut headers = vec![("etag", "\"r1\"")];
+            match path.as_str() {
+                // A sliding session: her cookie, renewed, on the 304.
+                "/sliding.js" => headers.extend([
+                    ("cache-control", "max-age=60"),
+                    ("set-cookie", "session=alice-renewed"),
+                ]),
+                "/turns-private.js" => headers.push(("cache-control", "private, max-age=60")),
+                _ => headers.extend([("cache-control", "max-age=60"), ("vary", "cookie")]),
+            }
+            respond(StatusCode::NOT_MODIFIED, &headers, full(Bytes::new()))
+        }
+        "/sliding.js" | "/turns-private.js" | "/turns-vary.js" => ok(
+            &[("cache-control", "max-age=0"), ("etag", "\"r1\"")],
             release(1),
         ),
         // Release 1 first, release 2 from then on.
@@ -2022,4 +2042,71 @@ async fn a6_a_public_response_is_stored_without_its_set_cookie() {
         "Bob got Alice's cookie from the cache: {bob:?}"
     );
     assert_eq!(stack.origin.requests_to("/cookie-public.js"), 1);
+}
+
+#[tokio::test]
+async fn a_9_a_set_cookie_on_a_304_is_hers_and_never_replayed_to_another_user() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/sliding.js").await.body() == release(1));
+    stack.proxy.settled(&stack.url("/sliding.js")).await;
+    let alice = with_header(
+        forward(Method::GET, stack.origin.addr, "/sliding.js"),
+        "cookie",
+        "session=alice",
+    );
+    let alice = send(stack.proxy.addr, alice).await;
+    assert!(alice.cache_status().contains("304"), "{alice:?}");
+    assert_eq!(alice.header("set-cookie"), Some("session=alice-renewed"));
+    // Fresh for a minute now: Bob is served from the cache (memory first,
+    // then disk), never with her cookie.
+    for _ in 0..2 {
+        let bob = stack.get("/sliding.js").await;
+        assert!(bob.cache_status().contains("hit"), "{bob:?}");
+        assert!(bob.body() == release(1));
+        assert!(
+            bob.header("set-cookie").is_none(),
+            "Bob got Alice's renewed cookie: {bob:?}"
+        );
+    }
+    let stored = stack
+        .proxy
+        .proxy
+        .store()
+        .get(&CacheKey::parse(&stack.url("/sliding.js")).unwrap())
+        .unwrap();
+    assert!(
+        !stored
+            .meta
+            .headers
+            .iter()
+            .any(|(name, _)| name == "set-cookie"),
+        "{:?}",
+        stored.meta.headers
+    );
+    assert_eq!(stack.origin.requests_to("/sliding.js"), 2);
+}
+
+#[tokio::test]
+async fn a_9_a_304_that_makes_the_entry_private_or_vary_is_honoured() {
+    for path in ["/turns-private.js", "/turns-vary.js"] {
+        let stack = Stack::start().await;
+        assert!(stack.get(path).await.body() == release(1));
+        stack.proxy.settled(&stack.url(path)).await;
+        let alice = with_header(
+            forward(Method::GET, stack.origin.addr, path),
+            "cookie",
+            "session=alice",
+        );
+        let alice = send(stack.proxy.addr, alice).await;
+        assert!(alice.cache_status().contains("304"), "{path}: {alice:?}");
+        assert!(
+            alice.body() == release(1),
+            "{path}: she still gets the body"
+        );
+        // The entry is not hers to share any more: Bob goes to the origin.
+        let bob = stack.get(path).await;
+        assert!(!bob.cache_status().contains("hit"), "{path}: {bob:?}");
+        assert!(bob.body() == release(1));
+        assert_eq!(stack.origin.requests_to(path), 3, "{path}");
+    }
 }

@@ -664,7 +664,9 @@ impl ClientProxy {
         let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
         let len = entry.meta.body_len;
         let remember = remember && len <= self.hot.max_body() as u64;
-        let kept_headers = remember.then(|| stored.clone());
+        // What the store keeps, never what this user was answered with
+        // (a 304's Set-Cookie, say): the memory copy is shared.
+        let kept_headers = remember.then(|| stored_headers(&entry));
         let headers = match self.stored_head(status, stored, age, parts, outcome, len) {
             Ok(response) => return Ok(response),
             Err(headers) => headers,
@@ -1050,13 +1052,27 @@ impl ClientProxy {
         now: u64,
     ) -> Response<ProxyBody> {
         ClientStats::add(&self.stats.revalidated, 1);
-        let merged = freshness::merge_not_modified(&stored_headers(&entry), not_modified);
+        let stored = stored_headers(&entry);
+        // The merge is this user's answer (her Set-Cookie included); what
+        // is kept is only its shareable part.
+        let merged = freshness::merge_not_modified(&stored, not_modified);
         let mut meta = entry.meta.clone();
         meta.headers = headers_to_store(&merged);
         meta.stored_at = now;
         let store = self.store.clone();
+        // A 304 may change what the entry is: `private` or `no-store` now,
+        // or varying on other request headers than its key was made with
+        // (RFC 9111 §4.3.4 lets it update every header). Then the entry is
+        // no longer one every user may get: it goes, and this user alone
+        // gets the body.
+        let keep = self.still_shared(&stored, &merged);
+        let kept_meta = meta.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            if let Err(error) = store.update_meta(&meta) {
+            if !keep {
+                if let Ok(key) = meta.key() {
+                    store.remove(&key);
+                }
+            } else if let Err(error) = store.update_meta(&meta) {
                 tracing::warn!(url = %meta.url, %error, "cannot refresh the stored headers");
             }
         })
@@ -1064,7 +1080,7 @@ impl ClientProxy {
         let age = freshness::current_age(&merged, now, now, now);
         // As the store now describes it (the memory cache checks that).
         let mut entry = entry;
-        entry.meta.stored_at = now;
+        entry.meta = kept_meta;
         match self
             .respond_from_entry(
                 entry,
@@ -1075,7 +1091,7 @@ impl ClientProxy {
                     fwd_status: Some(StatusCode::NOT_MODIFIED),
                     ..CacheStatus::forwarded(Forward::Stale)
                 },
-                true,
+                keep,
             )
             .await
         {
@@ -1088,6 +1104,15 @@ impl ClientProxy {
                 "the stored body failed its check after a 304; retry".into(),
             ),
         }
+    }
+
+    /// Whether an entry whose headers were `before` may stay shared with
+    /// the `after` headers a 304 left it: not when they make it private
+    /// (in a shared cache) or `no-store`, or change what it varies on.
+    fn still_shared(&self, before: &HeaderMap, after: &HeaderMap) -> bool {
+        let directives = CacheControl::parse(after);
+        let private = directives.private && self.is_shared();
+        !private && !directives.no_store && vary_names(before, true) == vary_names(after, true)
     }
 
     /// Upstream failed: serve the stale entry if RFC 5861 allows it.
@@ -1489,6 +1514,17 @@ fn stored_headers(entry: &Entry) -> HeaderMap {
     headers
 }
 
+/// Response headers that belong to the one user who was answered (A-6,
+/// never stored, so never replayed from the cache, even on a
+/// `public` response. `Authentication-Info` carries the session's
+/// next nonce (RFC 9110 §11.6.3).
+const IDENTIFYING_HEADERS: [&str; 4] = [
+    "set-cookie",
+    "set-cookie2",
+    "authentication-info",
+    "proxy-authentication-info",
+];
+
 /// End-to-end response headers worth storing: not framing (the store knows
 /// the length), not ours, not `Age`-free of meaning.
 fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
@@ -1498,10 +1534,8 @@ fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
             !matches!(
                 name.as_str(),
                 "content-length" | "transfer-encoding" | "cache-status" | "via"
-                // a cookie is one user's, never replayed from the cache
-                // (even a `public` response's).
-                | "set-cookie"
-            ) && **name != HSYNC_BASIS
+            ) && !IDENTIFYING_HEADERS.contains(&name.as_str())
+                && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT
         })
         .filter_map(|(name, value)| {
