@@ -124,26 +124,14 @@ fn commit_then_get_returns_the_bytes_and_reopen_keeps_them() {
 }
 
 #[test]
-fn a_body_hashed_by_the_caller_needs_its_digest_and_the_right_one() {
+fn a_digest_given_at_commit_must_be_the_written_bodys() {
     let dir = tempfile::tempdir().unwrap();
     let store = CacheStore::open(dir.path(), 8 * MIB).unwrap();
     let k = key("http://e.com/a.txt");
     let body = b"rebuilt by the decoder";
 
-    // Without the digest the commit is refused, and nothing is stored.
+    // The right digest: the entry reads back and verifies.
     let mut w = store.begin(&k).unwrap();
-    w.hashed_by_caller();
-    w.write_body(body).unwrap();
-    let refused = w.commit(info(Completeness::Complete), &sig_of(body));
-    assert!(
-        matches!(refused, Err(CacheError::DigestUnknown { .. })),
-        "{refused:?}"
-    );
-    assert!(store.get(&k).is_none());
-
-    // With it, the entry reads back and verifies.
-    let mut w = store.begin(&k).unwrap();
-    w.hashed_by_caller();
     w.write_body(body).unwrap();
     w.commit_with_digest(
         info(Completeness::Complete),
@@ -153,10 +141,9 @@ fn a_body_hashed_by_the_caller_needs_its_digest_and_the_right_one() {
     .unwrap();
     assert_eq!(read_hit(&store, &k).as_deref(), Some(&body[..]));
 
-    // A writer that hashed the body itself checks the digest it is given.
+    // Another one: refused, and the old entry stays.
     let mut w = store.begin(&k).unwrap();
     w.write_body(b"other bytes").unwrap();
-    w.hashed_by_caller(); // too late: bytes were written, it keeps hashing
     let wrong = w.commit_with_digest(
         info(Completeness::Complete),
         &sig_of(b"other bytes"),
@@ -171,6 +158,46 @@ fn a_body_hashed_by_the_caller_needs_its_digest_and_the_right_one() {
         Some(&body[..]),
         "the old entry stays"
     );
+}
+
+#[test]
+fn c_v3_a_committed_entry_keeps_an_outboard_that_checks_each_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CacheStore::open(dir.path(), 64 * MIB).unwrap();
+    let k = key("http://e.com/large.bin");
+    let body: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
+        .collect();
+    let mut w = store.begin(&k).unwrap();
+    for piece in body.chunks(100_000) {
+        w.write_body(piece).unwrap();
+    }
+    w.commit(info(Completeness::Complete), &sig_of(&body))
+        .unwrap();
+    let entry = store.get(&k).unwrap();
+    let outboard = entry
+        .meta
+        .outboard()
+        .expect("an outboard that merges into the digest");
+    assert!(outboard.groups() > 1);
+    for i in 0..outboard.groups() {
+        let r = outboard.group_range(i);
+        let mut group = body[r.start as usize..r.end as usize].to_vec();
+        assert!(outboard.check_group(i, &group));
+        group[0] ^= 1;
+        assert!(!outboard.check_group(i, &group));
+    }
+    // Altered metadata is no outboard at all.
+    let mut meta = entry.meta.clone();
+    meta.outboard.replace_range(
+        8..9,
+        if &meta.outboard[8..9] == "A" {
+            "B"
+        } else {
+            "A"
+        },
+    );
+    assert!(meta.outboard().is_none());
 }
 
 /// C-K2, simulated: the files each crash point leaves behind, then a restart.

@@ -2110,3 +2110,101 @@ async fn a_9_a_304_that_makes_the_entry_private_or_vary_is_honoured() {
         assert_eq!(stack.origin.requests_to(path), 3, "{path}");
     }
 }
+
+/// Sends `request` and reads the body frame by frame: the bytes that
+/// arrived, and whether the body ended cleanly.
+async fn receive_frames(
+    proxy: SocketAddr,
+    request: Request<Full<Bytes>>,
+    stop_after: usize,
+) -> (Vec<u8>, bool) {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let response = sender.send_request(request).await.unwrap();
+    let mut body = response.into_body();
+    let mut received = Vec::new();
+    loop {
+        if received.len() >= stop_after {
+            return (received, false);
+        }
+        match tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap()
+        {
+            None => return (received, true),
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    received.extend_from_slice(data);
+                }
+            }
+            Some(Err(_)) => return (received, false),
+        }
+    }
+}
+
+#[tokio::test]
+async fn c_v3_a_byte_rotten_on_disk_never_leaves_and_the_next_request_refetches() {
+    let stack = Stack::start().await;
+    let url = stack.url("/large.txt");
+    assert!(stack.get("/large.txt").await.body() == large_body());
+    stack.proxy.settled(&url).await;
+    // One byte changed in place, same length: bit rot, a stray write.
+    let at = (3 << 20) + 5;
+    let key = CacheKey::parse(&url).unwrap();
+    let body_file = stack
+        .proxy
+        .proxy
+        .store()
+        .root()
+        .join(key.entry_path())
+        .with_extension("body");
+    let mut stored = std::fs::read(&body_file).unwrap();
+    stored[at] ^= 0x01;
+    std::fs::write(&body_file, &stored).unwrap();
+
+    let request = forward(Method::GET, stack.origin.addr, "/large.txt");
+    let (received, complete) = receive_frames(stack.proxy.addr, request, usize::MAX).await;
+    assert!(!complete, "a rotten body was served as complete");
+    assert!(
+        received.len() <= at,
+        "{} bytes went out, the bad one among them",
+        received.len()
+    );
+    assert!(received == large_body()[..received.len()]);
+    eventually("the entry is quarantined", || {
+        stack.proxy.entry(&url).is_none()
+    })
+    .await;
+    assert_eq!(stack.proxy.stats().digest_failures, 1);
+
+    let again = stack.get("/large.txt").await;
+    assert!(!again.cache_status().contains("hit"), "{again:?}");
+    assert!(again.body() == large_body());
+    assert_eq!(stack.origin.requests_to("/large.txt"), 2);
+}
+
+#[tokio::test]
+async fn c_v3_a_user_agent_that_abandons_a_large_hit_leaves_the_entry_alone() {
+    let stack = Stack::start().await;
+    let url = stack.url("/large.txt");
+    assert!(stack.get("/large.txt").await.body() == large_body());
+    stack.proxy.settled(&url).await;
+    for _ in 0..3 {
+        let request = forward(Method::GET, stack.origin.addr, "/large.txt");
+        let (received, _) = receive_frames(stack.proxy.addr, request, 1 << 20).await;
+        assert!(received == large_body()[..received.len()]);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        stack.proxy.entry(&url).is_some(),
+        "an abandoned transfer dropped a good entry"
+    );
+    assert_eq!(stack.proxy.stats().digest_failures, 0);
+    let hit = stack.get("/large.txt").await;
+    assert!(hit.cache_status().contains("hit"), "{hit:?}");
+    assert!(hit.body() == large_body());
+    assert_eq!(stack.origin.requests_to("/large.txt"), 1);
+}

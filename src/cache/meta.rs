@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::key::{CacheKey, KeyError};
+use super::outboard::Outboard;
 
 /// Version of the metadata format written by this code.
 pub const META_VERSION: u32 = 1;
@@ -78,6 +79,11 @@ pub struct EntryMeta {
     pub completeness: Completeness,
     /// See [`NewEntry::shareable_as_basis`].
     pub shareable_as_basis: bool,
+    /// The body's blake3 outboard ([`Outboard`]), base64: a hit checks
+    /// the body group by group before it leaves (C-V3). Empty in entries
+    /// written before it was kept; those are checked whole first.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub outboard: String,
 }
 
 /// Why a metadata file was rejected.
@@ -141,7 +147,31 @@ impl EntryMeta {
             sig_blake3: blake3::hash(signature).to_hex().to_string(),
             completeness: entry.completeness,
             shareable_as_basis: entry.shareable_as_basis,
+            outboard: String::new(),
         }
+    }
+
+    /// The metadata with `outboard` kept (the writer adds it).
+    pub fn with_outboard(mut self, outboard: &Outboard) -> EntryMeta {
+        use base64::Engine as _;
+        self.outboard = base64::engine::general_purpose::STANDARD.encode(outboard.to_bytes());
+        self
+    }
+
+    /// The stored outboard, if there is one that merges into the body's
+    /// digest; `None` for a missing, malformed or altered one.
+    pub fn outboard(&self) -> Option<Outboard> {
+        use base64::Engine as _;
+        if self.outboard.is_empty() {
+            return None;
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&self.outboard)
+            .ok()?;
+        let outboard = Outboard::from_bytes(self.body_len, &bytes).ok()?;
+        outboard
+            .matches(&self.body_digest().ok()?)
+            .then_some(outboard)
     }
 
     /// Parses and checks a metadata file's bytes.

@@ -40,12 +40,14 @@ pub mod basis;
 pub mod fs;
 pub mod key;
 pub mod meta;
+pub mod outboard;
 pub mod store;
 
 pub use basis::{CacheScope, select_basis};
 pub use fs::{Fs, StdFs};
 pub use key::{CacheKey, KeyError};
 pub use meta::{Completeness, EntryMeta, IndexEntry, MetaError, NewEntry};
+pub use outboard::{Outboard, OutboardBuilder};
 pub use store::{CacheStore, Entry, EntryWriter};
 
 /// Errors of the cache store.
@@ -81,13 +83,6 @@ pub enum CacheError {
     NotADirectory {
         /// The path.
         path: PathBuf,
-    },
-    /// [`EntryWriter::commit`] after [`EntryWriter::hashed_by_caller`]: the
-    /// body's digest must come with the commit.
-    #[error("the body of {url} was hashed by the caller; commit it with its digest")]
-    DigestUnknown {
-        /// The key's URL.
-        url: String,
     },
     /// The digest given to [`EntryWriter::commit_with_digest`] is not the
     /// written body's.

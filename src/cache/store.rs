@@ -85,6 +85,7 @@ use super::basis::{CacheScope, select_basis};
 use super::fs::{Fs, FsWriter, StdFs};
 use super::key::CacheKey;
 use super::meta::{Completeness, EntryMeta, IndexEntry, MAX_META_LEN, NewEntry};
+use super::outboard::OutboardBuilder;
 
 /// Name of the temp directory inside the root.
 pub const TMP_DIR: &str = "tmp";
@@ -219,8 +220,8 @@ pub struct EntryWriter {
     key: CacheKey,
     body_tmp: PathBuf,
     body: Option<BufWriter<FsWriter>>,
-    /// `None` when the caller hashes the body (see `hashed_by_caller`).
-    hasher: Option<blake3::Hasher>,
+    /// The body's blake3 and its outboard, as written.
+    outboard: OutboardBuilder,
     body_len: u64,
     /// Budget bytes this writer holds.
     reserved: u64,
@@ -429,7 +430,7 @@ impl CacheStore {
                 FsWriter::new(Arc::clone(&self.inner.fs), file, body_tmp.clone()),
             )),
             body_tmp,
-            hasher: Some(blake3::Hasher::new()),
+            outboard: OutboardBuilder::new(),
             body_len: 0,
             reserved: 0,
             body_reserved: 0,
@@ -470,6 +471,15 @@ impl CacheStore {
                 None
             }
         }
+    }
+
+    /// Moves `key`'s entry into quarantine/ because its body failed a check
+    /// (a group of it did not match its outboard, say), if the index still
+    /// holds the body whose blake3 is `body_blake3` (a newer one stays).
+    /// The next request for the key is a miss and refetches (C-V3).
+    pub fn quarantine(&self, key: &CacheKey, body_blake3: blake3::Hash) {
+        warn!(url = %key, "cache entry failed its check; quarantined");
+        self.inner.quarantine_entry(key, body_blake3);
     }
 
     /// The index summary of `key`'s entry, without touching the disk or the
@@ -684,9 +694,7 @@ impl EntryWriter {
         let body = self.body.as_mut().expect("body is open until commit");
         body.write_all(data)
             .map_err(CacheError::io(&self.body_tmp))?;
-        if let Some(hasher) = &mut self.hasher {
-            hasher.update(data);
-        }
+        self.outboard.update(data);
         self.body_len = new_len;
         Ok(())
     }
@@ -729,46 +737,24 @@ impl EntryWriter {
     /// (or, when only the final directory fsync failed, the entry has been
     /// removed again).
     pub fn commit(self, entry: NewEntry, signature: &[u8]) -> Result<(), CacheError> {
-        let Some(hasher) = &self.hasher else {
-            return Err(CacheError::DigestUnknown {
-                url: self.key.url().to_owned(),
-            });
-        };
-        let digest = hasher.finalize();
-        self.commit_noted(entry, signature, digest)
+        self.commit_noted(entry, signature, None)
     }
 
-    /// The writer will not hash the body: the caller does (the hsync decoder
-    /// checks the blake3 of every body it rebuilds against END), and gives
-    /// the digest to [`EntryWriter::commit_with_digest`]. Saves a pass over
-    /// the body. Only before the first byte is written.
-    pub fn hashed_by_caller(&mut self) {
-        if self.body_len == 0 {
-            self.hasher = None;
-        }
-    }
-
-    /// [`EntryWriter::commit`] with the body's blake3 computed by the
-    /// caller.
+    /// [`EntryWriter::commit`], checking that the written body's blake3 is
+    /// `digest` (the hsync decoder's, checked against END): what was
+    /// written is what was checked.
     ///
     /// # Errors
     ///
-    /// As `commit`; [`CacheError::DigestMismatch`] when the writer hashed
-    /// the body too and got another digest.
+    /// As `commit`; [`CacheError::DigestMismatch`] when the written body
+    /// has another digest.
     pub fn commit_with_digest(
         self,
         entry: NewEntry,
         signature: &[u8],
         digest: blake3::Hash,
     ) -> Result<(), CacheError> {
-        if let Some(hasher) = &self.hasher
-            && hasher.finalize() != digest
-        {
-            return Err(CacheError::DigestMismatch {
-                url: self.key.url().to_owned(),
-            });
-        }
-        self.commit_noted(entry, signature, digest)
+        self.commit_noted(entry, signature, Some(digest))
     }
 
     /// `commit_inner`, with its outcome noted in the disk's health.
@@ -776,10 +762,10 @@ impl EntryWriter {
         self,
         entry: NewEntry,
         signature: &[u8],
-        body_digest: blake3::Hash,
+        expected: Option<blake3::Hash>,
     ) -> Result<(), CacheError> {
         let store = Arc::clone(&self.store);
-        let result = self.commit_inner(entry, signature, body_digest);
+        let result = self.commit_inner(entry, signature, expected);
         match &result {
             Ok(()) => store.disk.note_stored(&store.root),
             Err(e) => store.disk.note_error(&store.root, e),
@@ -791,8 +777,14 @@ impl EntryWriter {
         mut self,
         entry: NewEntry,
         signature: &[u8],
-        body_digest: blake3::Hash,
+        expected: Option<blake3::Hash>,
     ) -> Result<(), CacheError> {
+        let (body_digest, outboard) = std::mem::take(&mut self.outboard).finish();
+        if expected.is_some_and(|digest| digest != body_digest) {
+            return Err(CacheError::DigestMismatch {
+                url: self.key.url().to_owned(),
+            });
+        }
         if self.failed {
             return Err(self.failed_error());
         }
@@ -808,7 +800,8 @@ impl EntryWriter {
             .map_err(|e| CacheError::io(&self.body_tmp)(e.into_error()))?;
         file.sync().map_err(CacheError::io(&self.body_tmp))?;
 
-        let meta = EntryMeta::new(&self.key, entry, self.body_len, body_digest, signature);
+        let meta = EntryMeta::new(&self.key, entry, self.body_len, body_digest, signature)
+            .with_outboard(&outboard);
         let json = meta.to_json();
         self.reserve(disk_bytes(signature.len() as u64) + disk_bytes(json.len() as u64))?;
         let sig_tmp = self.write_temp("sig", signature)?;

@@ -27,6 +27,7 @@
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
 
 mod cache_writer;
+pub mod cached_body;
 pub mod coalesce;
 pub mod hot;
 pub mod queue_wait;
@@ -56,12 +57,11 @@ use crate::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
 use crate::upstream_guard::ExchangeCheck;
+use cached_body::CachedBody;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
 use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits, WaitView};
-use transfer::{
-    CachedBody, ClientBasis, Coding, OriginDigest, Relay, Relayed, Report, StoreTarget, full,
-};
+use transfer::{ClientBasis, Coding, OriginDigest, Relay, Relayed, Report, StoreTarget, full};
 use upstream::Upstream;
 
 /// The path where the proxy answers with its counters as JSON.
@@ -585,6 +585,13 @@ impl ClientProxy {
         let digest = *key.digest().as_bytes();
         let index = self.store.lookup(key)?;
         let entry = self.hot.get(&digest, &index)?;
+        if !entry.is_intact() {
+            // C-V3: the disk copy is read (and checked) instead.
+            tracing::warn!(url = %key, "memory cache body failed its check; dropped");
+            ClientStats::add(&self.stats.digest_failures, 1);
+            self.hot.remove(&digest);
+            return None;
+        }
         let status = StatusCode::from_u16(entry.status).ok()?;
         let now = unix_now();
         let age = freshness::current_age(&entry.headers, entry.stored_at, entry.stored_at, now);
@@ -677,15 +684,16 @@ impl ClientProxy {
         let store = self.store.clone();
         let key = entry.meta.key().map_err(|_| ())?;
         let key_digest = *key.digest().as_bytes();
-        let on_mismatch = move || {
-            tracing::warn!(url = %key, "cached body failed its digest; dropped");
-            store.remove(&key);
+        let outboard = entry.meta.outboard();
+        let stats = self.stats.clone();
+        let on_failure = move || {
+            ClientStats::add(&stats.digest_failures, 1);
+            store.quarantine(&key, digest);
         };
         let body = tokio::task::spawn_blocking(move || {
-            transfer::serve_cached(entry.body, len, digest, on_mismatch)
+            cached_body::serve_cached(entry.body, len, digest, outboard, on_failure)
         })
         .await
-        .map_err(|_| ())?
         .map_err(|_| ())?
         .ok_or(())?;
         let body = match body {
@@ -726,6 +734,7 @@ impl ClientProxy {
         // thread, unless the memory cache holds it.
         let candidate = self.store.basis(key, self.config.scope)?;
         if let Some(hot) = self.hot.get(candidate.key.digest().as_bytes(), &candidate)
+            && hot.is_intact()
             && let Some(signature) = cut_signature(&hot.signature, budget)
         {
             ClientStats::add(&self.stats.memory_bases, 1);

@@ -18,12 +18,8 @@
 //! branches, by size). An interrupted transfer leaves a partial entry —
 //! the prefix and its signature — so the next fetch resumes from it.
 //!
-//! Also here: streaming a cached body to the user agent with its digest
-//! checked on the way (C-E3).
-//!
-//! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`], [`serve_cached`].
+//! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
 
-use std::io::Read;
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
@@ -35,6 +31,7 @@ use sha2::Digest;
 use tokio::sync::mpsc;
 
 use super::cache_writer::BackgroundWriter;
+use super::cached_body::SMALL_BODY;
 use crate::cache::{CacheError, CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
 use crate::hsync::{
     Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
@@ -45,13 +42,6 @@ use crate::upstream_guard::ExchangeCheck;
 
 /// Chunks in flight on each side of the blocking thread.
 const CHANNEL_DEPTH: usize = 4;
-
-/// Bodies up to this size are read and checked whole before a cached
-/// response starts; larger ones are checked while they stream.
-pub const SMALL_BODY: u64 = 1 << 20;
-
-/// Read size for cached bodies.
-const READ_CHUNK: usize = 64 << 10;
 
 /// Largest piece of body sent to the user agent at a time.
 const SEND_SLICE: usize = 256 << 10;
@@ -535,12 +525,10 @@ impl Worker {
                 basis_key,
                 limits,
             } => {
-                let mut decoder = Decoder::new(basis, limits);
                 // The decoder hashes every byte it rebuilds (for END); the
-                // cache writer takes that digest rather than hash again.
-                if let Some(target) = &mut self.store {
-                    target.writer.hashed_by_caller();
-                }
+                // cache writer hashes what it writes (for the outboard), and
+                // the commit checks that both agree.
+                let mut decoder = Decoder::new(basis, limits);
                 let pool = WindowPool::default();
                 let result = self.pump(&mut from_upstream, |worker, chunk| {
                     decoder
@@ -823,92 +811,11 @@ fn commit(
     }
 }
 
-/// A cached body, ready to serve: read whole and checked when small,
-/// streamed with the check at the end otherwise.
-pub enum CachedBody {
-    /// Checked already.
-    Whole(Bytes),
-    /// Checked while streaming.
-    Stream(ProxyBody),
-}
-
-/// Reads a cached body (the entry's open file, any reader in tests). Small
-/// bodies are read and hashed first: a body that fails its length or
-/// digest, or cannot be read (EIO), is `None`, and `on_mismatch` drops the
-/// entry; the caller goes upstream (C-E3). Larger ones stream, hashed on
-/// the way: a read error or a short or wrong body drops the entry and ends
-/// the stream with an error, so the response (whose Content-Length is out)
-/// is aborted, never completed short.
-pub fn serve_cached(
-    mut body: impl Read + Send + 'static,
-    len: u64,
-    digest: blake3::Hash,
-    on_mismatch: impl FnOnce() + Send + 'static,
-) -> std::io::Result<Option<CachedBody>> {
-    if len <= SMALL_BODY {
-        let mut bytes = Vec::with_capacity(len as usize);
-        let read = (&mut body).take(len + 1).read_to_end(&mut bytes);
-        if read.is_err() || bytes.len() as u64 != len || blake3::hash(&bytes) != digest {
-            on_mismatch();
-            return Ok(None);
-        }
-        return Ok(Some(CachedBody::Whole(Bytes::from(bytes))));
-    }
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
-    tokio::task::spawn_blocking(move || {
-        let mut hasher = blake3::Hasher::new();
-        let mut sent = 0u64;
-        loop {
-            let mut chunk = vec![0; READ_CHUNK];
-            let n = match body.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(error) => {
-                    on_mismatch();
-                    let _ = tx.blocking_send(Err(BodyError::from(error)));
-                    return;
-                }
-            };
-            chunk.truncate(n);
-            hasher.update(&chunk);
-            sent += n as u64;
-            if sent > len
-                || tx
-                    .blocking_send(Ok(Frame::data(Bytes::from(chunk))))
-                    .is_err()
-            {
-                break;
-            }
-        }
-        if sent != len || hasher.finalize() != digest {
-            on_mismatch();
-            let _ = tx.blocking_send(Err(BodyError::from("cached body failed its digest")));
-        }
-    });
-    Ok(Some(CachedBody::Stream(
-        StreamBody::new(ReceiverStream(rx)).boxed(),
-    )))
-}
-
 /// A whole body.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed()
-}
-
-/// A `Stream` over an mpsc receiver.
-struct ReceiverStream<T>(mpsc::Receiver<T>);
-
-impl<T> futures_core::Stream for ReceiverStream<T> {
-    type Item = T;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<T>> {
-        self.0.poll_recv(cx)
-    }
 }
 
 #[cfg(test)]
@@ -936,69 +843,6 @@ mod tests {
         let mut wrong = DigestCheck::new(&digests);
         wrong.update(b"hello!");
         assert!(wrong.verify().is_err());
-    }
-
-    /// The first `good` bytes of `data`, then EIO.
-    struct FailingReader {
-        data: Vec<u8>,
-        at: usize,
-        good: usize,
-    }
-
-    impl Read for FailingReader {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            if self.at >= self.good {
-                return Err(std::io::Error::from_raw_os_error(libc::EIO));
-            }
-            let n = buf.len().min(self.good - self.at);
-            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-            self.at += n;
-            Ok(n)
-        }
-    }
-
-    /// Serves `reader` as a cached body of `data`: the bytes if it arrived
-    /// whole, else `None`; and whether the entry was dropped.
-    async fn serve(reader: Box<dyn Read + Send>, data: &[u8]) -> (Option<Vec<u8>>, bool) {
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = dropped.clone();
-        let served = serve_cached(reader, data.len() as u64, blake3::hash(data), move || {
-            flag.store(true, Ordering::Relaxed)
-        })
-        .unwrap();
-        let bytes = match served {
-            None => None,
-            Some(CachedBody::Whole(bytes)) => Some(bytes.to_vec()),
-            Some(CachedBody::Stream(body)) => {
-                body.collect().await.ok().map(|b| b.to_bytes().to_vec())
-            }
-        };
-        (bytes, dropped.load(Ordering::Relaxed))
-    }
-
-    #[tokio::test]
-    async fn c_e3_a_cached_body_that_fails_to_read_or_ends_short_is_dropped_and_never_served_whole()
-    {
-        // Read whole before the head goes out, and streamed after it.
-        for len in [40_000, SMALL_BODY as usize + 300_000] {
-            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-            let whole = serve(Box::new(std::io::Cursor::new(data.clone())), &data).await;
-            assert_eq!(whole, (Some(data.clone()), false), "{len}: a good body");
-            let eio = FailingReader {
-                data: data.clone(),
-                at: 0,
-                good: len / 2,
-            };
-            let short = std::io::Cursor::new(data[..len - 1].to_vec());
-            for (what, reader) in [
-                ("EIO", Box::new(eio) as Box<dyn Read + Send>),
-                ("short", Box::new(short)),
-            ] {
-                let (bytes, dropped) = serve(reader, &data).await;
-                assert!(bytes.is_none(), "{len}, {what}: served as complete");
-                assert!(dropped, "{len}, {what}: the entry is kept");
-            }
-        }
     }
 
     /// A window's buffer comes back to the pool when the last slice of it
