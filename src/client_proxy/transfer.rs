@@ -820,9 +820,6 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use super::*;
 
     #[test]
