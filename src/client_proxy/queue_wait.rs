@@ -164,11 +164,12 @@ impl Wait {
     }
 }
 
-/// A waiting request in `/.rproxy/stats`.
+/// A waiting request in `/.rproxy/stats`: its place, never what it asks
+/// for. The stats are for anyone who can reach the proxy, and a URL's
+/// query can carry another user's token; each user sees their own
+/// URL on their own waiting page.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WaitView {
-    /// The URL.
-    pub url: String,
     /// `parq` or `legacy`.
     pub dialect: String,
     /// Position, 1 is next.
@@ -312,7 +313,6 @@ impl QueueWaits {
             .filter_map(|wait| {
                 let shown = wait.shown()?;
                 Some(WaitView {
-                    url: wait.url.clone(),
                     dialect: match shown.dialect {
                         Dialect::Parq => "parq",
                         Dialect::Legacy => "legacy",
