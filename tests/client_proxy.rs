@@ -1321,6 +1321,10 @@ enum Hostile {
     WrongBasis,
     /// Codes correctly but echoes no basis at all.
     NoBasis,
+    /// Codes correctly, as `Content-Encoding: hsync, identity`.
+    WithIdentity,
+    /// Codes correctly, but says `gzip, hsync`.
+    Layered,
 }
 
 /// An "accelerator" that serves /app-1.js plainly (so the client seeds its
@@ -1368,9 +1372,15 @@ async fn start_hostile(behaviour: Hostile) -> Server {
             }
             Hostile::WrongBasis => Some(basis_name(b"some other body")),
             Hostile::NoBasis => None,
+            Hostile::WithIdentity | Hostile::Layered => offered,
+        };
+        let coding = match behaviour {
+            Hostile::WithIdentity => "hsync, identity",
+            Hostile::Layered => "gzip, hsync",
+            _ => "hsync",
         };
         let mut headers = vec![
-            ("content-encoding", "hsync".to_owned()),
+            ("content-encoding", coding.to_owned()),
             ("vary", "Accept-Encoding, Hsync-Basis".to_owned()),
         ];
         if let Some(echoed) = echoed {
@@ -2192,6 +2202,7 @@ async fn c_v3_a_user_agent_that_abandons_a_large_hit_leaves_the_entry_alone() {
     let url = stack.url("/large.txt");
     assert!(stack.get("/large.txt").await.body() == large_body());
     stack.proxy.settled(&url).await;
+    let before = stack.proxy.stats().downstream_bytes;
     for _ in 0..3 {
         let request = forward(Method::GET, stack.origin.addr, "/large.txt");
         let (received, _) = receive_frames(stack.proxy.addr, request, 1 << 20).await;
@@ -2203,8 +2214,56 @@ async fn c_v3_a_user_agent_that_abandons_a_large_hit_leaves_the_entry_alone() {
         "an abandoned transfer dropped a good entry"
     );
     assert_eq!(stack.proxy.stats().digest_failures, 0);
+    // P-25: what they took is counted, not what they abandoned.
+    let taken = stack.proxy.stats().downstream_bytes - before;
+    assert!(
+        taken < 3 * large_body().len() as u64,
+        "{taken} bytes counted as delivered"
+    );
     let hit = stack.get("/large.txt").await;
     assert!(hit.cache_status().contains("hit"), "{hit:?}");
     assert!(hit.body() == large_body());
     assert_eq!(stack.origin.requests_to("/large.txt"), 1);
+}
+
+#[tokio::test]
+async fn p_25_hsync_never_reaches_a_user_agent_as_a_content_coding() {
+    // A HEAD miss that an upstream answers as it would the GET (coded):
+    // `send` checks that no hsync coding or header gets through.
+    let (hostile, proxy) = seeded_behind(Hostile::BadDigest).await;
+    let head = send(proxy.addr, forward(Method::HEAD, hostile.addr, "/app-2.js")).await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(
+        head.header("content-length").is_none(),
+        "the coded length went through: {head:?}"
+    );
+    // A user agent offering hsync itself does not get it passed on.
+    let offered = with_header(
+        forward(Method::HEAD, hostile.addr, "/app-2.js"),
+        "accept-encoding",
+        "hsync, gzip",
+    );
+    send(proxy.addr, offered).await;
+    let seen = hostile.seen_for("/app-2.js");
+    let last = seen.last().unwrap().header("accept-encoding").unwrap_or("");
+    assert!(!last.contains("hsync"), "{last}");
+
+    // `hsync, identity` is hsync: decoded, checked and stored as the body.
+    let (hostile, proxy) = seeded_behind(Hostile::WithIdentity).await;
+    let reply = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-2.js")).await;
+    assert!(reply.body() == release(2), "served raw: {reply:?}");
+    let url = format!("http://{}/app-2.js", hostile.addr);
+    proxy.settled(&url).await;
+    proxy.assert_complete(&url, release(2));
+
+    // Other codings layered with hsync cannot be undone: a clean 502, and
+    // nothing stored.
+    let (hostile, proxy) = seeded_behind(Hostile::Layered).await;
+    let reply = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-2.js")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{reply:?}");
+    assert!(
+        proxy
+            .entry(&format!("http://{}/app-2.js", hostile.addr))
+            .is_none()
+    );
 }

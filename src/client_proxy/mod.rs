@@ -51,7 +51,7 @@ use crate::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storabil
 use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
-    check_response_head, strip_hop_by_hop,
+    check_response_head, remove_hsync_coding, strip_hop_by_hop,
 };
 use crate::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
@@ -440,10 +440,13 @@ impl ClientProxy {
         if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
             return error(StatusCode::BAD_REQUEST, e.to_string());
         }
-        // Hsync headers from the user agent are never ours to trust.
+        // Hsync headers from the user agent are never ours to trust, and
+        // it cannot take the coding from us: we offer it ourselves, where
+        // we decode it.
         for name in [HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_ACCEPT] {
             parts.headers.remove(name);
         }
+        remove_hsync_coding(&mut parts.headers);
         let method = parts.method.clone();
         let url = target.url.to_string();
         parts.extensions.insert(Started(started));
@@ -451,9 +454,7 @@ impl ClientProxy {
             Method::GET | Method::HEAD => self.clone().cacheable(parts, body, target, key).await,
             _ => self.clone().pass_unsafe(parts, body, target, key).await,
         };
-        if response.extensions().get::<LoggedAtEnd>().is_some() {
-            return response;
-        }
+        let logged = response.extensions().get::<LoggedAtEnd>().is_some();
         let (parts, body) = response.into_parts();
         let status = parts.status.as_u16();
         let cache = parts
@@ -462,12 +463,17 @@ impl ClientProxy {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-")
             .to_owned();
-        // Logged when the body is over, with the bytes that really went.
+        // Counted (and logged) when the body is over, with the bytes that
+        // really went: a user agent that left early got only those.
+        let stats = self.stats.clone();
         let body = counted(body, move |bytes, complete| {
-            tracing::info!(
-                %method, %url, status, %cache, downstream_bytes = bytes, complete,
-                ms = started.elapsed().as_secs_f64() * 1e3, "request"
-            );
+            ClientStats::add(&stats.downstream_bytes, bytes);
+            if !logged {
+                tracing::info!(
+                    %method, %url, status, %cache, downstream_bytes = bytes, complete,
+                    ms = started.elapsed().as_secs_f64() * 1e3, "request"
+                );
+            }
         });
         Response::from_parts(parts, body)
     }
@@ -622,10 +628,7 @@ impl ClientProxy {
         );
         Some(match head {
             Ok(response) => response,
-            Err(headers) => {
-                ClientStats::add(&self.stats.downstream_bytes, entry.body.len() as u64);
-                respond(status, headers, full(entry.body.clone()))
-            }
+            Err(headers) => respond(status, headers, full(entry.body.clone())),
         })
     }
 
@@ -698,7 +701,6 @@ impl ClientProxy {
         .ok_or(())?;
         let body = match body {
             CachedBody::Whole(bytes) => {
-                ClientStats::add(&self.stats.downstream_bytes, bytes.len() as u64);
                 if let Some(kept) = kept_headers {
                     let entry = HotEntry::new(
                         status.as_u16(),
@@ -712,10 +714,7 @@ impl ClientProxy {
                 }
                 full(bytes)
             }
-            CachedBody::Stream(body) => {
-                ClientStats::add(&self.stats.downstream_bytes, len);
-                body
-            }
+            CachedBody::Stream(body) => body,
         };
         Ok(respond(status, headers, body))
     }
@@ -846,6 +845,12 @@ impl ClientProxy {
                 .await
         {
             return response;
+        }
+        if hsync_coded(&rparts.headers) == HsyncCoded::Layered {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                "upstream layered other codings with hsync; it cannot be undone here".into(),
+            );
         }
         let hsync = is_hsync(&rparts.headers);
         if hsync {
@@ -1170,7 +1175,11 @@ impl ClientProxy {
             body.map_err(BodyError::from).boxed(),
         );
         match self.send(outbound, &target).await {
-            Ok(response) => self.relay_plain(response, CacheStatus::forwarded(Forward::Miss)),
+            Ok(response) => self.relay_plain(
+                &parts.method,
+                response,
+                CacheStatus::forwarded(Forward::Miss),
+            ),
             Err((status, message)) => error(status, message),
         }
     }
@@ -1200,11 +1209,20 @@ impl ClientProxy {
             let store = self.store.clone();
             let _ = tokio::task::spawn_blocking(move || invalidate(&store, &key)).await;
         }
-        self.relay_plain(response, CacheStatus::forwarded(Forward::Method))
+        self.relay_plain(
+            &parts.method,
+            response,
+            CacheStatus::forwarded(Forward::Method),
+        )
     }
 
+    /// An upstream answer passed through as it is, but that hsync never
+    /// reaches a user agent as a content coding (P-25): we did not offer
+    /// it on these paths, so a coded body is an upstream's mistake (502),
+    /// and a HEAD answer loses the coding and the coded length.
     fn relay_plain(
         &self,
+        method: &Method,
         response: Response<Incoming>,
         outcome: CacheStatus,
     ) -> Response<ProxyBody> {
@@ -1213,6 +1231,20 @@ impl ClientProxy {
         if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
             return error(StatusCode::BAD_GATEWAY, format!("upstream response: {e}"));
         }
+        if hsync_coded(&parts.headers) != HsyncCoded::No {
+            if *method != Method::HEAD {
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream sent an hsync body that was not asked for".into(),
+                );
+            }
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        for name in [HSYNC_BASIS, HSYNC_ACCEPT, HSYNC_SIGNATURE] {
+            parts.headers.remove(name);
+        }
+        strip_vary(&mut parts.headers, &["hsync-basis"]);
         parts
             .headers
             .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
@@ -1494,10 +1526,52 @@ fn offer_hsync(headers: &mut HeaderMap) {
     );
 }
 
+/// How a response's `Content-Encoding` involves hsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HsyncCoded {
+    /// Not at all.
+    No,
+    /// hsync alone (`identity` beside it changes nothing): we decode it.
+    Yes,
+    /// hsync with other codings over or under it, or a coding list we
+    /// cannot read: nothing we can undo, and never for a user agent.
+    Layered,
+}
+
+fn hsync_coded(headers: &HeaderMap) -> HsyncCoded {
+    let mut codings = Vec::new();
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let Ok(value) = value.to_str() else {
+            return if value
+                .as_bytes()
+                .windows(5)
+                .any(|w| w.eq_ignore_ascii_case(b"hsync"))
+            {
+                HsyncCoded::Layered
+            } else {
+                HsyncCoded::No
+            };
+        };
+        codings.extend(
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity")),
+        );
+    }
+    let hsync = codings
+        .iter()
+        .filter(|c| c.eq_ignore_ascii_case(HSYNC_CODING))
+        .count();
+    match (hsync, codings.len()) {
+        (0, _) => HsyncCoded::No,
+        (1, 1) => HsyncCoded::Yes,
+        _ => HsyncCoded::Layered,
+    }
+}
+
 fn is_hsync(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(HSYNC_CODING.as_bytes()))
+    hsync_coded(headers) == HsyncCoded::Yes
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -1628,7 +1702,6 @@ struct LoggedAtEnd;
 
 fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
     ClientStats::add(&stats.upstream_bytes, report.upstream_bytes);
-    ClientStats::add(&stats.downstream_bytes, report.body_bytes);
     match &report.outcome {
         transfer::Outcome::Complete { stored: true } => ClientStats::add(&stats.stored, 1),
         transfer::Outcome::Interrupted {
@@ -1645,7 +1718,7 @@ fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
         coding = if log.hsync { "hsync" } else { "identity" },
         basis = log.basis.as_deref().unwrap_or("-"),
         upstream_bytes = report.upstream_bytes,
-        downstream_bytes = report.body_bytes,
+        body_bytes = report.body_bytes,
         outcome = ?report.outcome,
         ms = log.started.elapsed().as_secs_f64() * 1e3,
         "request"
