@@ -1387,10 +1387,16 @@ async fn start_hostile(behaviour: Hostile) -> Server {
             headers.push(("hsync-basis", echoed));
         }
         let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        // Chunked, in a few pieces: the client streams before END.
-        let pieces = stream
+        // Chunked, in a few pieces, END (5 + 40 bytes) after a pause: the
+        // client streams what the SIG entries vouched for before END.
+        let (frames, end) = stream.split_at(stream.len() - 45);
+        let pieces = frames
             .chunks(8 << 10)
-            .map(|c| Step::Data(Bytes::copy_from_slice(c)));
+            .map(|c| Step::Data(Bytes::copy_from_slice(c)))
+            .chain([
+                Step::Pause(Duration::from_millis(50)),
+                Step::Data(Bytes::copy_from_slice(end)),
+            ]);
         respond(StatusCode::OK, &headers, ScriptedBody::new(pieces).boxed())
     })
     .await
@@ -2266,4 +2272,100 @@ async fn p_25_hsync_never_reaches_a_user_agent_as_a_content_coding() {
             .entry(&format!("http://{}/app-2.js", hostile.addr))
             .is_none()
     );
+}
+
+#[tokio::test]
+async fn c_v3_a_basis_rotten_on_disk_never_shows_in_the_rebuilt_body() {
+    let stack = Stack::start().await;
+    assert!(stack.get("/app-1.js").await.body() == release(1));
+    let basis_url = stack.url("/app-1.js");
+    stack.proxy.settled(&basis_url).await;
+    // One byte of the basis changed in place, where release 2 copies it.
+    let key = CacheKey::parse(&basis_url).unwrap();
+    let body_file = stack
+        .proxy
+        .proxy
+        .store()
+        .root()
+        .join(key.entry_path())
+        .with_extension("body");
+    let mut stored = std::fs::read(&body_file).unwrap();
+    stored[150_000] ^= 0x01;
+    std::fs::write(&body_file, &stored).unwrap();
+
+    let request = forward(Method::GET, stack.origin.addr, "/app-2.js");
+    let (received, complete) = receive_frames(stack.proxy.addr, request, usize::MAX).await;
+    // What the SIG entries vouched for went; the block they did not, and
+    // anything after it, never left.
+    assert!(!complete, "a body rebuilt from a rotten basis completed");
+    assert!(
+        received.len() <= 150_000,
+        "{} bytes went out",
+        received.len()
+    );
+    assert!(
+        received == release(2)[..received.len()],
+        "wrong bytes reached the user agent"
+    );
+    eventually("the rotten basis is dropped", || {
+        stack.proxy.entry(&basis_url).is_none()
+    })
+    .await;
+    // The next request comes whole (no basis left) and right.
+    let again = stack.get("/app-2.js").await;
+    assert!(again.body() == release(2));
+    let seen = stack.tap.server.seen_for("/app-2.js");
+    assert!(seen[1].header("hsync-basis").is_none(), "{seen:?}");
+}
+
+/// L-13 on the client proxy: user agents that start a large response and
+/// stop reading, as relays from upstream and as hits, hold no thread. With
+/// four blocking threads in all and twelve stalled readers, a bystander is
+/// still answered.
+#[test]
+fn l_13_readers_that_stop_reading_hold_no_thread() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let origin = start_origin().await;
+        let proxy = start_proxy(client_config(origin.addr)).await;
+        let stored = send(proxy.addr, forward(Method::GET, origin.addr, "/large.txt")).await;
+        assert!(stored.body() == large_body());
+        proxy
+            .settled(&format!("http://{}/large.txt", origin.addr))
+            .await;
+        let mut stalled = Vec::new();
+        for i in 0..12 {
+            // Even: hits on the stored body; odd: relays of fresh copies.
+            let target = match i % 2 {
+                0 => format!("http://{}/large.txt", origin.addr),
+                _ => format!("http://{}/large.txt?copy={i}", origin.addr),
+            };
+            let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+            let request = format!("GET {target} HTTP/1.1\r\nHost: {}\r\n\r\n", origin.addr);
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut head = [0; 1024];
+            let n = stream.read(&mut head).await.unwrap();
+            assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{i}");
+            stalled.push(stream); // and never read again
+        }
+        let started = Instant::now();
+        let bystander = tokio::time::timeout(
+            Duration::from_secs(5),
+            send(proxy.addr, forward(Method::GET, origin.addr, "/app-2.js")),
+        )
+        .await
+        .expect("a bystander answered while readers stall");
+        assert!(bystander.body() == release(2));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(stalled);
+    });
 }

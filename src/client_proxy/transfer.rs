@@ -3,11 +3,15 @@
 //! other body passes as it is and gets its signature computed here.
 //!
 //! A reader task takes the upstream body frame by frame into a small
-//! channel; a blocking thread decodes, hashes, writes the cache entry (a
-//! large body's through a thread of its own, `cache_writer`) and hands
-//! each window to the user agent's channel. Both channels are
-//! bounded, so a slow user agent slows the upstream read instead of
-//! filling memory. The user agent's response ends cleanly only after every
+//! channel; a driver task takes each chunk to the blocking pool, where it
+//! is decoded, hashed and written to the cache entry (a large body's by a
+//! writer task of its own, `cache_writer`), and hands the results to the
+//! user agent's channel. Both channels are bounded, so a slow user agent
+//! slows the upstream read instead of filling memory, and every wait is
+//! a task's: a user agent that stops reading holds no thread (L-13).
+//! An hsync body's bytes go out only as far as the stream's SIG entries
+//! (or END) vouched for them, so a rotten basis shows as a failed check
+//! before its wrong bytes leave (C-V3). The user agent's response ends cleanly only after every
 //! check passed (END's length and blake3, the origin's `Content-Digest` or
 //! `Repr-Digest`); on a failed check it is aborted, the entry is not
 //! committed, and the basis that produced the wrong bytes is dropped
@@ -353,15 +357,19 @@ pub async fn relay(
         mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
     let (corrupt_tx, corrupt_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(read_upstream(upstream, to_worker));
-    tokio::task::spawn_blocking(move || {
-        let mut worker = Worker::new(relay, to_agent);
-        let report = worker.run(from_upstream);
+    tokio::spawn(async move {
+        let mut driver = Driver {
+            worker: Box::new(Worker::new(relay)),
+            to_agent: Some(to_agent),
+        };
+        let report = driver.run(from_upstream).await;
         let _ = corrupt_tx.send(matches!(report.outcome, Outcome::Corrupt { .. }));
         done(report);
         // Only now does the user agent's body end (but for a large body,
-        // see `Worker::complete`): by then the stats and any waiting
+        // see `Worker::conclude`): by then the stats and any waiting
         // followers know how the transfer went.
-        worker.end_agent();
+        driver.worker.end_agent();
+        driver.flush().await;
     });
     let mut prefix = Vec::new();
     let mut len = 0;
@@ -462,16 +470,141 @@ async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<By
     }
 }
 
-/// The blocking side of a relay.
+/// Runs a relay as a task: waits for upstream chunks, the user agent and
+/// the cache writer asynchronously, and takes the blocking pool only for
+/// the work on the bytes (decode, hash, cache writes, commit). A user
+/// agent that stops reading costs its chunks in the channels and the
+/// worker's state, never a thread (L-13).
+struct Driver {
+    worker: Box<Worker>,
+    /// `None` once the user agent's body was ended.
+    to_agent: Option<mpsc::Sender<Result<Frame<Bytes>, BodyError>>>,
+}
+
+impl Driver {
+    async fn run(&mut self, mut from_upstream: mpsc::Receiver<Result<Bytes, BodyError>>) -> Report {
+        let mut result = Ok(());
+        while let Some(item) = from_upstream.recv().await {
+            let chunk = match item {
+                Ok(chunk) => chunk,
+                Err(error) => {
+                    let reason = format!("upstream body: {error}");
+                    result = Err(if is_malformed(&*error) {
+                        Stop::Malformed(reason)
+                    } else {
+                        Stop::Interrupted(reason)
+                    });
+                    break;
+                }
+            };
+            self.worker.upstream_bytes += chunk.len() as u64;
+            let stepped = self.blocking(move |worker| worker.step(&chunk)).await;
+            self.flush().await;
+            if let Err(stop) = stepped {
+                result = Err(stop);
+                break;
+            }
+            if self.worker.agent_gone && !self.worker.is_storing() {
+                result = Err(Stop::Abandoned);
+                break;
+            }
+        }
+        drop(from_upstream);
+        self.settle_writer().await;
+        let ending = self.blocking(move |worker| worker.conclude(result)).await;
+        self.flush().await;
+        let outcome = match ending {
+            Ending::Done(outcome) => outcome,
+            Ending::Commit(commit) => {
+                if commit.end_agent_first {
+                    self.worker.end_agent();
+                    self.flush().await;
+                }
+                let stored = self.blocking(move |worker| worker.commit(commit)).await;
+                self.flush().await;
+                stored
+            }
+        };
+        Report {
+            outcome,
+            upstream_bytes: self.worker.upstream_bytes,
+            body_bytes: self.worker.body_bytes,
+        }
+    }
+
+    /// Runs `work` on the worker on the blocking pool.
+    async fn blocking<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut Worker) -> T + Send + 'static,
+    ) -> T {
+        let mut worker = std::mem::replace(&mut self.worker, Box::new(Worker::idle()));
+        let (worker, result) = tokio::task::spawn_blocking(move || {
+            let result = work(&mut worker);
+            (worker, result)
+        })
+        .await
+        .expect("relay work does not panic");
+        self.worker = worker;
+        result
+    }
+
+    /// Hands what the last step produced to the cache writer and the user
+    /// agent, waiting for each as long as it takes.
+    async fn flush(&mut self) {
+        let to_write = std::mem::take(&mut self.worker.to_write);
+        for chunk in to_write {
+            if let Some(writer) = &self.worker.background
+                && !writer.write(chunk).await
+            {
+                // It failed and said why; nothing will be stored.
+                self.worker.background = None;
+            }
+        }
+        let to_agent = std::mem::take(&mut self.worker.to_agent);
+        for item in to_agent {
+            let Some(sender) = &self.to_agent else { break };
+            if sender.send(item).await.is_err() {
+                self.worker.agent_gone = true;
+                self.to_agent = None;
+            }
+        }
+        if self.worker.agent_ended {
+            self.to_agent = None;
+        }
+    }
+
+    /// Waits for the background writer, if any, to write what it was
+    /// given: the entry is then in `store` again (unless a write failed).
+    async fn settle_writer(&mut self) {
+        if let Some(writer) = self.worker.background.take() {
+            self.worker.store = writer.finish().await;
+        }
+    }
+}
+
+/// The work on a relay's bytes, between waits (see [`Driver`]): what it
+/// produces for the user agent and the cache writer is queued here and
+/// handed on by the driver.
 struct Worker {
-    coding: Coding,
+    /// The decoder of an hsync body, with the basis's cache key.
+    decoder: Option<(Decoder<ClientBasis>, Option<CacheKey>)>,
+    /// A plain body's signature, computed here, and its announced length.
+    plain: Option<(SignatureBuilder, Option<u64>)>,
+    pool: WindowPool,
+    /// Rebuilt bytes the stream has not vouched for yet.
+    unverified: std::collections::VecDeque<Bytes>,
+    unverified_len: u64,
     /// The cache entry while it is written here (a small body so far).
     store: Option<StoreTarget>,
-    /// The cache entry once the body is large: written by its own thread.
+    /// The cache entry once the body is large: written by a task of its own.
     background: Option<BackgroundWriter>,
     digests: DigestCheck,
-    to_agent: mpsc::Sender<Result<Frame<Bytes>, BodyError>>,
+    /// For the user agent and the background writer, in order.
+    to_agent: Vec<Result<Frame<Bytes>, BodyError>>,
+    to_write: Vec<Bytes>,
     agent_gone: bool,
+    /// The user agent's body was ended (cleanly or not).
+    agent_ended: bool,
     upstream_bytes: u64,
     body_bytes: u64,
     /// The user agent was told this Content-Length: the chunk that reaches
@@ -481,6 +614,12 @@ struct Worker {
     held: Option<Bytes>,
     framing: Option<ExchangeCheck>,
 }
+
+/// Rebuilt bytes held back at most, waiting for the SIG entries that
+/// vouch for them: two of the largest windows and a block. An upstream
+/// that sends more without them is not speaking hsync/1.
+const MAX_UNVERIFIED: u64 =
+    2 * crate::hsync::MAX_WINDOW_OUTPUT as u64 + crate::hsync::MAX_BLOCK_SIZE as u64;
 
 /// Why the worker stopped before the end of the upstream body.
 enum Stop {
@@ -496,30 +635,31 @@ enum Stop {
     Abandoned,
 }
 
-impl Worker {
-    fn new(relay: Relay, to_agent: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) -> Worker {
-        let announced_len = match relay.coding {
-            Coding::Plain { expected_len } => expected_len,
-            Coding::Hsync { .. } => None,
-        };
-        Worker {
-            digests: DigestCheck::new(&relay.origin_digests),
-            announced_len,
-            held: None,
-            framing: relay.framing,
-            coding: relay.coding,
-            store: relay.store,
-            background: None,
-            to_agent,
-            agent_gone: false,
-            upstream_bytes: 0,
-            body_bytes: 0,
-        }
-    }
+/// How a relay ends, once the upstream body is over.
+enum Ending {
+    /// Nothing (more) to commit.
+    Done(Outcome),
+    /// An entry to commit.
+    Commit(Commit),
+}
 
-    fn run(&mut self, mut from_upstream: mpsc::Receiver<Result<Bytes, BodyError>>) -> Report {
-        let coding = std::mem::replace(&mut self.coding, Coding::Plain { expected_len: None });
-        let outcome = match coding {
+/// An entry to commit, and how.
+struct Commit {
+    completeness: Completeness,
+    signature: Vec<u8>,
+    /// The body's blake3 when the decoder computed it.
+    body_digest: Option<blake3::Hash>,
+    /// End the user agent's body before the commit (a large body: its
+    /// fsync can take seconds the user agent need not wait for).
+    end_agent_first: bool,
+    /// Why the transfer stopped early (a partial entry).
+    interrupted: Option<String>,
+}
+
+impl Worker {
+    fn new(relay: Relay) -> Worker {
+        let mut worker = Worker::idle();
+        match relay.coding {
             Coding::Hsync {
                 basis,
                 basis_key,
@@ -528,34 +668,7 @@ impl Worker {
                 // The decoder hashes every byte it rebuilds (for END); the
                 // cache writer hashes what it writes (for the outboard), and
                 // the commit checks that both agree.
-                let mut decoder = Decoder::new(basis, limits);
-                let pool = WindowPool::default();
-                let result = self.pump(&mut from_upstream, |worker, chunk| {
-                    decoder
-                        .push_to(chunk, |window| {
-                            let rebuilt = std::mem::replace(window, pool.take());
-                            worker.emit(&pool.share(rebuilt))
-                        })
-                        .map_err(|error| match error {
-                            DecodeError::Output { .. } => Stop::Abandoned,
-                            other => Stop::Corrupt(format!("hsync stream: {other}")),
-                        })
-                });
-                // A clean end without END is a cut, as an aborted body is.
-                let result = result.and_then(|()| {
-                    decoder.finish().map_err(|e| match e {
-                        DecodeError::Truncated { .. } => Stop::Interrupted(e.to_string()),
-                        other => Stop::Corrupt(format!("hsync stream: {other}")),
-                    })
-                });
-                match result {
-                    Ok(decoded) => self.complete(decoded.signature, Some(decoded.digest.into())),
-                    Err(stop) => {
-                        let partial = decoder.into_partial();
-                        let digest = Some(partial.digest.into());
-                        self.stopped(stop, partial.signature, digest, basis_key.as_ref())
-                    }
-                }
+                worker.decoder = Some((Decoder::new(basis, limits), basis_key));
             }
             Coding::Plain { expected_len } => {
                 let block = choose_block_size(
@@ -563,71 +676,105 @@ impl Worker {
                     EncoderOptions::default().max_signature_bytes,
                     EncoderOptions::default().min_block_size,
                 );
-                let mut signature = SignatureBuilder::new(SignatureParams {
+                let signature = SignatureBuilder::new(SignatureParams {
                     block_size: block,
                     strong_len: crate::hsync::DEFAULT_STRONG_LEN,
                 });
-                let result = self.pump(&mut from_upstream, |worker, chunk| {
-                    if worker.is_storing() {
-                        signature.update(chunk);
-                    }
-                    worker.emit(chunk).map_err(|_| Stop::Abandoned)
-                });
-                let result = result.and_then(|()| match expected_len {
-                    Some(len) if len != self.body_bytes => Err(Stop::Interrupted(format!(
-                        "body of {} bytes where Content-Length said {len}",
-                        self.body_bytes
-                    ))),
-                    _ => Ok(()),
-                });
-                signature.finish();
-                let signature = signature.to_signature_bytes();
-                match result {
-                    Ok(()) => self.complete(signature, None),
-                    Err(stop) => self.stopped(stop, Some(signature), None, None),
-                }
+                worker.plain = Some((signature, expected_len));
+                worker.announced_len = expected_len;
             }
-        };
-        Report {
-            outcome,
-            upstream_bytes: self.upstream_bytes,
-            body_bytes: self.body_bytes,
+        }
+        worker.digests = DigestCheck::new(&relay.origin_digests);
+        worker.framing = relay.framing;
+        worker.store = relay.store;
+        worker
+    }
+
+    /// A worker with nothing to do (a placeholder while the real one is on
+    /// the blocking pool).
+    fn idle() -> Worker {
+        Worker {
+            decoder: None,
+            plain: None,
+            pool: WindowPool::default(),
+            unverified: Default::default(),
+            unverified_len: 0,
+            store: None,
+            background: None,
+            digests: DigestCheck::default(),
+            to_agent: Vec::new(),
+            to_write: Vec::new(),
+            agent_gone: false,
+            agent_ended: false,
+            upstream_bytes: 0,
+            body_bytes: 0,
+            announced_len: None,
+            held: None,
+            framing: None,
         }
     }
 
-    /// Feeds every upstream chunk to `step` until the body ends or a step
-    /// stops it.
-    fn pump(
-        &mut self,
-        from_upstream: &mut mpsc::Receiver<Result<Bytes, BodyError>>,
-        mut step: impl FnMut(&mut Worker, &Bytes) -> Result<(), Stop>,
-    ) -> Result<(), Stop> {
-        while let Some(item) = from_upstream.blocking_recv() {
-            let chunk = item.map_err(|e| {
-                let reason = format!("upstream body: {e}");
-                if is_malformed(&*e) {
-                    Stop::Malformed(reason)
-                } else {
-                    Stop::Interrupted(reason)
-                }
-            })?;
-            self.upstream_bytes += chunk.len() as u64;
-            step(self, &chunk)?;
+    /// Takes the next upstream chunk.
+    fn step(&mut self, chunk: &Bytes) -> Result<(), Stop> {
+        if let Some((decoder, _)) = &mut self.decoder {
+            let pool = &self.pool;
+            let unverified = &mut self.unverified;
+            let unverified_len = &mut self.unverified_len;
+            let pushed = decoder.push_to(chunk, |window| {
+                let rebuilt = std::mem::replace(window, pool.take());
+                *unverified_len += rebuilt.len() as u64;
+                unverified.push_back(pool.share(rebuilt));
+                Ok(())
+            });
+            let verified = decoder.verified_len();
+            pushed.map_err(|error| Stop::Corrupt(format!("hsync stream: {error}")))?;
+            self.release_verified(verified)?;
+            return Ok(());
+        }
+        if let Some((signature, _)) = &mut self.plain
+            && (self.store.is_some() || self.background.is_some())
+        {
+            signature.update(chunk);
+        }
+        self.emit(chunk);
+        Ok(())
+    }
+
+    /// Hands on the rebuilt bytes up to `verified` (a body offset).
+    fn release_verified(&mut self, verified: u64) -> Result<(), Stop> {
+        let mut releasable = verified.saturating_sub(self.body_bytes);
+        while releasable > 0 {
+            let Some(mut window) = self.unverified.pop_front() else {
+                break;
+            };
+            if window.len() as u64 > releasable {
+                let rest = window.split_off(releasable as usize);
+                self.unverified.push_front(rest);
+            }
+            releasable -= window.len() as u64;
+            self.unverified_len -= window.len() as u64;
+            self.emit(&window);
+        }
+        if self.unverified_len > MAX_UNVERIFIED {
+            return Err(Stop::Malformed(format!(
+                "upstream sent {} bytes without the SIG entries for them",
+                self.unverified_len
+            )));
         }
         Ok(())
     }
 
-    /// Hands rebuilt bytes to the cache writer, the digest check and the
-    /// user agent. Fails only when nobody wants them any more.
-    fn emit(&mut self, data: &Bytes) -> std::io::Result<()> {
+    /// Hands body bytes to the cache writer, the digest check and the
+    /// user agent's queue.
+    fn emit(&mut self, data: &Bytes) {
         self.body_bytes += data.len() as u64;
         self.digests.update(data);
-        // Past the first MiB the page-cache writes move to a thread of
-        // their own, which takes the slices sent to the user agent.
+        // Past the first MiB the cache writes move to a task of their own,
+        // which takes the slices sent to the user agent.
         if self.body_bytes > BACKGROUND_WRITE_AFTER
             && let Some(target) = self.store.take()
         {
-            self.background = BackgroundWriter::start(target);
+            self.background = Some(BackgroundWriter::start(target));
         }
         if let Some(target) = &mut self.store
             && let Err(error) = target.writer.write_body(data)
@@ -643,11 +790,8 @@ impl Worker {
         let mut starts = (0..data.len()).step_by(SEND_SLICE).peekable();
         while let Some(start) = starts.next() {
             let chunk = data.slice(start..data.len().min(start + SEND_SLICE));
-            if let Some(writer) = &self.background
-                && !writer.write(chunk.clone())
-            {
-                // It failed and said why; nothing will be stored.
-                self.background = None;
+            if self.background.is_some() {
+                self.to_write.push(chunk.clone());
             }
             if starts.peek().is_none() && self.announced_len == Some(self.body_bytes) {
                 self.held = Some(chunk);
@@ -655,10 +799,6 @@ impl Worker {
                 self.send_to_agent(chunk);
             }
         }
-        if self.agent_gone && !self.is_storing() {
-            return Err(std::io::Error::other("user agent gone"));
-        }
-        Ok(())
     }
 
     /// Whether the body is still being written to a cache entry.
@@ -666,35 +806,92 @@ impl Worker {
         self.store.is_some() || self.background.is_some()
     }
 
-    /// Waits for the background writer, if any, to write what it was
-    /// given: the entry is then in `store` again (unless a write failed).
-    fn settle_writer(&mut self) {
-        if let Some(writer) = self.background.take() {
-            self.store = writer.finish();
-        }
-    }
-
     /// Ends the user agent's body cleanly: the held chunk, then the end of
-    /// the stream (the sender is dropped). Idempotent.
+    /// the stream. Idempotent.
     fn end_agent(&mut self) {
         if let Some(last) = self.held.take() {
             self.send_to_agent(last);
         }
-        let (closed, _) = mpsc::channel(1);
-        drop(std::mem::replace(&mut self.to_agent, closed));
-        self.agent_gone = true;
+        self.agent_ended = true;
     }
 
     fn send_to_agent(&mut self, chunk: Bytes) {
-        if !self.agent_gone && self.to_agent.blocking_send(Ok(Frame::data(chunk))).is_err() {
-            self.agent_gone = true;
+        if !self.agent_gone && !self.agent_ended {
+            self.to_agent.push(Ok(Frame::data(chunk)));
         }
     }
 
-    /// Every byte arrived: check the origin's digests, commit, end cleanly.
-    /// `body_digest`: the body's blake3 when the decoder computed it (the
-    /// writer did not hash then).
-    fn complete(&mut self, signature: Vec<u8>, body_digest: Option<blake3::Hash>) -> Outcome {
+    /// Ends the user agent's body with an error, so it is never mistaken
+    /// for a whole one.
+    fn abort_agent(&mut self, reason: &str) {
+        tracing::warn!(%reason, "aborting the response");
+        self.held = None;
+        if !self.agent_gone && !self.agent_ended {
+            self.to_agent.push(Err(BodyError::from(reason.to_owned())));
+        }
+        self.agent_ended = true;
+    }
+
+    /// The upstream body is over (`result`): the last checks, and what to
+    /// commit. The background writer is settled by now.
+    fn conclude(&mut self, result: Result<(), Stop>) -> Ending {
+        let mut signature = None;
+        let mut body_digest = None;
+        let mut basis_key = None;
+        let result = match self.decoder.take() {
+            Some((mut decoder, key)) => {
+                basis_key = key;
+                // A clean end without END is a cut, as an aborted body is.
+                let result = result.and_then(|()| {
+                    decoder.finish().map_err(|e| match e {
+                        DecodeError::Truncated { .. } => Stop::Interrupted(e.to_string()),
+                        other => Stop::Corrupt(format!("hsync stream: {other}")),
+                    })
+                });
+                match result {
+                    Ok(decoded) => {
+                        // END vouched for the rest.
+                        if let Err(stop) = self.release_verified(decoded.len) {
+                            return self.stopped(stop, None, None, None);
+                        }
+                        signature = Some(decoded.signature);
+                        body_digest = Some(decoded.digest.into());
+                        Ok(())
+                    }
+                    Err(stop) => {
+                        // What was never vouched for is not the body's
+                        // prefix: the partial entry ends where checks did.
+                        let partial = decoder.into_partial();
+                        if self.unverified_len == 0 {
+                            signature = partial.signature;
+                            body_digest = Some(partial.digest.into());
+                        }
+                        Err(stop)
+                    }
+                }
+            }
+            None => {
+                let (mut builder, expected_len) = self.plain.take().expect("plain or hsync");
+                let result = result.and_then(|()| match expected_len {
+                    Some(len) if len != self.body_bytes => Err(Stop::Interrupted(format!(
+                        "body of {} bytes where Content-Length said {len}",
+                        self.body_bytes
+                    ))),
+                    _ => Ok(()),
+                });
+                builder.finish();
+                signature = Some(builder.to_signature_bytes());
+                result
+            }
+        };
+        match result {
+            Ok(()) => self.complete(signature.unwrap_or_default(), body_digest),
+            Err(stop) => self.stopped(stop, signature, body_digest, basis_key.as_ref()),
+        }
+    }
+
+    /// Every byte arrived: check the origin's digests, and commit.
+    fn complete(&mut self, signature: Vec<u8>, body_digest: Option<blake3::Hash>) -> Ending {
         // hyper ends a body at its length; bytes after it that its
         // connection read by now make the whole response untrustworthy
         // (P-17). Later ones are not seen here (the connection still fails
@@ -706,34 +903,24 @@ impl Worker {
         let digests = std::mem::take(&mut self.digests);
         if let Err(reason) = digests.verify() {
             self.abort_agent(&reason);
-            self.settle_writer();
-            self.store = None;
-            return Outcome::Corrupt { reason };
+            if let Some(target) = self.store.take() {
+                target.writer.abort();
+            }
+            return Ending::Done(Outcome::Corrupt { reason });
         }
-
+        if self.store.is_none() {
+            return Ending::Done(Outcome::Complete { stored: false });
+        }
         // A small body is committed before the user agent sees its end (the
         // relay ends it after the report), so the next request (the next
-        // release a page asks for) finds it. A large one ends first: its
-        // fsync can take seconds of disk time the user agent need not wait
-        // for.
-        if self.body_bytes > SMALL_BODY {
-            self.end_agent();
-        }
-        self.settle_writer();
-        let stored = match self.store.take() {
-            Some(mut target) => {
-                target.entry.completeness = Completeness::Complete;
-                match commit(target.writer, target.entry, &signature, body_digest) {
-                    Ok(()) => true,
-                    Err(error) => {
-                        tracing::warn!(%error, "cache commit failed; response served, not stored");
-                        false
-                    }
-                }
-            }
-            None => false,
-        };
-        Outcome::Complete { stored }
+        // release a page asks for) finds it.
+        Ending::Commit(Commit {
+            completeness: Completeness::Complete,
+            signature,
+            body_digest,
+            end_agent_first: self.body_bytes > SMALL_BODY,
+            interrupted: None,
+        })
     }
 
     /// The relay stopped early.
@@ -743,12 +930,11 @@ impl Worker {
         signature: Option<Vec<u8>>,
         body_digest: Option<blake3::Hash>,
         basis_key: Option<&CacheKey>,
-    ) -> Outcome {
-        self.settle_writer();
+    ) -> Ending {
         match stop {
             Stop::Abandoned => {
                 self.store = None;
-                Outcome::Abandoned
+                Ending::Done(Outcome::Abandoned)
             }
             // The cache is settled before the user agent learns of the
             // failure, so a retry sees the state that follows from it.
@@ -761,45 +947,73 @@ impl Worker {
                     target.writer.abort();
                 }
                 self.abort_agent(&reason);
-                Outcome::Corrupt { reason }
+                Ending::Done(Outcome::Corrupt { reason })
             }
             Stop::Malformed(reason) => {
                 if let Some(target) = self.store.take() {
                     target.writer.abort();
                 }
                 self.abort_agent(&reason);
-                Outcome::Interrupted {
+                Ending::Done(Outcome::Interrupted {
                     partial_stored: false,
+                })
+            }
+            Stop::Interrupted(reason) => match signature {
+                Some(signature) if self.body_bytes > 0 && self.store.is_some() => {
+                    Ending::Commit(Commit {
+                        completeness: Completeness::Partial,
+                        signature,
+                        body_digest,
+                        end_agent_first: false,
+                        interrupted: Some(reason),
+                    })
                 }
-            }
-            Stop::Interrupted(reason) => {
-                let partial_stored = match (self.store.take(), signature) {
-                    (Some(mut target), Some(signature)) if self.body_bytes > 0 => {
-                        target.entry.completeness = Completeness::Partial;
-                        commit(target.writer, target.entry, &signature, body_digest).is_ok()
-                    }
-                    _ => false,
-                };
-                self.abort_agent(&reason);
-                Outcome::Interrupted { partial_stored }
-            }
+                _ => {
+                    self.store = None;
+                    self.abort_agent(&reason);
+                    Ending::Done(Outcome::Interrupted {
+                        partial_stored: false,
+                    })
+                }
+            },
         }
     }
 
-    /// Ends the user agent's body with an error, so it is never mistaken
-    /// for a whole one.
-    fn abort_agent(&mut self, reason: &str) {
-        tracing::warn!(%reason, "aborting the response");
-        self.held = None;
-        if !self.agent_gone {
-            let _ = self
-                .to_agent
-                .blocking_send(Err(BodyError::from(reason.to_owned())));
+    /// Commits the entry as `commit` says (blocking: fsyncs).
+    fn commit(&mut self, commit: Commit) -> Outcome {
+        let stored = match self.store.take() {
+            Some(mut target) => {
+                target.entry.completeness = commit.completeness;
+                match commit_entry(
+                    target.writer,
+                    target.entry,
+                    &commit.signature,
+                    commit.body_digest,
+                ) {
+                    Ok(()) => true,
+                    Err(error) => {
+                        if commit.interrupted.is_none() {
+                            tracing::warn!(%error, "cache commit failed; response served, not stored");
+                        }
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
+        match commit.interrupted {
+            None => Outcome::Complete { stored },
+            Some(reason) => {
+                self.abort_agent(&reason);
+                Outcome::Interrupted {
+                    partial_stored: stored,
+                }
+            }
         }
     }
 }
 
-fn commit(
+fn commit_entry(
     writer: EntryWriter,
     entry: NewEntry,
     signature: &[u8],

@@ -296,6 +296,26 @@ impl<B: Basis> Decoder<B> {
         self.rebuilt
     }
 
+    /// Bytes of the rebuilt body, from its start, that the stream has
+    /// vouched for so far: the blocks whose SIG entries arrived and matched
+    /// what was rebuilt, or all of it once END verified. A caller that
+    /// hands bytes on before END hands on no more than these, so a basis
+    /// that rotted on disk (or a stream that does not fit it) shows as a
+    /// failed check before its wrong bytes leave (C-V3). The SIG frame
+    /// after each DELTA frame covers the window's completed blocks, so
+    /// what is held back stays within a window and a block.
+    pub fn verified_len(&self) -> u64 {
+        if self.verified.is_some() {
+            return self.rebuilt;
+        }
+        let Some(signature) = &self.signature else {
+            return 0;
+        };
+        let params = signature.params();
+        let blocks = (self.checked_len / params.entry_len()) as u64;
+        (blocks * u64::from(params.block_size)).min(self.rebuilt)
+    }
+
     /// The stream header, once it has arrived.
     pub fn header(&self) -> Option<Header> {
         self.header
