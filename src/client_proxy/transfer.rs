@@ -76,6 +76,14 @@ impl WindowPool {
             .unwrap_or_default()
     }
 
+    /// Frees the buffers kept for reuse.
+    fn clear(&self) {
+        self.0
+            .lock()
+            .expect("the pool lock is never held across a panic")
+            .clear();
+    }
+
     /// `window`'s bytes as a `Bytes` that returns its buffer to the pool.
     fn share(&self, window: Vec<u8>) -> Bytes {
         Bytes::from_owner(PooledWindow {
@@ -563,6 +571,11 @@ impl Driver {
         let to_agent = std::mem::take(&mut self.worker.to_agent);
         for item in to_agent {
             let Some(sender) = &self.to_agent else { break };
+            if sender.capacity() == 0 {
+                // The user agent is not keeping up: what only the next
+                // step needs can go while it waits (L-13).
+                self.worker.release_scratch();
+            }
             if sender.send(item).await.is_err() {
                 self.worker.agent_gone = true;
                 self.to_agent = None;
@@ -738,6 +751,14 @@ impl Worker {
         }
         self.emit(chunk);
         Ok(())
+    }
+
+    /// Frees buffers the next step would otherwise reuse.
+    fn release_scratch(&mut self) {
+        if let Some((decoder, _)) = &mut self.decoder {
+            decoder.release_scratch();
+        }
+        self.pool.clear();
     }
 
     /// Hands on the rebuilt bytes up to `verified` (a body offset).

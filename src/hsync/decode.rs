@@ -316,6 +316,23 @@ impl<B: Basis> Decoder<B> {
         (blocks * u64::from(params.block_size)).min(self.rebuilt)
     }
 
+    /// Frees the buffers that only the work on a window needs (its
+    /// reference prefix, basis slice, literals and output), keeping what
+    /// the next window needs (the context). For a caller whose reader
+    /// stalls: an idle decoder then holds little more than its context;
+    /// the buffers grow again with the next window.
+    pub fn release_scratch(&mut self) {
+        for buffer in [
+            &mut self.prefix,
+            &mut self.basis_part,
+            &mut self.literal_buf,
+            &mut self.window_out,
+        ] {
+            *buffer = Vec::new();
+        }
+        self.pending.shrink_to_fit();
+    }
+
     /// The stream header, once it has arrived.
     pub fn header(&self) -> Option<Header> {
         self.header
