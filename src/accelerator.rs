@@ -41,7 +41,8 @@ use crate::basis_store::BasisStore;
 use crate::hsync::{Basis, BasisUse, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
-    check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
+    check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
+    weaken_etag,
 };
 use crate::pace::{Pacer, WindowCost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
@@ -274,15 +275,6 @@ impl Accelerator {
         }
     }
 
-    fn is_loop(&self, request: &Request<Incoming>) -> bool {
-        let ours = self.config.via_name.as_bytes();
-        request.headers().get_all(header::VIA).iter().any(|via| {
-            via.as_bytes()
-                .split(|&b| b == b',')
-                .any(|hop| hop.trim_ascii().split(|&b| b == b' ').nth(1) == Some(ours))
-        })
-    }
-
     async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         Stats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
@@ -307,7 +299,7 @@ impl Accelerator {
             Ok(target) => target,
             Err(message) => return self.refuse(StatusCode::BAD_REQUEST, message),
         };
-        if self.is_loop(&request) {
+        if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
             return self.refuse(
                 StatusCode::LOOP_DETECTED,
                 format!(

@@ -1,6 +1,7 @@
 //! HTTP details both proxies share, as pure functions over header maps: the
 //! hsync header names and their byte-sequence values, `Accept-Encoding`
-//! negotiation, hop-by-hop stripping and `Via`.
+//! negotiation, hop-by-hop stripping and `Via` (appending, and reading it
+//! for loops).
 //!
 //! Leaves out everything with I/O (see `server` and the roles).
 
@@ -164,6 +165,56 @@ pub fn add_via(headers: &mut HeaderMap, name: &HeaderValue) {
     value.extend_from_slice(name.as_bytes());
     let value = HeaderValue::from_bytes(&value).expect("built from a valid header value");
     headers.append(header::VIA, value);
+}
+
+/// The entries of every `Via` field line, trimmed, empty ones left out.
+///
+/// Commas inside a comment (`1.1 proxy (Squid/6, beta)`) do not split an
+/// entry: the comment is free text, and a name in it must not read as a
+/// hop.
+pub(crate) fn via_entries(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers.get_all(header::VIA).iter().flat_map(|value| {
+        let bytes = value.as_bytes();
+        let mut entries = Vec::new();
+        let (mut depth, mut escaped, mut start) = (0usize, false, 0);
+        for (i, &b) in bytes.iter().enumerate() {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if depth > 0 => escaped = true,
+                b'(' => depth += 1,
+                b')' => depth = depth.saturating_sub(1),
+                b',' if depth == 0 => {
+                    entries.push(&bytes[start..i]);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        entries.push(&bytes[start..]);
+        entries
+            .into_iter()
+            .map(<[u8]>::trim_ascii)
+            .filter(|entry| !entry.is_empty())
+    })
+}
+
+/// Whether a `Via` entry names `name` as its received-by: `1.1 name`,
+/// `HTTP/1.1   name`, `1.1\tNAME (comment)` alike. RFC 9110 §7.6.3 separates
+/// the protocol and the name by RWS (any run of spaces and tabs), and a host
+/// name is case-insensitive, so a loop is a loop however it is spaced or
+/// spelt (P-25).
+fn via_entry_names(entry: &[u8], name: &[u8]) -> bool {
+    entry
+        .split(|&b| b == b' ' || b == b'\t')
+        .filter(|part| !part.is_empty())
+        .nth(1)
+        .is_some_and(|received_by| received_by.eq_ignore_ascii_case(name))
+}
+
+/// Whether the request already passed the hop called `name` (its
+/// pseudonym or `host[:port]` in `Via`): forwarding it again would loop.
+pub(crate) fn via_names_hop(headers: &HeaderMap, name: &[u8]) -> bool {
+    via_entries(headers).any(|entry| via_entry_names(entry, name))
 }
 
 /// Makes a strong `ETag` weak (a coded body is not byte-identical to the
@@ -354,5 +405,40 @@ mod tests {
         weaken_etag(&mut headers);
         weaken_etag(&mut headers);
         assert_eq!(headers["etag"], "W/\"abc\"");
+    }
+
+    #[test]
+    fn via_loops_are_found_however_the_entry_is_spaced_or_spelt() {
+        for via in [
+            "1.1 accel:8081",
+            "1.0 other, 1.1 accel:8081",
+            "1.1  accel:8081",
+            "1.1\taccel:8081",
+            " HTTP/1.1 \t ACCEL:8081 (rproxy)",
+            "1.0 other,1.1 Accel:8081,",
+        ] {
+            assert!(
+                via_names_hop(&map(&[("via", via)]), b"accel:8081"),
+                "{via:?}"
+            );
+        }
+        assert!(via_names_hop(
+            &map(&[("via", "1.0 a"), ("via", "1.1 accel:8081")]),
+            b"accel:8081"
+        ));
+        for via in [
+            "1.1 accel:80811",
+            "accel:8081",
+            "1.1 other (accel:8081)",
+            "1.1 other (x, 1.1 accel:8081)",
+            "1.1 other (x\\), 1.1 accel:8081)",
+        ] {
+            assert!(
+                !via_names_hop(&map(&[("via", via)]), b"accel:8081"),
+                "{via:?}"
+            );
+        }
+        let headers = map(&[("via", "1.1 a (x, y), , 1.1 b"), ("via", "1.1 c")]);
+        assert_eq!(via_entries(&headers).count(), 3);
     }
 }

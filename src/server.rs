@@ -192,19 +192,10 @@ pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody>
     response
 }
 
-/// The number of hops a `Via` list names.
+/// The number of hops a `Via` list names (read as [`crate::http`] reads it
+/// for loops, so the two checks agree on what an entry is).
 pub fn via_hops(headers: &http::HeaderMap) -> usize {
-    headers
-        .get_all(header::VIA)
-        .iter()
-        .map(|value| {
-            value
-                .as_bytes()
-                .split(|&b| b == b',')
-                .filter(|hop| !hop.trim_ascii().is_empty())
-                .count()
-        })
-        .sum()
+    crate::http::via_entries(headers).count()
 }
 
 /// What every request passes before its role sees it: the limits and

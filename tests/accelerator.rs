@@ -887,3 +887,28 @@ async fn stats_count_coded_passed_and_refused_requests() {
     // The stats request never reaches the origin.
     assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
 }
+
+/// P-25: a `Via` entry naming us is a loop however it is spaced (runs of
+/// spaces or tabs between protocol and name) or spelt (names are
+/// case-insensitive), and nothing reaches the origin.
+#[tokio::test]
+async fn p_25_via_naming_us_with_odd_whitespace_or_case_is_a_loop() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    for via in [
+        "1.1  accel-test",
+        "1.1\taccel-test",
+        "1.1 \t accel-test (rproxy)",
+        "HTTP/1.1 ACCEL-TEST",
+        "1.0 other,1.1   Accel-Test",
+    ] {
+        let headers = [("via", HeaderValue::from_str(via).unwrap())];
+        let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+        assert_eq!(status, StatusCode::LOOP_DETECTED, "{via:?}");
+    }
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    // Another hop with our name in its comment is no loop.
+    let headers = [("via", HeaderValue::from_static("1.1 other (accel-test)"))];
+    let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+    assert_eq!(status, StatusCode::OK);
+}
