@@ -15,7 +15,8 @@
 //!
 //! Bodies it serves coded are kept in a bounded [`BasisStore`]; a client
 //! that names one of them in `Hsync-Basis` gets codec 3 (compressed
-//! against the body itself), otherwise the rsync stream.
+//! against the body itself), otherwise the rsync stream. A TRACE or
+//! OPTIONS whose `Max-Forwards` reached 0 is answered here.
 //!
 //! Leaves out (for now): TLS, HTTP/2, auth and queueing.
 //!
@@ -40,9 +41,9 @@ use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use crate::basis_store::BasisStore;
 use crate::hsync::{Basis, BasisUse, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
-    check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
-    weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
+    answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
+    remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
 use crate::pace::{Pacer, WindowCost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
@@ -124,6 +125,11 @@ pub enum ConfigError {
         origin: String,
     },
 }
+
+/// What an OPTIONS this hop answers itself says in `Allow`: the methods it
+/// forwards to the origin (all but CONNECT; whether the origin's resource
+/// takes them is for the origin to say, to a request that reaches it).
+const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
 
 /// The path where each proxy answers with its counters as JSON (it shadows
 /// the same path at the origin).
@@ -275,7 +281,7 @@ impl Accelerator {
         }
     }
 
-    async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn proxy(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
         Stats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
             && request
@@ -307,6 +313,13 @@ impl Accelerator {
                     self.config.via_name.to_str().unwrap_or("us")
                 ),
             );
+        }
+        let method = request.method().clone();
+        if max_forwards(&method, request.headers_mut()) == Hop::Answer {
+            // Before admission: answering costs less than queueing would.
+            tracing::info!(%method, status = 200, mode = "max-forwards", "request");
+            return answer_at_this_hop(&request, FORWARDED_METHODS)
+                .map(|echo| Full::new(echo).map_err(|never| match never {}).boxed());
         }
         // After auth (the gate in front of us) and the checks above, so
         // neither a stranger nor a bad request takes a place.

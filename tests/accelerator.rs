@@ -912,3 +912,93 @@ async fn p_25_via_naming_us_with_odd_whitespace_or_case_is_a_loop() {
     let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// P-25: TRACE and OPTIONS with `Max-Forwards: 0` are answered by this hop
+/// (RFC 9110 §7.6.2): TRACE echoes the request (credentials left out),
+/// OPTIONS says Allow; the origin sees neither. With more hops left they
+/// are forwarded, one hop fewer.
+#[tokio::test]
+async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let trace = Request::builder()
+        .method("TRACE")
+        .uri("/v2.js")
+        .header("host", "origin.test")
+        .header("max-forwards", "0")
+        .header("cookie", "session=secret")
+        .header("x-probe", "seen")
+        .body(Empty::new())
+        .unwrap();
+    let (status, headers, body) = fetch(accel, trace).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "message/http");
+    let echo = String::from_utf8(body).unwrap();
+    assert!(echo.starts_with("TRACE /v2.js HTTP/1.1\r\n"), "{echo}");
+    assert!(
+        echo.contains("x-probe: seen\r\n") && !echo.contains("secret"),
+        "{echo}"
+    );
+    for request in [
+        "OPTIONS * HTTP/1.1\r\nHost: origin.test\r\nMax-Forwards: 0\r\n\r\n",
+        "OPTIONS /v2.js HTTP/1.1\r\nHost: origin.test\r\nMax-Forwards: 0\r\n\r\n",
+    ] {
+        let mut stream = TcpStream::connect(accel).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let response = String::from_utf8(read_response(&mut stream).await).unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 200"),
+            "{request:?} → {response}"
+        );
+        assert!(
+            response.to_ascii_lowercase().contains("\r\nallow: get"),
+            "{response}"
+        );
+    }
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    // One hop left: forwarded, with none left for the origin.
+    let trace = Request::builder()
+        .method("TRACE")
+        .uri("/echo")
+        .header("host", "origin.test")
+        .header("max-forwards", "1")
+        .body(Empty::new())
+        .unwrap();
+    let (status, _, body) = fetch(accel, trace).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        String::from_utf8(body)
+            .unwrap()
+            .contains("max-forwards: 0\n")
+    );
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+}
+
+/// Reads one response with a Content-Length (or none: empty) off `stream`.
+async fn read_response(stream: &mut TcpStream) -> Vec<u8> {
+    let mut response = Vec::new();
+    let mut buf = [0; 4096];
+    let deadline = Duration::from_secs(5);
+    loop {
+        if let Some(end) = response.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&response[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+            if response.len() >= end + 4 + length {
+                return response;
+            }
+        }
+        let n = tokio::time::timeout(deadline, stream.read(&mut buf))
+            .await
+            .expect("a response in time")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed mid-response: {:?}",
+            String::from_utf8_lossy(&response)
+        );
+        response.extend_from_slice(&buf[..n]);
+    }
+}
