@@ -1002,3 +1002,66 @@ async fn read_response(stream: &mut TcpStream) -> Vec<u8> {
         response.extend_from_slice(&buf[..n]);
     }
 }
+
+/// All that comes on `stream` until the peer closes it.
+async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
+        .await
+        .expect("closed in time")
+        .unwrap();
+    rest
+}
+
+/// P-25: a kept-alive connection on which no next request began is closed
+/// silently when the header timeout runs out (a 408 there reaches a client
+/// that asked nothing, which reads it as a malformed response), as is a
+/// connection that never sent a byte; a request head that began and
+/// stalled still gets its 408.
+#[tokio::test]
+async fn p_25_an_idle_keep_alive_connection_is_closed_without_a_408() {
+    let origin = start_origin().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let accel = listener.local_addr().unwrap();
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_millis(300),
+        ..ConnectionLimits::default()
+    };
+    let accelerator = Arc::new(Accelerator::new(config(origin.addr)).unwrap());
+    tokio::spawn(serve(listener, accelerator, limits, std::future::pending()));
+
+    let mut kept_alive = TcpStream::connect(accel).await.unwrap();
+    kept_alive
+        .write_all(b"GET /missing HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+        .await
+        .unwrap();
+    let response = read_response(&mut kept_alive).await;
+    assert!(response.starts_with(b"HTTP/1.1 404"));
+    let rest = read_to_close(&mut kept_alive).await;
+    assert!(
+        rest.is_empty(),
+        "idle: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+
+    let mut silent = TcpStream::connect(accel).await.unwrap();
+    let rest = read_to_close(&mut silent).await;
+    assert!(
+        rest.is_empty(),
+        "never spoke: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+
+    let mut slow = TcpStream::connect(accel).await.unwrap();
+    slow.write_all(b"GET /missing HTTP/1.1\r\nHost: origin.test\r\n\r\nGET /mis")
+        .await
+        .unwrap();
+    let response = read_response(&mut slow).await;
+    assert!(response.starts_with(b"HTTP/1.1 404"));
+    let rest = read_to_close(&mut slow).await;
+    assert!(
+        rest.starts_with(b"HTTP/1.1 408"),
+        "slow: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+}
