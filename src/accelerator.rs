@@ -13,9 +13,12 @@
 //! one go on a blocking thread instead, and sent with a Content-Length:
 //! cheaper per request, and a cut or late origin body is a clean 502/504.
 //!
-//! Bodies it serves coded are kept in a bounded [`BasisStore`]; a client
-//! that names one of them in `Hsync-Basis` gets codec 3 (compressed
-//! against the body itself), otherwise the rsync stream.
+//! Bodies it serves coded are kept in a bounded [`BasisStore`] when a
+//! shared cache could store them (no `private`, `no-store`, cookies or
+//! credentials, unless `basis_store_private`); a client that names one of
+//! them in `Hsync-Basis` gets codec 3 (compressed against the body
+//! itself), otherwise the rsync stream. A TRACE or OPTIONS whose
+//! `Max-Forwards` reached 0 is answered here.
 //!
 //! Leaves out (for now): TLS, HTTP/2, auth and queueing.
 //!
@@ -37,11 +40,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 
-use crate::basis_store::BasisStore;
-use crate::hsync::{Basis, BasisUse, EncodeError, Encoder, EncoderOptions};
+use crate::basis_store::{BasisStore, shareable};
+use crate::freshness::Storability;
+use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, add_via,
-    check_response_head, parse_byte_sequence, remove_hsync_coding, strip_hop_by_hop, weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
+    answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
+    remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
 use crate::pace::{Pacer, WindowCost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
@@ -78,6 +83,12 @@ pub struct AcceleratorConfig {
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
     pub max_stored_body: usize,
+    /// Keep every coded body there, including `private`, `no-store` and
+    /// cookie-setting responses and answers to requests with credentials.
+    /// Off by default: the store is then an oracle, since a client naming
+    /// a body's hash learns from the codec whether someone was served it
+    /// (D-B3, see [`crate::basis_store::shareable`]).
+    pub basis_store_private: bool,
     /// Upload slots and their queue (issue 5); `None` serves every request
     /// at once.
     pub queue: Option<QueueConfig>,
@@ -106,6 +117,7 @@ impl AcceleratorConfig {
             origin_timeout: Duration::from_secs(30),
             basis_store_bytes: 256 << 20,
             max_stored_body: 8 << 20,
+            basis_store_private: false,
             queue: None,
             queue_state: None,
             max_encoders: 0,
@@ -124,16 +136,26 @@ pub enum ConfigError {
     },
 }
 
+/// What an OPTIONS this hop answers itself says in `Allow`: the methods it
+/// forwards to the origin (all but CONNECT; whether the origin's resource
+/// takes them is for the origin to say, to a request that reaches it).
+const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
+
 /// The path where each proxy answers with its counters as JSON (it shadows
 /// the same path at the origin).
 pub const STATS_PATH: &str = "/.rproxy/stats";
 
-/// Counters for `GET /.rproxy/stats`.
+/// Counters for `GET /.rproxy/stats`, which anyone who reaches the
+/// accelerator may read: aggregates only. No counter moves with whether a
+/// named basis was held (there was one, `coded_against_body`): read before
+/// and after one's own request, it told which bodies are held just as the
+/// codec does, for bodies the codec no longer reveals (D-B3). The request
+/// log line says which basis each response was coded against, for the
+/// operator.
 #[derive(Debug, Default)]
 pub struct Stats {
     requests: AtomicU64,
     coded: AtomicU64,
-    coded_against_body: AtomicU64,
     passed: AtomicU64,
     refused: AtomicU64,
     queued: AtomicU64,
@@ -151,10 +173,9 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"coded\":{},\"coded_against_body\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{}}}\n",
+            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
-            get(&self.coded_against_body),
             get(&self.passed),
             get(&self.refused),
             get(&self.queued),
@@ -274,16 +295,7 @@ impl Accelerator {
         }
     }
 
-    fn is_loop(&self, request: &Request<Incoming>) -> bool {
-        let ours = self.config.via_name.as_bytes();
-        request.headers().get_all(header::VIA).iter().any(|via| {
-            via.as_bytes()
-                .split(|&b| b == b',')
-                .any(|hop| hop.trim_ascii().split(|&b| b == b' ').nth(1) == Some(ours))
-        })
-    }
-
-    async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn proxy(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
         Stats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
             && request
@@ -307,7 +319,7 @@ impl Accelerator {
             Ok(target) => target,
             Err(message) => return self.refuse(StatusCode::BAD_REQUEST, message),
         };
-        if self.is_loop(&request) {
+        if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
             return self.refuse(
                 StatusCode::LOOP_DETECTED,
                 format!(
@@ -315,6 +327,13 @@ impl Accelerator {
                     self.config.via_name.to_str().unwrap_or("us")
                 ),
             );
+        }
+        let method = request.method().clone();
+        if max_forwards(&method, request.headers_mut()) == Hop::Answer {
+            // Before admission: answering costs less than queueing would.
+            tracing::info!(%method, status = 200, mode = "max-forwards", "request");
+            return answer_at_this_hop(&request, FORWARDED_METHODS)
+                .map(|echo| Full::new(echo).map_err(|never| match never {}).boxed());
         }
         // After auth (the gate in front of us) and the checks above, so
         // neither a stranger nor a bad request takes a place.
@@ -361,6 +380,10 @@ impl Accelerator {
         }
         parts.headers.remove(HSYNC_SIGNATURE);
         parts.headers.remove(HSYNC_BASIS);
+        // What the basis store decision reads of the request (D-B3), once
+        // the response head is in.
+        let request_headers =
+            (encodable && !self.config.basis_store_private).then(|| parts.headers.clone());
         // The queue's headers are between the client and us.
         for name in [&X_QUEUE, &X_QUEUED, &X_NODE] {
             parts.headers.remove(name);
@@ -499,12 +522,10 @@ impl Accelerator {
             None => Encoder::new(signature.as_deref(), content_length, self.config.encoder),
         };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
-        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64);
+        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
+            && self.may_keep(request_headers.as_ref(), &parts.headers);
         let store = keep.then(|| self.bodies.clone());
         Stats::add(&self.stats.coded, 1);
-        if encoder.basis_use() == &BasisUse::Body {
-            Stats::add(&self.stats.coded_against_body, 1);
-        }
         if content_length.is_some_and(|len| len <= SMALL_BODY) {
             let origin = OriginBody {
                 body,
@@ -534,6 +555,22 @@ impl Accelerator {
         };
         let body = encode_body(body, framing, coding, pacer, method, uri);
         Response::from_parts(parts, body)
+    }
+
+    /// Whether the basis store may keep this response's body: only what a
+    /// shared cache may store, unless the operator opted in (D-B3).
+    /// `request` is `None` when the operator did.
+    fn may_keep(&self, request: Option<&http::HeaderMap>, response: &http::HeaderMap) -> bool {
+        let Some(request) = request else {
+            return true;
+        };
+        match shareable(request, response) {
+            Storability::Storable => true,
+            Storability::NotStorable(reason) => {
+                tracing::debug!(reason, "body not kept as a basis");
+                false
+            }
+        }
     }
 
     /// What we advertise: version and the signature size we accept.

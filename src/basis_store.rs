@@ -7,10 +7,53 @@
 //! accelerator stays correct without it (a miss falls back to rsync), so
 //! losing it on restart costs only bandwidth.
 //!
-//! Main type: [`BasisStore`].
+//! What it holds is visible from outside: a client naming a body's blake3
+//! learns from the stream's codec whether the body is held, that is,
+//! whether someone was served exactly that body. So by default it keeps
+//! only bodies a shared cache may store ([`shareable`], D-B3): guessing a
+//! hash then confirms only content any client could have fetched.
+//!
+//! Main items: [`BasisStore`], [`shareable`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Method, StatusCode};
+
+use crate::freshness::{Storability, storability};
+
+/// `Set-Cookie2` (RFC 2965, obsolete but still sent by some servers).
+const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
+
+/// Whether the body of a coded 200 answering `request` may be kept as a
+/// basis (D-B3), and if not, why.
+///
+/// RFC 9111's rules for a shared cache first (`no-store` either way,
+/// `private`, an authorized request, `Vary: *`), then stricter ones: a
+/// request with `Authorization` or `Cookie`, or a response with
+/// `Set-Cookie`, is never kept, even when the response says `public` or
+/// `s-maxage`. Those directives let a cache serve the response to others,
+/// which this store never does: keeping such a body buys only bandwidth,
+/// and frameworks that mark every page `public` would make a user's page
+/// confirmable by hash. The operator who wants those bytes anyway says so
+/// with `--basis-store-private`.
+pub fn shareable(request: &HeaderMap, response: &HeaderMap) -> Storability {
+    let shared_cache = storability(&Method::GET, request, StatusCode::OK, response, true);
+    if shared_cache != Storability::Storable {
+        return shared_cache;
+    }
+    if request.contains_key(header::AUTHORIZATION) {
+        return Storability::NotStorable("request carried Authorization");
+    }
+    if request.contains_key(header::COOKIE) {
+        return Storability::NotStorable("request carried Cookie");
+    }
+    if response.contains_key(header::SET_COOKIE) || response.contains_key(SET_COOKIE2) {
+        return Storability::NotStorable("response sets a cookie");
+    }
+    Storability::Storable
+}
 
 /// Bodies by blake3, within a byte budget.
 #[derive(Debug)]
@@ -99,6 +142,57 @@ impl BasisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| {
+                (
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    http::HeaderValue::from_str(value).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_bodies_a_shared_cache_may_store_and_no_credentials_are_shareable() {
+        let plain = map(&[("accept-encoding", "hsync")]);
+        assert_eq!(shareable(&plain, &map(&[])), Storability::Storable);
+        assert_eq!(
+            shareable(&plain, &map(&[("cache-control", "public, max-age=60")])),
+            Storability::Storable
+        );
+        for response in [
+            &[("cache-control", "private")][..],
+            &[("cache-control", "max-age=60, No-Store")],
+            &[("set-cookie", "a=b")],
+            &[("set-cookie", "a=b"), ("cache-control", "public")],
+            &[("set-cookie2", "a=b")],
+        ] {
+            assert!(
+                matches!(
+                    shareable(&plain, &map(response)),
+                    Storability::NotStorable(_)
+                ),
+                "{response:?}"
+            );
+        }
+        for request in [
+            &[("authorization", "Basic eDp5")][..],
+            &[("cookie", "session=1")],
+            &[("cache-control", "no-store")],
+        ] {
+            let public = map(&[("cache-control", "public, s-maxage=60")]);
+            assert!(
+                matches!(
+                    shareable(&map(request), &public),
+                    Storability::NotStorable(_)
+                ),
+                "{request:?}"
+            );
+        }
+    }
 
     fn body(byte: u8, len: usize) -> ([u8; 32], Arc<[u8]>) {
         let body: Arc<[u8]> = vec![byte; len].into();

@@ -86,6 +86,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         origin_timeout: Duration::from_secs(30),
         basis_store_bytes: 64 << 20,
         max_stored_body: 8 << 20,
+        basis_store_private: false,
         queue: None,
         queue_state: None,
         max_encoders: 0,

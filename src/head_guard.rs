@@ -387,6 +387,13 @@ impl Framing {
         self.checked
     }
 
+    /// Whether the connection is between messages: nothing of a next
+    /// message has come since the last one ended (or since it opened),
+    /// empty lines aside, which RFC 9112 §2.2 lets a client send there.
+    pub fn is_between_messages(&self) -> bool {
+        self.state == State::HeadStart
+    }
+
     /// Checks the next `chunk` of the connection's bytes.
     pub fn check(&mut self, chunk: &[u8]) -> Checked {
         if let Some(violation) = self.failed {

@@ -1,10 +1,12 @@
 //! HTTP details both proxies share, as pure functions over header maps: the
 //! hsync header names and their byte-sequence values, `Accept-Encoding`
-//! negotiation, hop-by-hop stripping and `Via`.
+//! negotiation, hop-by-hop stripping, `Via` (appending, and reading it for
+//! loops) and `Max-Forwards` (when a hop answers TRACE and OPTIONS itself).
 //!
 //! Leaves out everything with I/O (see `server` and the roles).
 
 use base64::Engine;
+use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// `Hsync-Basis`: `:<base64 blake3 of the basis body>:` (RFC 8941 byte
@@ -164,6 +166,153 @@ pub fn add_via(headers: &mut HeaderMap, name: &HeaderValue) {
     value.extend_from_slice(name.as_bytes());
     let value = HeaderValue::from_bytes(&value).expect("built from a valid header value");
     headers.append(header::VIA, value);
+}
+
+/// The entries of every `Via` field line, trimmed, empty ones left out.
+///
+/// Commas inside a comment (`1.1 proxy (Squid/6, beta)`) do not split an
+/// entry: the comment is free text, and a name in it must not read as a
+/// hop.
+pub(crate) fn via_entries(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers.get_all(header::VIA).iter().flat_map(|value| {
+        let bytes = value.as_bytes();
+        let mut entries = Vec::new();
+        let (mut depth, mut escaped, mut start) = (0usize, false, 0);
+        for (i, &b) in bytes.iter().enumerate() {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if depth > 0 => escaped = true,
+                b'(' => depth += 1,
+                b')' => depth = depth.saturating_sub(1),
+                b',' if depth == 0 => {
+                    entries.push(&bytes[start..i]);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        entries.push(&bytes[start..]);
+        entries
+            .into_iter()
+            .map(<[u8]>::trim_ascii)
+            .filter(|entry| !entry.is_empty())
+    })
+}
+
+/// Whether a `Via` entry names `name` as its received-by: `1.1 name`,
+/// `HTTP/1.1   name`, `1.1\tNAME (comment)` alike. RFC 9110 §7.6.3 separates
+/// the protocol and the name by RWS (any run of spaces and tabs), and a host
+/// name is case-insensitive, so a loop is a loop however it is spaced or
+/// spelt (P-25).
+fn via_entry_names(entry: &[u8], name: &[u8]) -> bool {
+    entry
+        .split(|&b| b == b' ' || b == b'\t')
+        .filter(|part| !part.is_empty())
+        .nth(1)
+        .is_some_and(|received_by| received_by.eq_ignore_ascii_case(name))
+}
+
+/// Whether the request already passed the hop called `name` (its
+/// pseudonym or `host[:port]` in `Via`): forwarding it again would loop.
+pub(crate) fn via_names_hop(headers: &HeaderMap, name: &[u8]) -> bool {
+    via_entries(headers).any(|entry| via_entry_names(entry, name))
+}
+
+/// What a hop does with a request, by its `Max-Forwards` (RFC 9110 §7.6.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    /// Send it on (with `Max-Forwards` decremented, when it had one).
+    Forward,
+    /// Answer it here, as its final recipient: `Max-Forwards` reached 0.
+    Answer,
+}
+
+/// Decides whether a TRACE or OPTIONS request goes on or is answered by
+/// this hop, and decrements `Max-Forwards` in `headers` when it goes on.
+///
+/// Other methods are forwarded untouched: RFC 9110 §7.6.2 defines the
+/// field for these two only. A value that is not a number is left for the
+/// next hop to judge (we cannot tell what the sender meant, and forwarding
+/// is what a proxy does without the field); several values count as the
+/// smallest, the reading under which the request travels least far.
+pub fn max_forwards(method: &Method, headers: &mut HeaderMap) -> Hop {
+    if *method != Method::TRACE && *method != Method::OPTIONS {
+        return Hop::Forward;
+    }
+    let mut remaining: Option<u64> = None;
+    for member in headers
+        .get_all(header::MAX_FORWARDS)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+    {
+        if member.is_empty() || !member.iter().all(u8::is_ascii_digit) {
+            return Hop::Forward;
+        }
+        // Past u64, a number is still far from 0.
+        let value = std::str::from_utf8(member)
+            .ok()
+            .and_then(|digits| digits.parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
+        remaining = Some(remaining.map_or(value, |r| r.min(value)));
+    }
+    match remaining {
+        None => Hop::Forward,
+        Some(0) => Hop::Answer,
+        Some(n) => {
+            headers.insert(header::MAX_FORWARDS, HeaderValue::from(n - 1));
+            Hop::Forward
+        }
+    }
+}
+
+/// Request fields a TRACE echo leaves out: credentials, which a script
+/// able to send TRACE must not read back (RFC 9110 §9.3.8, cross-site
+/// tracing).
+const NOT_ECHOED: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::COOKIE,
+    HeaderName::from_static("set-cookie"),
+];
+
+/// The answer of a hop that is the final recipient of a TRACE or OPTIONS
+/// request (see [`max_forwards`]): TRACE echoes the request head as
+/// `message/http` (without credentials), OPTIONS says `allow`.
+pub fn answer_at_this_hop<B>(
+    request: &http::Request<B>,
+    allow: &'static str,
+) -> http::Response<bytes::Bytes> {
+    let mut response = http::Response::new(bytes::Bytes::new());
+    if *request.method() == Method::TRACE {
+        let mut echo = format!(
+            "{} {} {:?}\r\n",
+            request.method(),
+            request.uri(),
+            request.version()
+        )
+        .into_bytes();
+        for (name, value) in request.headers() {
+            if NOT_ECHOED.contains(name) {
+                continue;
+            }
+            echo.extend_from_slice(name.as_str().as_bytes());
+            echo.extend_from_slice(b": ");
+            echo.extend_from_slice(value.as_bytes());
+            echo.extend_from_slice(b"\r\n");
+        }
+        echo.extend_from_slice(b"\r\n");
+        *response.body_mut() = echo.into();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("message/http"),
+        );
+    } else {
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
+    response
 }
 
 /// Makes a strong `ETag` weak (a coded body is not byte-identical to the
@@ -354,5 +503,111 @@ mod tests {
         weaken_etag(&mut headers);
         weaken_etag(&mut headers);
         assert_eq!(headers["etag"], "W/\"abc\"");
+    }
+
+    #[test]
+    fn via_loops_are_found_however_the_entry_is_spaced_or_spelt() {
+        for via in [
+            "1.1 accel:8081",
+            "1.0 other, 1.1 accel:8081",
+            "1.1  accel:8081",
+            "1.1\taccel:8081",
+            " HTTP/1.1 \t ACCEL:8081 (rproxy)",
+            "1.0 other,1.1 Accel:8081,",
+        ] {
+            assert!(
+                via_names_hop(&map(&[("via", via)]), b"accel:8081"),
+                "{via:?}"
+            );
+        }
+        assert!(via_names_hop(
+            &map(&[("via", "1.0 a"), ("via", "1.1 accel:8081")]),
+            b"accel:8081"
+        ));
+        for via in [
+            "1.1 accel:80811",
+            "accel:8081",
+            "1.1 other (accel:8081)",
+            "1.1 other (x, 1.1 accel:8081)",
+            "1.1 other (x\\), 1.1 accel:8081)",
+        ] {
+            assert!(
+                !via_names_hop(&map(&[("via", via)]), b"accel:8081"),
+                "{via:?}"
+            );
+        }
+        let headers = map(&[("via", "1.1 a (x, y), , 1.1 b"), ("via", "1.1 c")]);
+        assert_eq!(via_entries(&headers).count(), 3);
+    }
+
+    #[test]
+    fn max_forwards_zero_is_answered_here_and_more_is_decremented() {
+        let hop = |method: Method, pairs: &[(&str, &str)]| {
+            let mut headers = map(pairs);
+            let hop = max_forwards(&method, &mut headers);
+            let left = headers
+                .get_all("max-forwards")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>();
+            (hop, left)
+        };
+        assert_eq!(hop(Method::TRACE, &[("max-forwards", "0")]).0, Hop::Answer);
+        assert_eq!(
+            hop(Method::OPTIONS, &[("max-forwards", " 00 ")]).0,
+            Hop::Answer
+        );
+        assert_eq!(
+            hop(Method::OPTIONS, &[("max-forwards", "3")]),
+            (Hop::Forward, vec!["2".to_owned()])
+        );
+        assert_eq!(
+            hop(
+                Method::TRACE,
+                &[("max-forwards", "5"), ("max-forwards", "1")]
+            ),
+            (Hop::Forward, vec!["0".to_owned()])
+        );
+        assert_eq!(
+            hop(
+                Method::TRACE,
+                &[("max-forwards", "99999999999999999999999")]
+            )
+            .0,
+            Hop::Forward
+        );
+        // Other methods, no field, or a value that is no number: untouched.
+        assert_eq!(
+            hop(Method::GET, &[("max-forwards", "0")]),
+            (Hop::Forward, vec!["0".to_owned()])
+        );
+        assert_eq!(hop(Method::TRACE, &[]), (Hop::Forward, vec![]));
+        assert_eq!(
+            hop(Method::TRACE, &[("max-forwards", "-1")]),
+            (Hop::Forward, vec!["-1".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_trace_answered_here_echoes_the_head_without_credentials() {
+        let request = http::Request::builder()
+            .method(Method::TRACE)
+            .uri("/a?b")
+            .header("host", "origin.test")
+            .header("cookie", "session=secret")
+            .header("authorization", "Bearer secret")
+            .header("x-seen", "yes")
+            .body(())
+            .unwrap();
+        let response = answer_at_this_hop(&request, "GET");
+        assert_eq!(response.headers()["content-type"], "message/http");
+        let echo = std::str::from_utf8(response.body()).unwrap();
+        assert!(echo.starts_with("TRACE /a?b HTTP/1.1\r\n"), "{echo}");
+        assert!(echo.contains("x-seen: yes\r\n") && echo.ends_with("\r\n\r\n"));
+        assert!(!echo.contains("secret"), "{echo}");
+        let options = http::Request::options("*").body(()).unwrap();
+        let response = answer_at_this_hop(&options, "GET, HEAD");
+        assert_eq!(response.headers()["allow"], "GET, HEAD");
+        assert!(response.body().is_empty());
     }
 }

@@ -144,7 +144,8 @@ impl ConnectionNumber {
 pub struct ConnectionLimits {
     /// Time a client has to send a whole request head: 408, then close.
     /// hyper starts it when the connection waits for a request, so it is
-    /// also how long an idle keep-alive connection stays open.
+    /// also how long an idle keep-alive connection stays open (closed
+    /// then without a 408: the client sent nothing to answer).
     pub header_read_timeout: Duration,
     /// Largest request head, request line included (bytes): 431.
     pub max_head_bytes: usize,
@@ -192,19 +193,10 @@ pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody>
     response
 }
 
-/// The number of hops a `Via` list names.
+/// The number of hops a `Via` list names (read as [`crate::http`] reads it
+/// for loops, so the two checks agree on what an entry is).
 pub fn via_hops(headers: &http::HeaderMap) -> usize {
-    headers
-        .get_all(header::VIA)
-        .iter()
-        .map(|value| {
-            value
-                .as_bytes()
-                .split(|&b| b == b',')
-                .filter(|hop| !hop.trim_ascii().is_empty())
-                .count()
-        })
-        .sum()
+    crate::http::via_entries(headers).count()
 }
 
 /// What every request passes before its role sees it: the limits and
@@ -474,6 +466,15 @@ async fn serve_http1<I, S>(
                 .await;
         }
         Ok(()) => {}
+        // hyper's header timer also runs while a kept-alive connection
+        // waits for its next request: one that never started is just idle,
+        // and closing it is the end of keep-alive, not an error. A 408 there
+        // would reach a client that sent nothing, which reads it as an
+        // unsolicited (malformed) response (P-25); only a head that has
+        // begun gets one.
+        Err(error) if error.is_timeout() && !io.idle_expired && io.io.is_between_messages() => {
+            tracing::debug!("idle connection: closed without a word");
+        }
         Err(error) if error.is_timeout() && !io.idle_expired => {
             tracing::debug!("no whole request head in time: 408");
             let _ =
@@ -694,6 +695,12 @@ impl<I> Guarded<I> {
             owes_refusal: false,
             refused_body,
         }
+    }
+
+    /// Whether nothing of a next request has come (see
+    /// [`Framing::is_between_messages`]).
+    fn is_between_messages(&self) -> bool {
+        self.framing.is_between_messages()
     }
 
     /// The violation of a request that got no answer: a `400` is owed.

@@ -111,10 +111,51 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
             }
             *response.body_mut() = Full::new(Bytes::from(text));
         }
+        "/public" => {
+            *response.body_mut() = Full::new(Bytes::from(secret_page(&path, BALANCE)));
+            response.headers_mut().insert(
+                "cache-control",
+                HeaderValue::from_static("public, max-age=60"),
+            );
+        }
+        "/account" | "/profile"
+            if !request.headers().contains_key("authorization")
+                && !request.headers().contains_key("cookie") =>
+        {
+            *response.status_mut() = StatusCode::UNAUTHORIZED;
+        }
+        "/private" | "/no-store" | "/set-cookie" | "/account" | "/profile" => {
+            *response.body_mut() = Full::new(Bytes::from(secret_page(&path, BALANCE)));
+            let headers = response.headers_mut();
+            match path.as_str() {
+                "/private" => headers.insert("cache-control", HeaderValue::from_static("private")),
+                "/no-store" => headers.insert(
+                    "cache-control",
+                    HeaderValue::from_static("max-age=60, no-store"),
+                ),
+                "/set-cookie" => headers.insert(
+                    "set-cookie",
+                    HeaderValue::from_static("session=victim; HttpOnly"),
+                ),
+                // Private by the request: Authorization, Cookie.
+                _ => None,
+            };
+        }
         _ => *response.status_mut() = StatusCode::NOT_FOUND,
     }
     response
 }
+
+/// D-B3: a user's page, whose only secret is a four-digit balance (low
+/// entropy: a guesser can try them all).
+fn secret_page(path: &str, balance: u32) -> Vec<u8> {
+    let mut page = format!("<h1>{path}</h1>\n<p>balance: {balance:04}</p>\n").into_bytes();
+    page.extend_from_slice(&pseudo_text(9, 4000));
+    page
+}
+
+/// The balance on every page the origin serves.
+const BALANCE: u32 = 317;
 
 async fn start_origin() -> Origin {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -154,6 +195,7 @@ fn config(origin: SocketAddr) -> AcceleratorConfig {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
+        basis_store_private: false,
         queue: None,
         queue_state: None,
         max_encoders: 0,
@@ -886,4 +928,353 @@ async fn stats_count_coded_passed_and_refused_requests() {
     }
     // The stats request never reaches the origin.
     assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
+}
+
+/// Sends one request on `sender`'s connection; returns status, headers and
+/// the whole body.
+async fn fetch_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    request: Request<Empty<Bytes>>,
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    sender.ready().await.unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
+
+/// The pages a victim fetches that no shared cache may store, and the
+/// request field that makes those without a response directive private.
+const PRIVATE_PAGES: [(&str, Option<(&str, &str)>); 5] = [
+    ("/private", None),
+    ("/no-store", None),
+    ("/set-cookie", None),
+    ("/account", Some(("authorization", "Basic dmljdGltOnB3"))),
+    ("/profile", Some(("cookie", "session=victim"))),
+];
+
+/// A guess at a body: a request for the public page offering hsync and
+/// naming `body`'s blake3 as its basis, without a signature. Bases are held
+/// by hash, whatever URL served them, so any coded URL asks the question:
+/// a held body answers with codec 3.
+fn guess(body: &[u8]) -> Request<Empty<Bytes>> {
+    get(
+        "/public",
+        &[
+            ("accept-encoding", HeaderValue::from_static("hsync")),
+            ("hsync-basis", byte_sequence(blake3::hash(body).as_bytes())),
+        ],
+    )
+}
+
+/// The victim: fetches every page of [`PRIVATE_PAGES`] and `/public`
+/// coded, as its client proxy would.
+async fn victim_fetches(accel: SocketAddr) {
+    let mut victim = connect(accel, None).await;
+    let pages = PRIVATE_PAGES.iter().copied().chain([("/public", None)]);
+    for (path, credential) in pages {
+        let mut headers = vec![("accept-encoding", HeaderValue::from_static("hsync"))];
+        if let Some((name, value)) = credential {
+            headers.push((name, HeaderValue::from_static(value)));
+        }
+        let (status, _, stream) = fetch_on(&mut victim, get(path, &headers)).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(
+            decode_stream(&[], &stream) == secret_page(path, BALANCE),
+            "{path}"
+        );
+    }
+}
+
+/// How far each counter of `/.rproxy/stats` moved from `before` to
+/// `after`, not counting the stats request that read `after`.
+fn moved(before: &serde_json::Value, after: &serde_json::Value) -> HashMap<String, i64> {
+    let mut moved: HashMap<String, i64> = after
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, value)| {
+            let was = before[name.as_str()].as_i64().unwrap_or(0);
+            (name.clone(), value.as_i64().unwrap() - was)
+        })
+        .collect();
+    *moved.get_mut("requests").unwrap() -= 1;
+    moved
+}
+
+async fn stats_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+) -> serde_json::Value {
+    let (_, _, body) = fetch_on(sender, get("/.rproxy/stats", &[])).await;
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// D-B3: after a victim fetched pages that are private, no-store, set a
+/// cookie or answer Authorization or Cookie, 2,000 guesses at them (every
+/// balance from 0000 to 0399 on each, the true one among them) all get the
+/// same from-scratch stream, never codec 3, and move the public counters
+/// exactly as a wrong guess does. The public page, guessed right, still
+/// gets codec 3, so the guesses would have told.
+#[tokio::test]
+async fn d_b3_guesses_at_private_bodies_never_get_the_held_basis_coding() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    victim_fetches(accel).await;
+    let mut attacker = connect(accel, None).await;
+    let mut guesses = 0;
+    for (path, _) in PRIVATE_PAGES {
+        // A guess that is certainly wrong: what every guess must look like.
+        let before = stats_on(&mut attacker).await;
+        let (_, _, wrong) = fetch_on(&mut attacker, guess(&secret_page(path, 9999))).await;
+        let per_guess = moved(&before, &stats_on(&mut attacker).await);
+        assert_ne!(wrong[5], 3, "{path}");
+        let before = stats_on(&mut attacker).await;
+        for balance in 0..400 {
+            let page = secret_page(path, balance);
+            let (status, _, stream) = fetch_on(&mut attacker, guess(&page)).await;
+            assert_eq!(status, StatusCode::OK, "{path} {balance}");
+            assert_ne!(
+                stream[5], 3,
+                "{path}: guess {balance:04} got the held-basis codec"
+            );
+            assert!(
+                stream == wrong,
+                "{path}: guess {balance:04} got another stream"
+            );
+            guesses += 1;
+        }
+        let after = stats_on(&mut attacker).await;
+        let expected: HashMap<String, i64> = per_guess
+            .iter()
+            .map(|(name, n)| (name.clone(), n * 400))
+            .collect();
+        assert_eq!(moved(&before, &after), expected, "{path}");
+    }
+    assert_eq!(guesses, 2000);
+    // The control: the public page, guessed right, is coded against itself.
+    let public = secret_page("/public", BALANCE);
+    let (_, _, stream) = fetch_on(&mut attacker, guess(&public)).await;
+    assert_eq!(stream[5], 3, "a public body is held");
+    assert!(decode_stream(&public, &stream) == public);
+}
+
+/// D-B3: no public counter says that a named basis was held. A guess that
+/// hits the held public body moves the counters as a miss does, but for
+/// the stream bytes, which the guesser counts in its own reply anyway.
+#[tokio::test]
+async fn d_b3_no_stats_counter_tells_a_held_basis() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    victim_fetches(accel).await;
+    let mut attacker = connect(accel, None).await;
+    let public = secret_page("/public", BALANCE);
+    let before = stats_on(&mut attacker).await;
+    let (_, _, miss) = fetch_on(&mut attacker, guess(&secret_page("/public", 1))).await;
+    let after_miss = stats_on(&mut attacker).await;
+    let (_, _, hit) = fetch_on(&mut attacker, guess(&public)).await;
+    let after_hit = stats_on(&mut attacker).await;
+    assert_eq!((miss[5], hit[5]), (2, 3));
+    let mut on_miss = moved(&before, &after_miss);
+    let mut on_hit = moved(&after_miss, &after_hit);
+    let stream_bytes = |moved: &mut HashMap<String, i64>| moved.remove("coded_stream_bytes");
+    assert_eq!(stream_bytes(&mut on_miss), Some(miss.len() as i64));
+    assert_eq!(stream_bytes(&mut on_hit), Some(hit.len() as i64));
+    assert_eq!(on_hit, on_miss, "a counter moved with the held basis");
+}
+
+/// D-B3: an operator who opts in (`--basis-store-private`) gets the old
+/// behaviour: every coded body is held, private ones included.
+#[tokio::test]
+async fn d_b3_an_operator_who_opts_in_keeps_private_bodies_too() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(AcceleratorConfig {
+        basis_store_private: true,
+        ..config(origin.addr)
+    })
+    .await;
+    victim_fetches(accel).await;
+    let mut guesser = connect(accel, None).await;
+    for (path, _) in PRIVATE_PAGES {
+        let page = secret_page(path, BALANCE);
+        let (_, _, stream) = fetch_on(&mut guesser, guess(&page)).await;
+        assert_eq!(stream[5], 3, "{path}");
+    }
+}
+
+/// P-25: a `Via` entry naming us is a loop however it is spaced (runs of
+/// spaces or tabs between protocol and name) or spelt (names are
+/// case-insensitive), and nothing reaches the origin.
+#[tokio::test]
+async fn p_25_via_naming_us_with_odd_whitespace_or_case_is_a_loop() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    for via in [
+        "1.1  accel-test",
+        "1.1\taccel-test",
+        "1.1 \t accel-test (rproxy)",
+        "HTTP/1.1 ACCEL-TEST",
+        "1.0 other,1.1   Accel-Test",
+    ] {
+        let headers = [("via", HeaderValue::from_str(via).unwrap())];
+        let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+        assert_eq!(status, StatusCode::LOOP_DETECTED, "{via:?}");
+    }
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    // Another hop with our name in its comment is no loop.
+    let headers = [("via", HeaderValue::from_static("1.1 other (accel-test)"))];
+    let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// P-25: TRACE and OPTIONS with `Max-Forwards: 0` are answered by this hop
+/// (RFC 9110 §7.6.2): TRACE echoes the request (credentials left out),
+/// OPTIONS says Allow; the origin sees neither. With more hops left they
+/// are forwarded, one hop fewer.
+#[tokio::test]
+async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
+    let origin = start_origin().await;
+    let accel = start_accelerator(config(origin.addr)).await;
+    let trace = Request::builder()
+        .method("TRACE")
+        .uri("/v2.js")
+        .header("host", "origin.test")
+        .header("max-forwards", "0")
+        .header("cookie", "session=secret")
+        .header("x-probe", "seen")
+        .body(Empty::new())
+        .unwrap();
+    let (status, headers, body) = fetch(accel, trace).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "message/http");
+    let echo = String::from_utf8(body).unwrap();
+    assert!(echo.starts_with("TRACE /v2.js HTTP/1.1\r\n"), "{echo}");
+    assert!(
+        echo.contains("x-probe: seen\r\n") && !echo.contains("secret"),
+        "{echo}"
+    );
+    for request in [
+        "OPTIONS * HTTP/1.1\r\nHost: origin.test\r\nMax-Forwards: 0\r\n\r\n",
+        "OPTIONS /v2.js HTTP/1.1\r\nHost: origin.test\r\nMax-Forwards: 0\r\n\r\n",
+    ] {
+        let mut stream = TcpStream::connect(accel).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let response = String::from_utf8(read_response(&mut stream).await).unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 200"),
+            "{request:?} → {response}"
+        );
+        assert!(
+            response.to_ascii_lowercase().contains("\r\nallow: get"),
+            "{response}"
+        );
+    }
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    // One hop left: forwarded, with none left for the origin.
+    let trace = Request::builder()
+        .method("TRACE")
+        .uri("/echo")
+        .header("host", "origin.test")
+        .header("max-forwards", "1")
+        .body(Empty::new())
+        .unwrap();
+    let (status, _, body) = fetch(accel, trace).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        String::from_utf8(body)
+            .unwrap()
+            .contains("max-forwards: 0\n")
+    );
+    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+}
+
+/// Reads one response with a Content-Length (or none: empty) off `stream`.
+async fn read_response(stream: &mut TcpStream) -> Vec<u8> {
+    let mut response = Vec::new();
+    let mut buf = [0; 4096];
+    let deadline = Duration::from_secs(5);
+    loop {
+        if let Some(end) = response.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&response[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+            if response.len() >= end + 4 + length {
+                return response;
+            }
+        }
+        let n = tokio::time::timeout(deadline, stream.read(&mut buf))
+            .await
+            .expect("a response in time")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed mid-response: {:?}",
+            String::from_utf8_lossy(&response)
+        );
+        response.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// All that comes on `stream` until the peer closes it.
+async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
+        .await
+        .expect("closed in time")
+        .unwrap();
+    rest
+}
+
+/// P-25: a kept-alive connection on which no next request began is closed
+/// silently when the header timeout runs out (a 408 there reaches a client
+/// that asked nothing, which reads it as a malformed response), as is a
+/// connection that never sent a byte; a request head that began and
+/// stalled still gets its 408.
+#[tokio::test]
+async fn p_25_an_idle_keep_alive_connection_is_closed_without_a_408() {
+    let origin = start_origin().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let accel = listener.local_addr().unwrap();
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_millis(300),
+        ..ConnectionLimits::default()
+    };
+    let accelerator = Arc::new(Accelerator::new(config(origin.addr)).unwrap());
+    tokio::spawn(serve(listener, accelerator, limits, std::future::pending()));
+
+    let mut kept_alive = TcpStream::connect(accel).await.unwrap();
+    kept_alive
+        .write_all(b"GET /missing HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+        .await
+        .unwrap();
+    let response = read_response(&mut kept_alive).await;
+    assert!(response.starts_with(b"HTTP/1.1 404"));
+    let rest = read_to_close(&mut kept_alive).await;
+    assert!(
+        rest.is_empty(),
+        "idle: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+
+    let mut silent = TcpStream::connect(accel).await.unwrap();
+    let rest = read_to_close(&mut silent).await;
+    assert!(
+        rest.is_empty(),
+        "never spoke: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+
+    let mut slow = TcpStream::connect(accel).await.unwrap();
+    slow.write_all(b"GET /missing HTTP/1.1\r\nHost: origin.test\r\n\r\nGET /mis")
+        .await
+        .unwrap();
+    let response = read_response(&mut slow).await;
+    assert!(response.starts_with(b"HTTP/1.1 404"));
+    let rest = read_to_close(&mut slow).await;
+    assert!(
+        rest.starts_with(b"HTTP/1.1 408"),
+        "slow: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
 }

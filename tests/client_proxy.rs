@@ -472,6 +472,7 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
+        basis_store_private: false,
         queue: None,
         queue_state: None,
         max_encoders: 0,

@@ -83,6 +83,15 @@ pub struct AcceleratorArgs {
     /// Largest body kept there (bytes).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_stored_body: usize,
+    /// Dangerous: keep every coded body in the basis store, including
+    /// Cache-Control private and no-store responses, those that set a
+    /// cookie and answers to requests with Authorization or Cookie. Any
+    /// client can then learn whether someone was served a body it guesses
+    /// (naming the body's hash as its basis changes the reply), so
+    /// low-entropy private pages can be brute-forced. By default only
+    /// bodies a shared cache may store are kept.
+    #[arg(long)]
+    pub basis_store_private: bool,
     /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
     /// socket unit with Accept=yes start it, and exit when the peer is
     /// done. --listen is not used (but names us in Via by default, unless
@@ -166,6 +175,7 @@ impl AcceleratorArgs {
             origin_timeout: Duration::from_secs(self.origin_timeout),
             basis_store_bytes: self.basis_store,
             max_stored_body: self.max_stored_body,
+            basis_store_private: self.basis_store_private,
             queue: NonZeroU32::new(self.slots).map(|slots| {
                 let mut queue = QueueConfig::new(slots, self.queue_max);
                 if let Some(per_address) = self.queue_per_address {
@@ -290,5 +300,13 @@ mod tests {
         );
         let fixed = args(&["--no-adapt"]).unwrap().config(address).unwrap();
         assert!(!fixed.adapt_entropy_coding);
+    }
+
+    #[test]
+    fn the_basis_store_keeps_private_bodies_only_when_asked() {
+        let address = "127.0.0.1:8080".parse().unwrap();
+        let config = |extra: &[&str]| args(extra).unwrap().config(address).unwrap();
+        assert!(!config(&[]).basis_store_private);
+        assert!(config(&["--basis-store-private"]).basis_store_private);
     }
 }
