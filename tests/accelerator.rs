@@ -887,3 +887,46 @@ async fn stats_count_coded_passed_and_refused_requests() {
     // The stats request never reaches the origin.
     assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
 }
+
+/// L-13: a client that stops reading costs no thread. With a blocking pool
+/// of 8 threads, 32 connections each start a large coded response and stop
+/// reading; another client's coded request is still answered at once. (When
+/// each waiting encoder held a blocking thread, the first 8 took the pool
+/// and every later encoder, the bystander's too, queued behind them for as
+/// long as those readers stalled.)
+#[test]
+fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let origin = start_origin().await;
+        let accel = start_accelerator(config(origin.addr)).await;
+        let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
+        let mut stalled = Vec::new();
+        for _ in 0..32 {
+            let mut sender = connect(accel, Some(64 << 10)).await;
+            let response = sender
+                .send_request(get("/random.txt", &from_scratch))
+                .await
+                .unwrap();
+            assert_eq!(response.headers()["content-encoding"], "hsync");
+            // Kept, unread, until the end of the test.
+            stalled.push((sender, response));
+        }
+        let basis = body_v1();
+        let (status, headers, stream) = tokio::time::timeout(
+            Duration::from_secs(3),
+            fetch(accel, get("/v2.js", &offer(&basis))),
+        )
+        .await
+        .expect("the bystander answered while 32 readers stall");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["content-encoding"], "hsync");
+        assert!(decode_stream(&basis, &stream) == body_v2());
+        drop(stalled);
+    });
+}
