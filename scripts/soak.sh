@@ -34,7 +34,9 @@
 #     body checked against the file. Prints per process: VmRSS before, the
 #     peak (VmHWM, reset just before the burst; and sampled VmRSS every
 #     50 ms) and VmRSS 30 s after the burst. Targets: peak <= 512 MiB, and
-#     30 s after <= start + 64 MiB + the configured memory caches.
+#     30 s after <= start + 64 MiB + the configured memory caches. The
+#     three proxies are restarted before (b); what (a) left resident in
+#     them is logged first.
 # Ratios against nginx follow each table. Figures are printed next to their
 # targets with "met" / "NOT met"; the exit status is non-zero only when the
 # setup failed (build, start-up, a proxy died). A few minutes.
@@ -165,6 +167,25 @@ run_stall nginx --port "$proxy_port" --path /big/body.txt \
     --bystander-port "$proxy_port" --bystander-path /small/1k.txt
 
 # ---- (b) burst ---------------------------------------------------------------------
+# Fresh processes: memory that (a) left resident (the allocator keeps what
+# it freed) must not count as (b)'s start.
+stop_pid() {
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 50); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null || true
+}
+lab_log "(a) left: $(soak mem "${pids[@]}")"
+for pid in "$lab_client_pid" "$lab_accel_pid" "$proxy_pid"; do
+    stop_pid "$pid"
+done
+lab_pids=("$lab_nginx_pid")
+start_nginx_proxy
+lab_start_pair
+client_port=$lab_client_port
+pids=(--pid "accelerator=$lab_accel_pid" --pid "client=$lab_client_pid" --pid "nginx=$proxy_pid")
 lab_log "(b) $burst concurrent ${burst_mb} MB fetches through the pair"
 soak burst --port "$client_port" --prefix "http://127.0.0.1:$origin_port/burst/" \
     --count "$burst" --expect "$root/burst" "${pids[@]}" >"$lab_tmp/burst-pair.json" ||
@@ -207,6 +228,7 @@ for target in ["accelerator", "client", "nginx"]:
         g = mib(s["rss_kib"] - b["rss_kib"])
         growth[(target, proc)] = g
         bys = (f"{by['p50_ms']:.1f} / {by['p99_ms']:.1f} ({by['errors']})  p99 {met(by['p99_ms'] <= 100)}"
+               + (f" [{by['first_error']}]" if by["errors"] else "")
                if by["p50_ms"] is not None else f"none answered ({by['errors']}: {by['first_error']})")
         print(f"{names[target] if i == 0 else '':<13} {names[proc]:<17} {mib(b['rss_kib']):7.0f} "
               f"{mib(s['rss_kib']):8.0f} {g:7.0f} {g * 1024 / conns:8.0f} "
