@@ -286,12 +286,18 @@ async fn fetch_random_text(accel: SocketAddr, bytes_per_second: Option<f64>) -> 
     stream
 }
 
+/// Held by the tests that time the encoder and by those that keep both
+/// cores busy, so that they do not run at once: the pacer takes a link
+/// that waits for a starved task for a slow one.
+static CPU: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Entropy coding follows the link (`rproxy::pace`): a reader slower than
 /// the encoder keeps it, one that reads as fast as the bytes come lets the
 /// accelerator drop it for most windows; without adapting, it is kept
 /// whatever the reader. Random text: coded 0.75x, uncoded 1.00x.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
+    let _cpu = CPU.lock().await;
     let origin = start_origin().await;
     let adapting = start_accelerator(config(origin.addr)).await;
     let fixed = start_accelerator(AcceleratorConfig {
@@ -903,6 +909,7 @@ fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
         .build()
         .unwrap();
     runtime.block_on(async {
+        let _cpu = CPU.lock().await;
         let origin = start_origin().await;
         let accel = start_accelerator(config(origin.addr)).await;
         let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
