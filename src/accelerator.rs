@@ -6,12 +6,16 @@
 //! no Range, an origin 200 without Content-Encoding or `no-transform`, and
 //! a body no larger than the configured limit. The origin is asked for
 //! identity then. Everything else passes through untouched, streaming.
-//! The encoder runs on a blocking thread between two bounded channels, so
-//! a slow client slows the origin read instead of filling memory, and the
-//! first frames leave before the origin has finished. A body the origin
-//! announces at most `SMALL_BODY` (64 KiB) long is read whole and coded in
-//! one go on a blocking thread instead, and sent with a Content-Length:
-//! cheaper per request, and a cut or late origin body is a clean 502/504.
+//! The encoder is an async task between two bounded channels, so a slow
+//! client slows the origin read instead of filling memory, and the first
+//! frames leave before the origin has finished; it borrows a blocking
+//! thread, in its turn, only for a window's CPU work, so a client that
+//! stops reading holds no thread (L-13), and after a moment of waiting
+//! the encoder gives back the scratch memory it can rebuild. A body the
+//! origin announces at most `SMALL_BODY` (64 KiB) long is read whole and
+//! coded in one go on a blocking thread instead, and sent with a
+//! Content-Length: cheaper per request, and a cut or late origin body is a
+//! clean 502/504.
 //!
 //! Bodies it serves coded are kept in a bounded [`BasisStore`] when a
 //! shared cache could store them (no `private`, `no-store`, cookies or
@@ -38,7 +42,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::basis_store::{BasisStore, shareable};
 use crate::freshness::Storability;
@@ -620,7 +624,8 @@ struct OriginBody {
     timeout: Duration,
 }
 
-/// Codes a small body (see [`SMALL_BODY`]) whole on a blocking thread.
+/// Codes a small body (see [`SMALL_BODY`]) whole on a blocking thread, in
+/// its turn.
 /// A body the origin cuts, frames badly or does not finish in time is a
 /// clean 502/504: the client has seen nothing yet.
 async fn encode_whole(
@@ -651,32 +656,33 @@ async fn encode_whole(
         let error = ExchangeCheck::error(violation);
         return Err((StatusCode::BAD_GATEWAY, format!("origin body: {error}")));
     }
-    let coded = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::with_capacity(body.len() / 2 + 4096);
-        let turn = encoders.wait_turn(&stats);
-        encoder.push(&body, &mut out)?;
-        let summary = encoder.finish(&mut out)?;
-        drop(turn);
-        Stats::add(&stats.body_bytes, summary.body_len);
-        Stats::add(&stats.stream_bytes, summary.stream_bytes);
-        if let Some(store) = &store {
-            store.insert(summary.digest, body.to_vec().into());
-        }
-        tracing::info!(
-            %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
-            body = summary.body_len, stream = summary.stream_bytes,
-            copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-            "request"
-        );
-        Ok::<_, EncodeError>(Bytes::from(out))
-    })
-    .await;
+    let task_stats = stats.clone();
+    let coded = encoders
+        .run(&stats, move || {
+            let stats = task_stats;
+            let mut out = Vec::with_capacity(body.len() / 2 + 4096);
+            encoder.push(&body, &mut out)?;
+            let summary = encoder.finish(&mut out)?;
+            Stats::add(&stats.body_bytes, summary.body_len);
+            Stats::add(&stats.stream_bytes, summary.stream_bytes);
+            if let Some(store) = &store {
+                store.insert(summary.digest, body.to_vec().into());
+            }
+            tracing::info!(
+                %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
+                body = summary.body_len, stream = summary.stream_bytes,
+                copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
+                "request"
+            );
+            Ok::<_, EncodeError>(Bytes::from(out))
+        })
+        .await;
     match coded {
-        Ok(Ok(stream)) => Ok(stream),
-        Ok(Err(error)) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("hsync: {error}"))),
-        Err(join) => Err((
+        Some(Ok(stream)) => Ok(stream),
+        Some(Err(error)) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("hsync: {error}"))),
+        None => Err((
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoder: {join}"),
+            "the encoder panicked".to_string(),
         )),
     }
 }
@@ -695,23 +701,138 @@ struct Coding {
 struct Encoders(Arc<Semaphore>);
 
 impl Encoders {
-    /// Waits (on the encoder's blocking thread) until this encoder may
-    /// run; it runs until the turn is dropped.
-    fn wait_turn(&self, stats: &Stats) -> Option<SemaphorePermit<'_>> {
-        if let Ok(turn) = self.0.try_acquire() {
-            return Some(turn);
-        }
-        Stats::add(&stats.encoder_waits, 1);
-        // Never closed, so `None` only if that changes.
-        tokio::runtime::Handle::current()
-            .block_on(self.0.acquire())
-            .ok()
+    /// Runs `work` on a blocking thread once it is this encoder's turn.
+    /// The turn is awaited here, holding no thread, and ends with the work
+    /// (on its thread, so a caller that stops waiting cannot let another
+    /// encoder start early). `None`: the work panicked.
+    async fn run<R: Send + 'static>(
+        &self,
+        stats: &Stats,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Option<R> {
+        let turn = match self.0.clone().try_acquire_owned() {
+            Ok(turn) => Some(turn),
+            Err(_) => {
+                Stats::add(&stats.encoder_waits, 1);
+                // Never closed, so `None` only if that changes.
+                self.0.clone().acquire_owned().await.ok()
+            }
+        };
+        tokio::task::spawn_blocking(move || {
+            let done = work();
+            drop(turn);
+            done
+        })
+        .await
+        .ok()
     }
 }
 
-/// Streams the origin body through the encoder on a blocking thread.
-/// The body is also collected, up to the store's limit, and kept there once
-/// END's digest is known.
+/// A body on its way into the basis store: the origin's chunks as they
+/// came (copied once, when the body is complete), and its room in the
+/// store's collecting budget, given back when it drops.
+struct Kept {
+    chunks: Vec<Bytes>,
+    len: usize,
+    room: OwnedSemaphorePermit,
+}
+
+impl Kept {
+    fn new(store: &BasisStore) -> Option<Kept> {
+        Some(Kept {
+            chunks: Vec::new(),
+            len: 0,
+            room: store.reserve(0)?,
+        })
+    }
+
+    /// Adds `chunk`; false when the body outgrew the store's limit or the
+    /// budget is spent, and is not kept.
+    fn add(&mut self, chunk: &Bytes, store: &BasisStore) -> bool {
+        if self.len + chunk.len() > store.max_body() {
+            return false;
+        }
+        let Some(room) = store.reserve(chunk.len()) else {
+            return false;
+        };
+        self.room.merge(room);
+        self.chunks.push(chunk.clone());
+        self.len += chunk.len();
+        true
+    }
+
+    fn into_body(self) -> Arc<[u8]> {
+        let mut body = Vec::with_capacity(self.len);
+        for chunk in &self.chunks {
+            body.extend_from_slice(chunk);
+        }
+        body.into()
+    }
+}
+
+/// How long an encoder waits, for the client to take bytes or for the
+/// origin to send some, before it gives back the memory it can rebuild
+/// ([`Encoder::release_buffers`]): longer than a reader that keeps up
+/// pauses, so that such a reader's windows do not pay for allocating it
+/// again.
+const RELEASE_AFTER: Duration = Duration::from_millis(100);
+
+/// Waits for `ready`; past [`RELEASE_AFTER`], calls `release` first and
+/// keeps waiting.
+async fn wait_releasing<T>(ready: impl Future<Output = T>, release: impl FnOnce()) -> T {
+    let mut ready = std::pin::pin!(ready);
+    if let Ok(value) = tokio::time::timeout(RELEASE_AFTER, ready.as_mut()).await {
+        return value;
+    }
+    release();
+    ready.await
+}
+
+type ToClient = mpsc::Sender<Result<Frame<Bytes>, BodyError>>;
+
+/// Sends `out` to the client in slices (taking it: `out` is left without
+/// an allocation); false if the client is gone. A window of a large body
+/// is many MiB (eight blocks at least, and blocks grow with the body to
+/// keep its signature small): it goes out in slices of one allocation,
+/// so the channel holds a few slices rather than a few windows (L-3:
+/// memory per request).
+async fn send_stream(
+    to_client: &ToClient,
+    out: &mut Vec<u8>,
+    mut encoder: Option<&mut Encoder>,
+) -> bool {
+    let stream = Bytes::from(std::mem::take(out));
+    let mut at = 0;
+    while at < stream.len() {
+        let room = match to_client.try_reserve() {
+            Ok(room) => Ok(room),
+            Err(mpsc::error::TrySendError::Closed(())) => return false,
+            // A reader that stopped reading parks this task here, holding
+            // no thread (L-13).
+            Err(mpsc::error::TrySendError::Full(())) => {
+                wait_releasing(to_client.reserve(), || {
+                    if let Some(encoder) = encoder.as_deref_mut() {
+                        encoder.release_buffers();
+                    }
+                })
+                .await
+            }
+        };
+        let Ok(room) = room else {
+            return false;
+        };
+        let end = stream.len().min(at + SEND_SLICE);
+        room.send(Ok(Frame::data(stream.slice(at..end))));
+        at = end;
+    }
+    true
+}
+
+/// Streams the origin body through the encoder: an async task owns the
+/// encoder and moves it to a blocking thread, in its turn, only for the
+/// CPU work of a chunk that completes a window; waiting for the origin or
+/// the client holds no thread. The body is also collected, up to the
+/// store's limits, and kept there once END's digest is known.
 fn encode_body(
     origin: Incoming,
     framing: Option<ExchangeCheck>,
@@ -726,8 +847,8 @@ fn encode_body(
         store,
         stats,
     } = coding;
-    let mut pacing = Pacing::new(encoder, pacer);
-    let (to_encoder, mut from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
+    let pacing = Pacing::new(encoder, pacer);
+    let (to_encoder, from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
     let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
     let link_idle = pacing.idle.clone();
     let origin_idle = pacing.idle.clone();
@@ -756,65 +877,133 @@ fn encode_body(
                 .await;
         }
     });
-    tokio::task::spawn_blocking(move || {
+    tokio::spawn(
+        Streaming {
+            from_origin,
+            to_client,
+            encoders,
+            store,
+            stats,
+            method,
+            uri,
+        }
+        .run(pacing),
+    );
+    StreamBody::new(EncodedStream {
+        frames: from_encoder,
+        idle: link_idle,
+        since: None,
+    })
+    .boxed()
+}
+
+/// What the task of [`encode_body`] works between.
+struct Streaming {
+    from_origin: mpsc::Receiver<Result<Bytes, BodyError>>,
+    to_client: ToClient,
+    encoders: Encoders,
+    store: Option<Arc<BasisStore>>,
+    stats: Arc<Stats>,
+    method: Method,
+    uri: Uri,
+}
+
+impl Streaming {
+    async fn run(mut self, mut pacing: Pacing) {
+        let (method, uri) = (self.method.clone(), self.uri.clone());
         let mut out = Vec::new();
-        let mut kept: Option<Vec<u8>> = store.as_ref().map(|_| Vec::new());
-        // A window of a large body is many MiB (eight blocks at least, and
-        // blocks grow with the body to keep its signature small): it goes
-        // out in slices of one allocation, so the channel holds a few
-        // slices rather than a few windows (L-3: memory per request).
-        let send = |out: &mut Vec<u8>| {
-            let stream = Bytes::from(std::mem::take(out));
-            let mut at = 0;
-            while at < stream.len() {
-                let end = stream.len().min(at + SEND_SLICE);
-                let frame = Frame::data(stream.slice(at..end));
-                if to_client.blocking_send(Ok(frame)).is_err() {
-                    return false;
+        let mut kept = self.store.as_deref().and_then(Kept::new);
+        loop {
+            let item = match self.from_origin.try_recv() {
+                Ok(item) => Some(item),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    wait_releasing(self.from_origin.recv(), || {
+                        pacing.encoder.release_buffers();
+                    })
+                    .await
                 }
-                at = end;
-            }
-            true
-        };
-        while let Some(item) = from_origin.blocking_recv() {
+            };
+            let Some(item) = item else {
+                break;
+            };
             let chunk = match item {
                 Ok(chunk) => chunk,
                 Err(error) => {
                     // The client must see a cut stream, never a clean end.
                     tracing::warn!(%method, %uri, %error, "origin body failed; aborting the stream");
-                    let _ = to_client.blocking_send(Err(error));
+                    let _ = self.to_client.send(Err(error)).await;
                     return;
                 }
             };
-            if let Some(body) = &mut kept {
-                if body.len() + chunk.len() <= store.as_ref().map_or(0, |s| s.max_body()) {
-                    body.extend_from_slice(&chunk);
-                } else {
-                    kept = None;
-                }
+            if let (Some(body), Some(store)) = (&mut kept, &self.store)
+                && !body.add(&chunk, store)
+            {
+                kept = None;
             }
-            let turn = encoders.wait_turn(&stats);
-            let pushed = pacing.push(&chunk, &mut out);
-            drop(turn);
+            let pushed = if chunk.len() < pacing.encoder.window_room() {
+                // Only copied into the window: no turn, no thread.
+                pacing.push(&chunk, &mut out)
+            } else {
+                let moved = self
+                    .encoders
+                    .run(&self.stats, move || {
+                        let pushed = pacing.push(&chunk, &mut out);
+                        (pacing, out, pushed)
+                    })
+                    .await;
+                let Some((back, back_out, pushed)) = moved else {
+                    let _ = self
+                        .to_client
+                        .send(Err("the encoder panicked".into()))
+                        .await;
+                    return;
+                };
+                (pacing, out) = (back, back_out);
+                pushed
+            };
             if let Err(error) = pushed {
-                let _ = to_client.blocking_send(Err(error.into()));
+                let _ = self.to_client.send(Err(error.into())).await;
                 return;
             }
-            if !pacing.send(&mut out, send) {
+            if out.is_empty() {
+                continue;
+            }
+            let wire_bytes = out.len() as u64;
+            let sent = send_stream(&self.to_client, &mut out, Some(&mut pacing.encoder)).await;
+            pacing.sent(wire_bytes);
+            if !sent {
                 return;
             }
         }
-        let turn = encoders.wait_turn(&stats);
-        let finished = pacing.encoder.finish(&mut out);
-        drop(turn);
+        let Streaming {
+            to_client,
+            encoders,
+            store,
+            stats,
+            ..
+        } = self;
+        let task_stats = stats.clone();
+        let finished = encoders
+            .run(&stats, move || {
+                let finished = pacing.encoder.finish(&mut out);
+                if let Ok(summary) = &finished {
+                    Stats::add(&task_stats.body_bytes, summary.body_len);
+                    Stats::add(&task_stats.stream_bytes, summary.stream_bytes);
+                    if let (Some(store), Some(body)) = (&store, kept) {
+                        store.insert(summary.digest, body.into_body());
+                    }
+                }
+                (out, finished)
+            })
+            .await;
+        let Some((mut out, finished)) = finished else {
+            let _ = to_client.send(Err("the encoder panicked".into())).await;
+            return;
+        };
         match finished {
             Ok(summary) => {
-                Stats::add(&stats.body_bytes, summary.body_len);
-                Stats::add(&stats.stream_bytes, summary.stream_bytes);
-                if let (Some(store), Some(body)) = (&store, kept) {
-                    store.insert(summary.digest, body.into());
-                }
-                if send(&mut out) {
+                if send_stream(&to_client, &mut out, None).await {
                     tracing::info!(
                         %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
                         body = summary.body_len, stream = summary.stream_bytes,
@@ -824,16 +1013,10 @@ fn encode_body(
                 }
             }
             Err(error) => {
-                let _ = to_client.blocking_send(Err(error.into()));
+                let _ = to_client.send(Err(error.into())).await;
             }
         }
-    });
-    StreamBody::new(EncodedStream {
-        frames: from_encoder,
-        idle: link_idle,
-        since: None,
-    })
-    .boxed()
+    }
 }
 
 /// The encoder, and the pacer that turns its entropy coding on and off
@@ -875,15 +1058,13 @@ impl Pacing {
         pushed
     }
 
-    /// Sends `out` with `send` (false: the client is gone); once a window
-    /// is complete, records what it cost and lets the pacer choose the
-    /// next window's mode.
-    fn send(&mut self, out: &mut Vec<u8>, send: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
-        let wire_bytes = out.len() as u64;
-        let sent = send(out);
+    /// Records that `wire_bytes` of stream went out; once a window is
+    /// complete, records what it cost and lets the pacer choose the next
+    /// window's mode.
+    fn sent(&mut self, wire_bytes: u64) {
         let windows = self.encoder.windows_encoded();
         if windows == self.windows {
-            return sent;
+            return;
         }
         self.windows = windows;
         let idle = self.idle.read();
@@ -903,7 +1084,6 @@ impl Pacing {
         {
             self.encoder.set_entropy_coding(pacer.record(window));
         }
-        sent
     }
 }
 

@@ -5,7 +5,10 @@
 //!
 //! In memory, bounded by a byte budget, least recently used first out. The
 //! accelerator stays correct without it (a miss falls back to rsync), so
-//! losing it on restart costs only bandwidth.
+//! losing it on restart costs only bandwidth. Bodies on their way in (being
+//! collected while they stream) share a quarter of that budget more
+//! ([`BasisStore::reserve`]), so that many responses in flight, however
+//! slowly their readers read, hold a bounded amount of memory for it.
 //!
 //! What it holds is visible from outside: a client naming a body's blake3
 //! learns from the stream's codec whether the body is held, that is,
@@ -20,6 +23,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, StatusCode};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::freshness::{Storability, storability};
 
@@ -61,7 +66,13 @@ pub struct BasisStore {
     budget: usize,
     max_body: usize,
     state: Mutex<State>,
+    /// Bytes that bodies being collected may hold, in all.
+    collecting: Arc<Semaphore>,
 }
+
+/// Bodies being collected hold at most 1 / `COLLECTING_SHARE` of the
+/// store's budget at once.
+const COLLECTING_SHARE: usize = 4;
 
 #[derive(Debug, Default)]
 struct State {
@@ -80,7 +91,19 @@ impl BasisStore {
             budget,
             max_body: max_body.min(budget),
             state: Mutex::new(State::default()),
+            collecting: Arc::new(Semaphore::new(
+                (budget / COLLECTING_SHARE).min(Semaphore::MAX_PERMITS),
+            )),
         }
+    }
+
+    /// Room for `len` more bytes of a body being collected for the store,
+    /// out of the budget that all such bodies share (a quarter of the
+    /// store's): `None` when it is spent, and the body is not kept. The
+    /// room comes back when the permit drops.
+    pub fn reserve(&self, len: usize) -> Option<OwnedSemaphorePermit> {
+        let len = u32::try_from(len).ok()?;
+        self.collecting.clone().try_acquire_many_owned(len).ok()
     }
 
     /// Largest body kept (bytes); callers stop collecting a body past it.
@@ -228,5 +251,19 @@ mod tests {
         assert!(store.get(&big).is_none());
         assert!(store.get(&a).is_some());
         assert_eq!(store.used(), 100);
+    }
+
+    /// Bodies being collected share a quarter of the budget; what one
+    /// gives back another may take.
+    #[test]
+    fn bodies_being_collected_share_a_quarter_of_the_budget() {
+        let store = BasisStore::new(400, 200);
+        let first = store.reserve(60).unwrap();
+        let mut second = store.reserve(0).unwrap();
+        second.merge(store.reserve(40).unwrap());
+        assert!(store.reserve(1).is_none());
+        drop(first);
+        assert!(store.reserve(60).is_some());
+        assert!(store.reserve(61).is_none());
     }
 }

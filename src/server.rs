@@ -162,6 +162,12 @@ pub struct ConnectionLimits {
     /// Connections served at once; further ones wait in the listen
     /// backlog.
     pub max_connections: usize,
+    /// Requests served at once on one HTTP/2 connection (its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with
+    /// REFUSED_STREAM, for the client to retry. With `max_connections`
+    /// it bounds the responses in flight, each of which may hold an
+    /// encoder and its buffers while its reader does not read (L-13).
+    pub max_streams: u32,
 }
 
 impl Default for ConnectionLimits {
@@ -174,6 +180,7 @@ impl Default for ConnectionLimits {
             idle_timeout: Duration::from_secs(60),
             max_hops: 10,
             max_connections: 16 << 10,
+            max_streams: 128,
         }
     }
 }
@@ -535,7 +542,7 @@ async fn serve_tls_connection<H: Handler>(
     }
     let result = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_STREAMS)
+        .max_concurrent_streams(limits.max_streams)
         .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
         .serve_connection(
             TokioIo::new(Watched::new(tls, limits.idle_timeout, hold)),
@@ -547,9 +554,6 @@ async fn serve_tls_connection<H: Handler>(
     }
     handler.connection_closed(number);
 }
-
-/// Requests served at once on one HTTP/2 connection.
-const MAX_STREAMS: u32 = 256;
 
 /// A connection that fails once no byte has moved either way for the idle
 /// timeout while hyper waits on it.

@@ -328,12 +328,18 @@ async fn fetch_random_text(accel: SocketAddr, bytes_per_second: Option<f64>) -> 
     stream
 }
 
+/// Held by the tests that time the encoder and by those that keep both
+/// cores busy, so that they do not run at once: the pacer takes a link
+/// that waits for a starved task for a slow one.
+static CPU: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Entropy coding follows the link (`rproxy::pace`): a reader slower than
 /// the encoder keeps it, one that reads as fast as the bytes come lets the
 /// accelerator drop it for most windows; without adapting, it is kept
 /// whatever the reader. Random text: coded 0.75x, uncoded 1.00x.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
+    let _cpu = CPU.lock().await;
     let origin = start_origin().await;
     let adapting = start_accelerator(config(origin.addr)).await;
     let fixed = start_accelerator(AcceleratorConfig {
@@ -1277,4 +1283,48 @@ async fn p_25_an_idle_keep_alive_connection_is_closed_without_a_408() {
         "slow: {:?}",
         String::from_utf8_lossy(&rest)
     );
+}
+
+/// L-13: a client that stops reading costs no thread. With a blocking pool
+/// of 8 threads, 32 connections each start a large coded response and stop
+/// reading; another client's coded request is still answered at once. (When
+/// each waiting encoder held a blocking thread, the first 8 took the pool
+/// and every later encoder, the bystander's too, queued behind them for as
+/// long as those readers stalled.)
+#[test]
+fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let _cpu = CPU.lock().await;
+        let origin = start_origin().await;
+        let accel = start_accelerator(config(origin.addr)).await;
+        let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
+        let mut stalled = Vec::new();
+        for _ in 0..32 {
+            let mut sender = connect(accel, Some(64 << 10)).await;
+            let response = sender
+                .send_request(get("/random.txt", &from_scratch))
+                .await
+                .unwrap();
+            assert_eq!(response.headers()["content-encoding"], "hsync");
+            // Kept, unread, until the end of the test.
+            stalled.push((sender, response));
+        }
+        let basis = body_v1();
+        let (status, headers, stream) = tokio::time::timeout(
+            Duration::from_secs(3),
+            fetch(accel, get("/v2.js", &offer(&basis))),
+        )
+        .await
+        .expect("the bystander answered while 32 readers stall");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["content-encoding"], "hsync");
+        assert!(decode_stream(&basis, &stream) == body_v2());
+        drop(stalled);
+    });
 }

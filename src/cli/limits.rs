@@ -38,6 +38,10 @@ pub struct LimitArgs {
     /// open-file limit is raised to fit, as far as the hard limit allows.
     #[arg(long, default_value_t = 16384, value_name = "N")]
     pub max_connections: usize,
+    /// Requests served at once on one HTTP/2 connection (TLS with h2);
+    /// more are refused for the client to retry.
+    #[arg(long, default_value_t = 128, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams: u32,
 }
 
 impl LimitArgs {
@@ -52,6 +56,7 @@ impl LimitArgs {
             idle_timeout: Duration::from_secs(self.idle_timeout),
             max_hops: self.max_hops,
             max_connections: self.max_connections,
+            max_streams: self.max_streams,
         }
     }
 }

@@ -16,7 +16,7 @@ use super::signature::{
     BasisSignature, SIMD_BLOCKS, SignatureBuilder, SignatureError, SignatureLimits,
     SignatureParams, choose_block_size,
 };
-use super::{DEFAULT_STRONG_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
+use super::{CONTEXT_LEN, DEFAULT_STRONG_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
 /// What can go wrong while encoding.
 #[derive(Debug, thiserror::Error)]
@@ -328,6 +328,31 @@ impl Encoder {
                 ..
             }
         )
+    }
+
+    /// Bytes that [`Encoder::push`] takes before the window is full and
+    /// gets encoded: a shorter push only copies (cheap enough for an async
+    /// task; a push this long or longer is CPU work).
+    pub fn window_room(&self) -> usize {
+        self.window_bytes - self.window.len()
+    }
+
+    /// Gives back the scratch memory that each window rebuilds anyway (the
+    /// prefix, literals, commands and matches: a few MiB after a large
+    /// window), shrinks the window buffer to what it holds and the context
+    /// to the last [`CONTEXT_LEN`] bytes that the next prefix reads. For a
+    /// caller about to wait long (a reader that stopped reading): the
+    /// stream is the same, the next window allocates again.
+    pub fn release_buffers(&mut self) {
+        self.matches = Vec::new();
+        self.commands = Vec::new();
+        self.literal_bytes = Vec::new();
+        self.basis_part = Vec::new();
+        self.prefix = Vec::new();
+        self.window.shrink_to_fit();
+        let extra = self.context.len().saturating_sub(CONTEXT_LEN);
+        self.context.drain(..extra);
+        self.context.shrink_to_fit();
     }
 
     /// Feeds the next bytes of the body, appending any completed frames to
@@ -1026,6 +1051,52 @@ mod tests {
         decoder.push(&stream, &mut body).unwrap();
         decoder.finish().unwrap();
         assert!(body == new);
+    }
+
+    /// Releasing the buffers between pushes changes nothing in the stream,
+    /// for each codec that keeps context between windows; a push shorter
+    /// than the window's room only copies.
+    #[test]
+    fn releasing_buffers_between_pushes_leaves_the_stream_unchanged() {
+        use crate::hsync::{SignatureBuilder, SignatureParams};
+        let options = EncoderOptions {
+            window_bytes: 64 << 10,
+            ..EncoderOptions::default()
+        };
+        let basis = words(600 << 10, 1);
+        let mut new = basis.clone();
+        new.splice(100_000..100_000, random_base64(3000, 2));
+        new.extend_from_slice(&random_base64(200 << 10, 3));
+        let mut builder = SignatureBuilder::new(SignatureParams {
+            block_size: 2048,
+            strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+        });
+        builder.update(&basis);
+        builder.finish();
+        let signature = builder.to_signature_bytes();
+        let encoders = || {
+            [
+                super::Encoder::new(None, None, options),
+                super::Encoder::new(Some(&signature), None, options),
+                super::Encoder::with_basis_body(Box::new(basis.clone()), None, options),
+            ]
+        };
+        for (mut plain, mut releasing) in encoders().into_iter().zip(encoders()) {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for piece in new.chunks(5000) {
+                plain.push(piece, &mut a).unwrap();
+                let before = b.len();
+                let copies_only = piece.len() < releasing.window_room();
+                releasing.push(piece, &mut b).unwrap();
+                if copies_only && before > 0 {
+                    assert_eq!(b.len(), before);
+                }
+                releasing.release_buffers();
+            }
+            plain.finish(&mut a).unwrap();
+            releasing.finish(&mut b).unwrap();
+            assert!(a == b);
+        }
     }
 
     /// A stored frame is a zstd frame of the data, in blocks no larger

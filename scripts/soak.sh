@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Soak test of both roles against readers that stop reading and a burst of
+# ordinary fetches, rows L-13 and L-14 of RELIABILITY.md, with nginx as a
+# reverse proxy (proxy_pass) to the same origin under the same load in the
+# same run. A manual benchmark: CI does not run it.
+#
+#   soak.py ──► rproxy client ══ hsync ══► rproxy accelerator ──► nginx origin
+#   soak.py ──► nginx proxy_pass ───────────────────────────────► nginx origin
+#
+# Everything on 127.0.0.1, release binaries, default flags.
+#
+# (a) L-13, slow readers: N connections (SLOW_CONNS, default 1000) each ask
+#     for a large body (BIG_MB, default 8 MB of random base64: no repeats,
+#     so every coded byte is a literal) and, once the response head came,
+#     never read again (receive buffer 64 KiB). Three runs, one target each:
+#       accelerator   GET /big/body.txt with Accept-Encoding: hsync (a
+#                     from-scratch coded stream, as a client proxy without a
+#                     basis asks), straight at the accelerator;
+#       client proxy  GET http://origin/big/body.txt?n=I through the client
+#                     proxy, which fetches it coded from the accelerator
+#                     (distinct URLs: no coalescing; no-store: no cache);
+#       nginx proxy   the same path through nginx proxy_pass
+#                     (proxy_max_temp_file_size 0: it buffers in memory and
+#                     stops reading upstream, as the pair does, rather than
+#                     spooling 8 GB to disk).
+#     With all of them stalled (after SETTLE seconds), a bystander process
+#     sends 200 small requests (a 1 KiB file, coded for the pair, a fresh
+#     connection each, 10 ms apart). Prints per process: VmRSS before and
+#     stalled, the growth, Threads, and the bystander's p50/p99. Targets:
+#     growth <= 256 MiB per process, p99 <= 100 ms, threads <= pools + a
+#     constant.
+# (b) L-14, burst: BURST (default 300) concurrent GETs of distinct 2 MB files
+#     (random base64) through the pair, then through nginx proxy_pass, each
+#     body checked against the file. Prints per process: VmRSS before, the
+#     peak (VmHWM, reset just before the burst; and sampled VmRSS every
+#     50 ms) and VmRSS 30 s after the burst. Targets: peak <= 512 MiB, and
+#     30 s after <= start + 64 MiB + the configured memory caches. The
+#     three proxies are restarted before (b); what (a) left resident in
+#     them is logged first.
+# Ratios against nginx follow each table. Figures are printed next to their
+# targets with "met" / "NOT met"; the exit status is non-zero only when the
+# setup failed (build, start-up, a proxy died). A few minutes.
+#
+# Usage: scripts/soak.sh
+#   SLOW_CONNS=1000   (a) connections        BIG_MB=8      (a) body size
+#   SETTLE=5          (a) seconds between the last stalled head and measuring
+#   BURST=300         (b) concurrent fetches  BURST_MB=2    (b) body size
+#   AFTER=30          (b) seconds after the burst for the second RSS
+#   RPROXY, NGINX, CARGO_TARGET_DIR, KEEP_TMP: see scripts/lib-nginx.sh
+# Needs: python3 (>= 3.8), nginx, curl, base64.
+set -euo pipefail
+
+# shellcheck source=scripts/lib-nginx.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib-nginx.sh"
+lab_init soak
+
+slow_conns=${SLOW_CONNS:-1000}
+big_mb=${BIG_MB:-8}
+settle=${SETTLE:-5}
+burst=${BURST:-300}
+burst_mb=${BURST_MB:-2}
+after=${AFTER:-30}
+
+command -v python3 >/dev/null || lab_die "python3 is not installed"
+hard=$(ulimit -Hn)
+if [[ $hard == unlimited ]]; then
+    ulimit -n 1048576 2>/dev/null || ulimit -n 65536 2>/dev/null || true
+else
+    ulimit -n "$hard" || true
+fi
+(($(ulimit -n) > 3 * slow_conns + 1000)) ||
+    lab_log "note: ulimit -n $(ulimit -n) may be short for $slow_conns connections"
+
+lab_build
+
+# ---- origin content ---------------------------------------------------------
+root=$lab_tmp/www
+mkdir -p "$root/big" "$root/small" "$root/burst"
+lab_log "generating the ${big_mb} MB body and ${burst} bodies of ${burst_mb} MB"
+# (`|| true`: head stops reading early, and pipefail would see base64's
+# SIGPIPE.)
+{ head -c $((big_mb * 1000000 * 3 / 4 + 4096)) /dev/urandom | base64 -w 76 || true; } |
+    head -c $((big_mb * 1000000)) >"$root/big/body.txt"
+{ head -c 1024 /dev/urandom | base64 -w 64 || true; } | head -c 1024 >"$root/small/1k.txt"
+head -c $((burst * burst_mb * 1000000 * 3 / 4 + 4096)) /dev/urandom | base64 -w 76 |
+    split -a 3 -d -b $((burst_mb * 1000000)) - "$root/burst/f"
+# No-store everywhere: (a) measures streaming, not caching; (b) caches in
+# the client proxy as usual (max-age), distinct bodies so no basis helps.
+NGINX_ACCESS_LOG=off lab_start_nginx "$root" '
+        location /big/ { add_header Cache-Control "no-store" always; }
+        location /small/ { add_header Cache-Control "no-store" always; }
+        location /burst/ { add_header Cache-Control "max-age=3600" always; }'
+origin_port=$lab_nginx_port
+
+# nginx as a reverse proxy to the same origin, in its own process.
+start_nginx_proxy() {
+    local nginx prefix conf user_line=""
+    nginx=$(lab_find_nginx)
+    prefix=$lab_tmp/nginx-proxy
+    mkdir -p "$prefix/temp"
+    proxy_port=$(lab_free_port)
+    ((EUID == 0)) && user_line="user root root;"
+    conf=$prefix/nginx.conf
+    cat >"$conf" <<EOF
+$user_line
+daemon off;
+master_process on;
+worker_processes ${NGINX_WORKERS:-1};
+pid $prefix/nginx.pid;
+error_log $lab_tmp/logs/nginx-proxy-error.log warn;
+events { worker_connections 8192; }
+worker_rlimit_nofile 20000;
+http {
+    access_log off;
+    client_body_temp_path $prefix/temp/client_body;
+    proxy_temp_path $prefix/temp/proxy;
+    fastcgi_temp_path $prefix/temp/fastcgi;
+    uwsgi_temp_path $prefix/temp/uwsgi;
+    scgi_temp_path $prefix/temp/scgi;
+    upstream origin { server 127.0.0.1:$origin_port; keepalive 64; }
+    server {
+        listen 127.0.0.1:$proxy_port;
+        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_max_temp_file_size 0;
+        }
+    }
+}
+EOF
+    "$nginx" -t -p "$prefix" -c "$conf" >"$lab_tmp/logs/nginx-proxy-test.log" 2>&1 ||
+        { cat "$lab_tmp/logs/nginx-proxy-test.log" >&2; lab_die "nginx rejected $conf"; }
+    "$nginx" -p "$prefix" -c "$conf" >>"$lab_tmp/logs/nginx-proxy-error.log" 2>&1 &
+    proxy_pid=$!
+    lab_pids+=("$proxy_pid")
+    lab_wait_http "http://127.0.0.1:$proxy_port/small/1k.txt" "$proxy_pid" "nginx proxy"
+}
+start_nginx_proxy
+lab_start_pair
+accel_port=${lab_accel_url##*:}
+client_port=$lab_client_port
+pids=(--pid "accelerator=$lab_accel_pid" --pid "client=$lab_client_pid" --pid "nginx=$proxy_pid")
+soak() { python3 "$lab_repo/scripts/soak.py" "$@"; }
+
+echo "rproxy soak (L-13, L-14): $(nproc) cores, $(free -m | awk '/^Mem:/ { print $2 }') MiB RAM; release binary $lab_rproxy, default flags"
+
+# ---- (a) readers that stop reading -------------------------------------------
+hsync=(--header "Accept-Encoding: hsync")
+small_url=http://127.0.0.1:$origin_port/small/1k.txt
+run_stall() {
+    local name=$1
+    shift
+    lab_log "(a) $name: $slow_conns readers that stop reading"
+    soak stall --conns "$slow_conns" --settle "$settle" "${pids[@]}" "$@" >"$lab_tmp/stall-$name.json" ||
+        lab_die "the load generator failed on $name"
+    lab_check_alive
+}
+run_stall accelerator --port "$accel_port" --path /big/body.txt "${hsync[@]}" \
+    --bystander-port "$accel_port" --bystander-path /small/1k.txt --bystander-header "Accept-Encoding: hsync"
+# Let the accelerator's idle timeout pass over the closed connections' work.
+sleep 2
+run_stall client --port "$client_port" --path "http://127.0.0.1:$origin_port/big/body.txt?n={i}" \
+    --bystander-port "$client_port" --bystander-path "$small_url"
+sleep 2
+run_stall nginx --port "$proxy_port" --path /big/body.txt \
+    --bystander-port "$proxy_port" --bystander-path /small/1k.txt
+
+# ---- (b) burst ---------------------------------------------------------------------
+# Fresh processes: memory that (a) left resident (the allocator keeps what
+# it freed) must not count as (b)'s start.
+stop_pid() {
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 50); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null || true
+}
+lab_log "(a) left: $(soak mem "${pids[@]}")"
+for pid in "$lab_client_pid" "$lab_accel_pid" "$proxy_pid"; do
+    stop_pid "$pid"
+done
+lab_pids=("$lab_nginx_pid")
+start_nginx_proxy
+lab_start_pair
+client_port=$lab_client_port
+pids=(--pid "accelerator=$lab_accel_pid" --pid "client=$lab_client_pid" --pid "nginx=$proxy_pid")
+lab_log "(b) $burst concurrent ${burst_mb} MB fetches through the pair"
+soak burst --port "$client_port" --prefix "http://127.0.0.1:$origin_port/burst/" \
+    --count "$burst" --expect "$root/burst" "${pids[@]}" >"$lab_tmp/burst-pair.json" ||
+    lab_die "the burst through the pair failed"
+pair_done=$SECONDS
+lab_check_alive
+lab_log "(b) $burst concurrent ${burst_mb} MB fetches through nginx proxy_pass"
+soak burst --port "$proxy_port" --prefix "/burst/" \
+    --count "$burst" --expect "$root/burst" "${pids[@]}" >"$lab_tmp/burst-nginx.json" ||
+    lab_die "the burst through nginx failed"
+nginx_done=$SECONDS
+sleep $((after - (SECONDS - pair_done) > 0 ? after - (SECONDS - pair_done) : 0))
+soak mem "${pids[@]}" >"$lab_tmp/after-pair.json"
+sleep $((after - (SECONDS - nginx_done) > 0 ? after - (SECONDS - nginx_done) : 0))
+soak mem "${pids[@]}" >"$lab_tmp/after-nginx.json"
+lab_check_alive
+
+# ---- report ----------------------------------------------------------------------
+python3 - "$lab_tmp" "$slow_conns" "$big_mb" "$burst" "$burst_mb" "$after" <<'EOF'
+import json, sys
+tmp, conns, big_mb, burst, burst_mb, after = sys.argv[1], *map(int, sys.argv[2:])
+load = lambda name: json.load(open(f"{tmp}/{name}.json"))
+mib = lambda kib: kib / 1024
+def met(ok): return "met" if ok else "NOT met"
+names = {"accelerator": "accelerator", "client": "client proxy", "nginx": "nginx proxy_pass"}
+
+print(f"\n(a) L-13: {conns} readers that stop reading after the head of a {big_mb} MB body; "
+      "RSS in MiB, growth = stalled - before")
+print(f"{'load on':<13} {'process':<17} {'before':>7} {'stalled':>8} {'growth':>7} "
+      f"{'KiB/conn':>8} {'threads':>8} {'heads':>6}   bystander p50 / p99 ms (errors)")
+growth = {}
+for target in ["accelerator", "client", "nginx"]:
+    r = load(f"stall-{target}")
+    # The processes the load crosses: the pair for the client proxy.
+    crossed = {"accelerator": ["accelerator"], "client": ["client", "accelerator"],
+               "nginx": ["nginx"]}[target]
+    by = r["bystander"]
+    for i, proc in enumerate(crossed):
+        b, s = r["before"][proc], r["stalled"][proc]
+        g = mib(s["rss_kib"] - b["rss_kib"])
+        growth[(target, proc)] = g
+        bys = (f"{by['p50_ms']:.1f} / {by['p99_ms']:.1f} ({by['errors']})  p99 {met(by['p99_ms'] <= 100)}"
+               + (f" [{by['first_error']}]" if by["errors"] else "")
+               if by["p50_ms"] is not None else f"none answered ({by['errors']}: {by['first_error']})")
+        print(f"{names[target] if i == 0 else '':<13} {names[proc]:<17} {mib(b['rss_kib']):7.0f} "
+              f"{mib(s['rss_kib']):8.0f} {g:7.0f} {g * 1024 / conns:8.0f} "
+              f"{b['threads']:>3}->{s['threads']:<4} {r['heads']['ok']:>6}   "
+              + (bys if i == 0 else "") + (f"  growth {met(g <= 256)}" if proc != "nginx" else ""))
+ng = max(growth[("nginx", "nginx")], 1 / 1024)
+print(f"ratios of RSS growth to nginx proxy_pass ({ng:.0f} MiB): accelerator "
+      f"{growth[('accelerator', 'accelerator')] / ng:.1f}x, client proxy {growth[('client', 'client')] / ng:.1f}x, "
+      f"accelerator behind the client proxy {growth[('client', 'accelerator')] / ng:.1f}x")
+
+print(f"\n(b) L-14: {burst} concurrent {burst_mb} MB fetches, bodies checked; RSS in MiB "
+      f"(peak = VmHWM since just before the burst, and the highest VmRSS sampled every 50 ms)")
+print(f"{'load on':<13} {'process':<17} {'before':>7} {'peak':>6} {'sampled':>8} {f'{after}s after':>9}  "
+      f"{'ok/wrong/failed':>16} {'secs':>6}")
+peaks = {}
+for target, crossed in [("pair", ["client", "accelerator"]), ("nginx", ["nginx"])]:
+    r, later = load(f"burst-{target}"), load(f"after-{target}")
+    for i, proc in enumerate(crossed):
+        b = r["before"][proc]
+        peak = r["after"][proc]["hwm_kib"] if r["peak_reset"] else r["sampled_peak_kib"][proc]
+        peaks[proc] = mib(peak)
+        rest = mib(later[proc]["rss_kib"])
+        checks = f"{r['ok']}/{r['wrong']}/{r['failed']}" if i == 0 else ""
+        print(f"{('pair' if target == 'pair' else 'nginx proxy') if i == 0 else '':<13} {names[proc]:<17} "
+              f"{mib(b['rss_kib']):7.0f} {mib(peak):6.0f} {mib(r['sampled_peak_kib'][proc]):8.0f} {rest:9.0f}  "
+              f"{checks:>16} {r['seconds'] if i == 0 else 0:6.1f}"
+              + ("" if proc == "nginx" else f"  peak {met(mib(peak) <= 512)}, after: +{rest - mib(b['rss_kib']):.0f} MiB"))
+    if r["first_error"]:
+        print(f"  first failure: {r['first_error']}")
+np = max(peaks["nginx"], 1 / 1024)
+print(f"ratios of peak RSS to nginx proxy_pass ({np:.0f} MiB): client proxy {peaks['client'] / np:.1f}x, "
+      f"accelerator {peaks['accelerator'] / np:.1f}x")
+print("(configured memory caches, counted in \"after\" once filled: the accelerator's --basis-store, 256 MiB, plus a quarter of it for bodies being collected; the client proxy's --memory-cache, 64 MiB)")
+EOF
+for name in accelerator client; do
+    n=$(grep -c -i -e panic -e ' ERROR ' "$lab_tmp/logs/$name.log" || true)
+    if ((n > 0)); then
+        echo "$name logged $n error/panic lines, e.g.:"
+        grep -i -m 3 -e panic -e ' ERROR ' "$lab_tmp/logs/$name.log"
+    fi
+done
