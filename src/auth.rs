@@ -9,13 +9,17 @@
 //!
 //! A request is let through only with `Proxy-Authorization: Basic` naming a
 //! user of the file with the right password. Checking a password costs an
-//! argon2id hash (tens of milliseconds of CPU, on a blocking thread); a
-//! credential that passed is remembered, as its blake3, for five minutes,
-//! so a user's later requests cost a hash lookup. An unknown user costs the
+//! argon2id hash (tens of milliseconds of CPU and 19 MiB, on a thread
+//! kept for hashing); a credential that passed is remembered for five minutes, so a
+//! user's later requests cost a hash lookup. An unknown user costs the
 //! same hash as a known one with a wrong password (one timing class).
 //! Failures are counted per peer address in a table whose entries expire
 //! after a minute (seed 003): past ten, the peer gets 429 with Retry-After,
 //! without a password check, until the minute is over.
+//!
+//! What the checks may cost, and in which order a request meets the limits
+//! (remembered credentials first, then the failure count, then a turn for
+//! the hash), is the `budget` submodule's concern (A-10).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,12 +27,13 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use argon2::Argon2;
+use std::cell::RefCell;
+
 use argon2::password_hash::rand_core::OsRng;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{Output, PasswordHash, PasswordHasher, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 use base64::Engine as _;
 use http::{HeaderMap, HeaderValue, header};
 use http::{Response, StatusCode};
@@ -37,15 +42,13 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::expiring::ExpiringMap;
 use crate::server::{Handler, Peer, ProxyBody, text_response};
 
-/// How long a credential that passed is taken without a new hash.
-const VERIFIED_FOR: Duration = Duration::from_secs(300);
-/// The window failures are counted in, per peer.
-const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// Failures per peer and window before it is turned away.
-const MAX_FAILURES: u32 = 10;
+mod budget;
+
+use budget::{BUSY_RETRY, Budget, FAILURE_WINDOW, NoCheck};
+pub use budget::{CheckLimits, CheckStats};
+
 /// Longest `Proxy-Authorization` value looked at (A-2).
 const MAX_CREDENTIALS: usize = 4096;
 
@@ -215,6 +218,9 @@ pub enum Refusal {
     Unauthorized,
     /// 429: too many failures from this peer; retry after the seconds.
     Throttled(u64),
+    /// 429: all password checks are taken and none came free in time;
+    /// retry after the seconds.
+    Busy(u64),
 }
 
 /// Checks `Proxy-Authorization` against a users file.
@@ -224,16 +230,31 @@ pub struct Authenticator {
     /// what known ones do.
     decoy: PasswordHash<'static>,
     realm: HeaderValue,
-    verified: Mutex<ExpiringMap<[u8; 32], String>>,
-    failures: Mutex<ExpiringMap<IpAddr, u32>>,
+    budget: Budget,
+    /// The largest argon2 memory cost among the hashes, in bytes.
+    max_hash_memory: u64,
 }
 
 impl Authenticator {
-    /// An authenticator for `file`'s users, answering with `realm`.
+    /// An authenticator for `file`'s users, answering with `realm`, with
+    /// the default [`CheckLimits`].
     ///
     /// # Errors
     /// A realm that cannot be a header value.
     pub fn new(file: &AuthFile, realm: &str) -> Result<Authenticator, String> {
+        Authenticator::with_limits(file, realm, CheckLimits::DEFAULT)
+    }
+
+    /// An authenticator for `file`'s users, answering with `realm`, whose
+    /// password checks keep within `limits`.
+    ///
+    /// # Errors
+    /// A realm that cannot be a header value.
+    pub fn with_limits(
+        file: &AuthFile,
+        realm: &str,
+        limits: CheckLimits,
+    ) -> Result<Authenticator, String> {
         let valid_realm = realm
             .chars()
             .all(|c| c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ');
@@ -247,7 +268,7 @@ impl Authenticator {
             PasswordHash::new(Box::leak(hash.to_owned().into_boxed_str()))
                 .expect("checked when the file was parsed")
         };
-        let users = file
+        let users: BTreeMap<_, _> = file
             .users
             .iter()
             .map(|(user, hash)| (user.clone(), leak(hash)))
@@ -257,14 +278,39 @@ impl Authenticator {
             .set("decoy", "no user has this password")
             .map_err(|e| e.to_string())?;
         let decoy = leak(&decoy_file.users["decoy"]);
+        let max_hash_memory = users
+            .values()
+            .chain([&decoy])
+            .filter_map(|hash| argon2::Params::try_from(hash).ok())
+            .map(|params| u64::from(params.m_cost()) << 10)
+            .max()
+            .unwrap_or(0);
         Ok(Authenticator {
             users: Arc::new(users),
             decoy,
             realm: HeaderValue::from_str(&format!("Basic realm=\"{realm}\""))
                 .map_err(|e| e.to_string())?,
-            verified: Mutex::new(ExpiringMap::new(VERIFIED_FOR)),
-            failures: Mutex::new(ExpiringMap::new(FAILURE_WINDOW)),
+            budget: Budget::new(limits)
+                .map_err(|e| format!("cannot start the password-check threads: {e}"))?,
+            max_hash_memory,
         })
+    }
+
+    /// The limits its password checks keep within.
+    pub fn limits(&self) -> CheckLimits {
+        self.budget.limits()
+    }
+
+    /// The most memory its password checks can hold at once, in bytes:
+    /// the checks allowed at once × the largest argon2 memory cost in the
+    /// users file.
+    pub fn max_check_memory(&self) -> u64 {
+        self.max_hash_memory * self.budget.limits().max_checks.get() as u64
+    }
+
+    /// What its password checks have cost so far.
+    pub fn stats(&self) -> CheckStats {
+        self.budget.stats()
     }
 
     /// The `Proxy-Authenticate` value of a 407.
@@ -273,60 +319,104 @@ impl Authenticator {
     }
 
     /// The user a request authenticates as, or why it may not pass.
+    ///
+    /// The order is what bounds the cost (A-10): credentials that passed
+    /// recently are let through first, whoever else fails from the same
+    /// address; then a failure is reserved for the address, so its
+    /// eleventh guess in a minute is refused before any hash; only then
+    /// does the check wait for a turn to hash.
     pub async fn check(
         &self,
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Result<String, Refusal> {
-        let now = Instant::now();
-        if let Some(peer) = peer
-            && let Some(&failures) = lock(&self.failures).get(&peer, now)
-            && failures >= MAX_FAILURES
-        {
-            return Err(Refusal::Throttled(FAILURE_WINDOW.as_secs()));
-        }
         let mut values = headers.get_all(header::PROXY_AUTHORIZATION).iter();
         let (Some(value), None) = (values.next(), values.next()) else {
             // None, or several (A-2): no password check, but no failure
             // either for a client that has not tried yet.
             return Err(Refusal::Unauthorized);
         };
-        let fingerprint = *blake3::hash(value.as_bytes()).as_bytes();
-        if let Some(user) = lock(&self.verified).get(&fingerprint, now) {
-            return Ok(user.clone());
+        if let Some(user) = self.budget.recall(value, Instant::now()) {
+            return Ok(user);
         }
-        let verdict = match parse_basic(value) {
-            Some((user, password)) => {
-                let hash = self.users.get(&user).unwrap_or(&self.decoy).clone();
-                let known = self.users.contains_key(&user);
-                let ok = tokio::task::spawn_blocking(move || {
-                    Argon2::default()
-                        .verify_password(password.as_bytes(), &hash)
-                        .is_ok()
-                })
-                .await
-                .unwrap_or(false);
-                (ok && known).then_some(user)
-            }
-            None => None,
-        };
+        self.budget
+            .reserve_failure(peer, Instant::now())
+            .map_err(refusal)?;
+        // Malformed credentials keep their reserved failure: they are a
+        // guess too, if a cheap one.
+        let (user, password) = parse_basic(value).ok_or(Refusal::Unauthorized)?;
+        let known = self.users.contains_key(&user);
+        let hash = self.users.get(&user).unwrap_or(&self.decoy).clone();
+        let verdict = self
+            .budget
+            .run(move || verify_in_kept_memory(&password, &hash))
+            .await;
         match verdict {
-            Some(user) => {
-                lock(&self.verified).insert(fingerprint, user.clone(), now);
+            Ok(true) if known => {
+                let now = Instant::now();
+                self.budget.give_back(peer, now);
+                self.budget.remember(value, user.clone(), now);
                 Ok(user)
             }
-            None => {
-                if let Some(peer) = peer {
-                    *lock(&self.failures).get_or_insert_with(peer, now, || 0) += 1;
-                }
-                Err(Refusal::Unauthorized)
+            Ok(_) => Err(Refusal::Unauthorized),
+            Err(no_check) => {
+                // No hash ran: this was not a guess.
+                self.budget.give_back(peer, Instant::now());
+                Err(refusal(no_check))
             }
         }
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+/// Whether `password` matches `hash`, as argon2's own verifier decides
+/// (the same hash, compared in constant time), but hashed in memory the
+/// thread keeps from one check to the next.
+///
+/// Checks run only on the few threads kept for them, so this memory is
+/// at most the checks allowed at once × the largest memory cost, held for
+/// good; allocating it afresh for every check let the allocator keep a
+/// growing heap of freed 19 MiB blocks (+370 MiB resident after a burst
+/// of 300 guesses, two at a time).
+fn verify_in_kept_memory(password: &str, hash: &PasswordHash<'_>) -> bool {
+    thread_local! {
+        static MEMORY: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+    }
+    let (Some(expected), Some(salt)) = (&hash.hash, &hash.salt) else {
+        return false;
+    };
+    let (Ok(algorithm), Ok(params)) = (Algorithm::try_from(hash.algorithm), Params::try_from(hash))
+    else {
+        return false;
+    };
+    let Ok(version) = hash
+        .version
+        .map_or(Ok(Version::default()), Version::try_from)
+    else {
+        return false;
+    };
+    let mut salt_bytes = [0; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else {
+        return false;
+    };
+    let blocks = params.block_count();
+    let argon2 = Argon2::new(algorithm, version, params);
+    let mut out = [0; Output::MAX_LENGTH];
+    let out = &mut out[..expected.len()];
+    let hashed = MEMORY.with_borrow_mut(|memory| {
+        if memory.len() < blocks {
+            memory.resize(blocks, Block::default());
+        }
+        argon2.hash_password_into_with_memory(password.as_bytes(), salt, out, &mut memory[..blocks])
+    });
+    // Output's == is constant-time (A-4).
+    hashed.is_ok() && Output::new(out).is_ok_and(|out| out == *expected)
+}
+
+fn refusal(no_check: NoCheck) -> Refusal {
+    match no_check {
+        NoCheck::Throttled => Refusal::Throttled(FAILURE_WINDOW.as_secs()),
+        NoCheck::Busy => Refusal::Busy(BUSY_RETRY.as_secs()),
+    }
 }
 
 /// `Basic base64(user:password)` → (user, password); `None` for anything
@@ -370,6 +460,11 @@ impl<H: Handler> AuthGate<H> {
         &self.role
     }
 
+    /// The authenticator in front of the role, if any.
+    pub fn authenticator(&self) -> Option<&Authenticator> {
+        self.auth.as_ref()
+    }
+
     async fn admit(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         let Some(auth) = &self.auth else {
             return self.role.clone().handle(request).await;
@@ -390,6 +485,10 @@ impl<H: Handler> AuthGate<H> {
                         StatusCode::TOO_MANY_REQUESTS,
                         format!("too many failed logins from this address; retry in {seconds} s"),
                     ),
+                    Refusal::Busy(seconds) => (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!("too many password checks under way; retry in {seconds} s"),
+                    ),
                 };
                 tracing::info!(
                     method = %request.method(),
@@ -403,7 +502,7 @@ impl<H: Handler> AuthGate<H> {
                     Refusal::Unauthorized => {
                         headers.insert(header::PROXY_AUTHENTICATE, auth.challenge().clone());
                     }
-                    Refusal::Throttled(seconds) => {
+                    Refusal::Throttled(seconds) | Refusal::Busy(seconds) => {
                         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
                     }
                 }
@@ -434,6 +533,8 @@ pub fn basic_credentials(user: &str, password: &str) -> HeaderValue {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn file_with(users: &[(&str, &str)]) -> AuthFile {
@@ -542,7 +643,7 @@ mod tests {
         let guesser = Some(IpAddr::from([192, 0, 2, 1]));
         let other = Some(IpAddr::from([192, 0, 2, 2]));
         let right = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
-        for n in 0..MAX_FAILURES {
+        for n in 0..CheckLimits::DEFAULT.max_failures {
             let guess = basic_credentials("alice", &format!("guess{n}"));
             let verdict = auth.check(&headers(guess.to_str().unwrap()), guesser).await;
             assert_eq!(verdict, Err(Refusal::Unauthorized));
@@ -555,5 +656,113 @@ mod tests {
         assert_eq!(auth.check(&right, other).await, Ok("alice".to_owned()));
         tokio::time::advance(FAILURE_WINDOW + Duration::from_secs(1)).await;
         assert_eq!(auth.check(&right, guesser).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn a_10_the_eleventh_guess_in_a_minute_is_refused_before_any_hash() {
+        let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
+        let guesser = Some(IpAddr::from([192, 0, 2, 1]));
+        // Malformed credentials are guesses too, and cost no hash.
+        let verdict = auth.check(&headers("Basic !!!"), guesser).await;
+        assert_eq!(verdict, Err(Refusal::Unauthorized));
+        for n in 1..10 {
+            let guess = basic_credentials("alice", &format!("guess{n}"));
+            let verdict = auth.check(&headers(guess.to_str().unwrap()), guesser).await;
+            assert_eq!(verdict, Err(Refusal::Unauthorized));
+        }
+        assert_eq!(auth.stats().hashes, 9);
+        for n in 10..20 {
+            let guess = basic_credentials("mallory", &format!("guess{n}"));
+            let verdict = auth.check(&headers(guess.to_str().unwrap()), guesser).await;
+            assert_eq!(verdict, Err(Refusal::Throttled(60)));
+        }
+        let stats = auth.stats();
+        assert_eq!(stats.hashes, 9, "no hash past the tenth failure");
+        assert_eq!(stats.throttled, 10);
+    }
+
+    #[tokio::test]
+    async fn a_10_a_credential_that_passed_is_not_locked_out_by_others_guesses() {
+        let users = file_with(&[("alice", "wonderland"), ("bob", "builder")]);
+        let auth = Authenticator::new(&users, "rproxy").unwrap();
+        let shared = Some(IpAddr::from([192, 0, 2, 1]));
+        let alice = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
+        assert_eq!(auth.check(&alice, shared).await, Ok("alice".to_owned()));
+        for n in 0..10 {
+            let guess = basic_credentials("alice", &format!("guess{n}"));
+            let verdict = auth.check(&headers(guess.to_str().unwrap()), shared).await;
+            assert_eq!(verdict, Err(Refusal::Unauthorized));
+        }
+        let hashes = auth.stats().hashes;
+        assert_eq!(auth.check(&alice, shared).await, Ok("alice".to_owned()));
+        assert_eq!(auth.stats().hashes, hashes, "remembered: no hash");
+        // Bob's right password never passed before: it waits out the
+        // minute like any guess from there.
+        let bob = headers(basic_credentials("bob", "builder").to_str().unwrap());
+        assert_eq!(auth.check(&bob, shared).await, Err(Refusal::Throttled(60)));
+        assert_eq!(auth.stats().hashes, hashes);
+    }
+
+    #[tokio::test]
+    async fn a_10_a_remembered_credential_never_lets_a_wrong_password_through() {
+        let users = file_with(&[("alice", "wonderland"), ("bob", "builder")]);
+        let auth = Authenticator::new(&users, "rproxy").unwrap();
+        let alice = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
+        assert_eq!(auth.check(&alice, None).await, Ok("alice".to_owned()));
+        let wrong = [
+            basic_credentials("alice", "wonderlan"),
+            basic_credentials("alice", "wonderland "),
+            basic_credentials("alice", "Wonderland"),
+            basic_credentials("alice", ""),
+            basic_credentials("bob", "wonderland"),
+            basic_credentials("alicе", "wonderland"), // Cyrillic e
+        ];
+        for (n, wrong) in wrong.iter().enumerate() {
+            let before = auth.stats().hashes;
+            let peer = Some(IpAddr::from([192, 0, 2, n as u8]));
+            let verdict = auth.check(&headers(wrong.to_str().unwrap()), peer).await;
+            assert_eq!(verdict, Err(Refusal::Unauthorized), "{wrong:?}");
+            assert_eq!(auth.stats().hashes, before + 1, "checked, not recalled");
+        }
+        // Still remembered, and still only for alice.
+        assert_eq!(auth.check(&alice, None).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn a_10_the_memory_bound_follows_the_limits_and_the_hashes() {
+        let users = file_with(&[("alice", "wonderland")]);
+        let limits = CheckLimits {
+            max_checks: std::num::NonZeroUsize::new(3).unwrap(),
+            ..CheckLimits::DEFAULT
+        };
+        let auth = Authenticator::with_limits(&users, "rproxy", limits).unwrap();
+        assert_eq!(auth.limits(), limits);
+        // rproxy passwd writes argon2's defaults: 19 MiB each.
+        assert_eq!(auth.max_check_memory(), 3 * 19 * 1024 * 1024);
+    }
+
+    #[test]
+    fn a_4_verifying_in_kept_memory_agrees_with_argon2() {
+        use argon2::password_hash::PasswordVerifier;
+        let file = file_with(&[("alice", "wonderland"), ("bob", "builder")]);
+        // Twice over, so the second round hashes in memory the first left
+        // full of other passwords' state.
+        for _ in 0..2 {
+            for (user, stored) in &file.users {
+                let hash = PasswordHash::new(stored).unwrap();
+                for password in ["wonderland", "builder", "", "wonderlan"] {
+                    let theirs = Argon2::default()
+                        .verify_password(password.as_bytes(), &hash)
+                        .is_ok();
+                    assert_eq!(
+                        verify_in_kept_memory(password, &hash),
+                        theirs,
+                        "{user} {password:?}"
+                    );
+                }
+            }
+        }
+        let no_hash = PasswordHash::new("$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ").unwrap();
+        assert!(!verify_in_kept_memory("", &no_hash));
     }
 }

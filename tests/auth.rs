@@ -1,4 +1,4 @@
-//! Proxy authentication (RELIABILITY A-1 … ): `rproxy passwd` and
+//! Proxy authentication (RELIABILITY A-1 … ): `rproxy passwd` and
 //! start-up checks through the real binary; the 407/429 gate, the client
 //! proxy's upstream credentials and what reaches the origin over real
 //! loopback sockets: a recording origin, the accelerator and the client
@@ -7,7 +7,7 @@
 mod support;
 
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -17,14 +17,14 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use rproxy::auth::{AuthFile, AuthGate, Authenticator, CheckLimits, basic_credentials};
 use rproxy::cache::CacheStore;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use rproxy::static_origin::StaticOrigin;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket};
 
 const PAGE: &str = "/index.html";
 
@@ -265,7 +265,17 @@ impl Reply {
 
 /// One request on its own connection, as `curl -x` sends it.
 async fn get(proxy: SocketAddr, url: &str, extra: &[(&str, &str)]) -> Reply {
-    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    get_from(LOOPBACK, proxy, url, extra).await
+}
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// [`get`] from the address `source` (any of 127/8 on Linux), as if from
+/// another client.
+async fn get_from(source: IpAddr, proxy: SocketAddr, url: &str, extra: &[(&str, &str)]) -> Reply {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(source, 0)).unwrap();
+    let mut stream = socket.connect(proxy).await.unwrap();
     let mut request = format!("GET {url} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n");
     for (name, value) in extra {
         request.push_str(&format!("{name}: {value}\r\n"));
@@ -422,4 +432,224 @@ async fn a_5_a_guessing_peer_gets_429_with_retry_after() {
     assert_eq!(reply.status, 429, "{}", reply.head);
     assert_eq!(reply.header("Retry-After"), Some("60"));
     assert_eq!(pair.origin.requests(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Bursts of guesses
+
+/// The bundled sample site behind a users file of alice / wonderland and
+/// bob / builder.
+async fn start_gate() -> (Arc<AuthGate<StaticOrigin>>, SocketAddr) {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut users = AuthFile::default();
+    users.set("alice", "wonderland").unwrap();
+    users.set("bob", "builder").unwrap();
+    let gate = Arc::new(AuthGate::new(
+        StaticOrigin::new(data).unwrap(),
+        Some(Authenticator::new(&users, "rproxy").unwrap()),
+    ));
+    let addr = listen(gate.clone()).await;
+    (gate, addr)
+}
+
+/// `count` requests at once, the i-th from `source(i)` with `credential(i)`;
+/// their statuses.
+async fn burst(
+    gate: SocketAddr,
+    count: usize,
+    source: impl Fn(usize) -> IpAddr,
+    credential: impl Fn(usize) -> String,
+) -> Vec<u16> {
+    let requests: Vec<_> = (0..count)
+        .map(|i| {
+            let (source, credential) = (source(i), credential(i));
+            tokio::spawn(async move {
+                let reply =
+                    get_from(source, gate, PAGE, &[("Proxy-Authorization", &credential)]).await;
+                if reply.status == 429 {
+                    assert!(reply.header("Retry-After").is_some(), "{}", reply.head);
+                }
+                reply.status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for request in requests {
+        statuses.push(request.await.unwrap());
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_10_a_burst_of_wrong_passwords_costs_at_most_ten_hashes_two_at_a_time() {
+    let (gate, addr) = start_gate().await;
+    let auth = gate.authenticator().unwrap();
+    let statuses = burst(
+        addr,
+        200,
+        |_| LOOPBACK,
+        |i| credentials("alice", &format!("guess{i}")),
+    )
+    .await;
+    let stats = auth.stats();
+    assert_eq!(
+        count(&statuses, 407) + count(&statuses, 429),
+        200,
+        "{statuses:?}"
+    );
+    // Counted before the hash: only ten got one; the rest were 429 at once.
+    assert!(count(&statuses, 429) >= 190, "{statuses:?}");
+    assert!(stats.hashes <= 10, "{stats:?}");
+    assert_eq!(stats.hashes, count(&statuses, 407) as u64);
+    assert!(
+        stats.peak_running <= CheckLimits::DEFAULT.max_checks.get(),
+        "{stats:?}"
+    );
+
+    // From many addresses the failure count does not bound the hashes;
+    // the turns still do.
+    let statuses = burst(
+        addr,
+        200,
+        |i| IpAddr::V4(Ipv4Addr::new(127, 0, 1, (i % 20) as u8 + 1)),
+        |i| credentials("mallory", &format!("guess{i}")),
+    )
+    .await;
+    let stats = auth.stats();
+    assert_eq!(
+        count(&statuses, 407) + count(&statuses, 429),
+        200,
+        "{statuses:?}"
+    );
+    assert!(
+        stats.peak_running <= CheckLimits::DEFAULT.max_checks.get(),
+        "{stats:?}"
+    );
+    assert_eq!(stats.running, 0);
+    assert!(stats.hashes <= 10 + 200, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_10_a_user_verified_before_a_burst_from_her_address_still_gets_through() {
+    let (gate, addr) = start_gate().await;
+    let alice = credentials("alice", "wonderland");
+    let reply = get(addr, PAGE, &[("Proxy-Authorization", &alice)]).await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+
+    // Someone else behind 127.0.0.1 guesses until it is locked out.
+    let statuses = burst(
+        addr,
+        30,
+        |_| LOOPBACK,
+        |i| credentials("alice", &format!("guess{i}")),
+    )
+    .await;
+    assert!(count(&statuses, 429) >= 20, "{statuses:?}");
+    let hashes = gate.authenticator().unwrap().stats().hashes;
+
+    let reply = get(addr, PAGE, &[("Proxy-Authorization", &alice)]).await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert_eq!(reply.body, page());
+    assert_eq!(
+        gate.authenticator().unwrap().stats().hashes,
+        hashes,
+        "no hash"
+    );
+    // Bob's right password never passed before: from there, it waits.
+    let bob = credentials("bob", "builder");
+    let reply = get(addr, PAGE, &[("Proxy-Authorization", &bob)]).await;
+    assert_eq!(reply.status, 429, "{}", reply.head);
+    assert_eq!(reply.header("Retry-After"), Some("60"));
+    // From another address it passes.
+    let elsewhere = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let reply = get_from(elsewhere, addr, PAGE, &[("Proxy-Authorization", &bob)]).await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+}
+
+/// VmRSS or VmHWM of a process, in bytes.
+fn memory_of(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line[field.len() + 1..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib << 10
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_10_a_burst_from_many_addresses_adds_at_most_128_mib_to_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users");
+    let mut file = AuthFile::default();
+    file.set("alice", "wonderland").unwrap();
+    file.save(&users).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
+        .args(["client", "--listen", "127.0.0.1:0", "--auth-file"])
+        .arg(&users)
+        .arg("--cache")
+        .arg(dir.path().join("cache"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its address, from the "ready" line.
+    let stderr = child.stderr.take().unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut sent = false;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if !sent && line.contains("client proxy ready") {
+                let at = line.find("127.0.0.1:").unwrap();
+                let port: String = line[at + 10..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                ready_tx.send(port.parse::<u16>().unwrap()).unwrap();
+                sent = true;
+            }
+        }
+    });
+    let port = ready_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the proxy starts");
+    let addr = SocketAddr::new(LOOPBACK, port);
+    let before = memory_of(child.id(), "VmRSS:");
+
+    // 300 guesses at once from 30 addresses, ten each: the failure count
+    // lets every one of them be checked, so only the turns bound memory.
+    let statuses = burst(
+        addr,
+        300,
+        |i| IpAddr::V4(Ipv4Addr::new(127, 0, 2, (i % 30) as u8 + 1)),
+        |i| credentials("alice", &format!("guess{i}")),
+    )
+    .await;
+    let peak = memory_of(child.id(), "VmHWM:");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        count(&statuses, 407) + count(&statuses, 429),
+        300,
+        "{statuses:?}"
+    );
+    let growth_mib = peak.saturating_sub(before) >> 20;
+    assert!(
+        growth_mib <= 128,
+        "RSS grew by {growth_mib} MiB during the burst"
+    );
 }

@@ -2,13 +2,15 @@
 //! roles share, and `rproxy passwd`, which writes that file.
 
 use std::io::{BufRead, IsTerminal};
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::UsageError;
-use crate::auth::{AuthFile, Authenticator};
+use crate::auth::{AuthFile, Authenticator, CheckLimits};
 
 /// The authentication flags of both proxies.
 #[derive(Debug, Args)]
@@ -20,18 +22,61 @@ pub struct AuthArgs {
     /// The realm named in the 407 challenge.
     #[arg(long, default_value = "rproxy")]
     pub realm: String,
+    /// Passwords checked at once. A check is an argon2id hash holding
+    /// 19 MiB (with rproxy passwd's parameters) for tens of milliseconds,
+    /// so this bounds their memory at N × 19 MiB (38 MiB by default).
+    /// A credential that passed is remembered for five minutes and needs
+    /// no check.
+    #[arg(long, default_value_t = CheckLimits::DEFAULT.max_checks.get(), value_name = "N")]
+    pub max_password_checks: usize,
+    /// Seconds a password check waits for its turn when
+    /// --max-password-checks are running, before the request gets 429 with
+    /// Retry-After (0: at once). Waiting costs no thread and no hash memory.
+    #[arg(long, default_value_t = CheckLimits::DEFAULT.check_wait.as_secs(), value_name = "SECS")]
+    pub password_check_wait: u64,
+    /// Failed logins per address and minute; past them the address gets
+    /// 429 without a password check until the minute is over. A check
+    /// counts as failed until it passes, so a burst gets no more than N
+    /// checks. Credentials that passed in the last five minutes still get
+    /// through from that address.
+    #[arg(long, default_value_t = CheckLimits::DEFAULT.max_failures, value_name = "N")]
+    pub max_login_failures: u32,
 }
 
 impl AuthArgs {
+    /// The bounds on password checks the flags ask for.
+    ///
+    /// # Errors
+    /// A zero --max-password-checks or --max-login-failures.
+    pub fn check_limits(&self) -> Result<CheckLimits, UsageError> {
+        let max_checks = NonZeroUsize::new(self.max_password_checks).ok_or_else(|| {
+            UsageError(
+                "--max-password-checks 0: no password could ever be checked; use 1 or more".into(),
+            )
+        })?;
+        if self.max_login_failures == 0 {
+            return Err(UsageError(
+                "--max-login-failures 0: nobody could ever log in; use 1 or more".into(),
+            ));
+        }
+        Ok(CheckLimits {
+            max_checks,
+            check_wait: Duration::from_secs(self.password_check_wait),
+            max_failures: self.max_login_failures,
+        })
+    }
+
     /// The authenticator, when a users file is given; warns when others
     /// may read it.
     ///
     /// # Errors
-    /// An unreadable or unparsable file (naming the line), or a bad realm.
+    /// An unreadable or unparsable file (naming the line), a bad realm or
+    /// bad check limits.
     pub fn authenticator(&self) -> Result<Option<Authenticator>, UsageError> {
         let Some(path) = &self.auth_file else {
             return Ok(None);
         };
+        let limits = self.check_limits()?;
         let (file, warning) =
             AuthFile::load(path).map_err(|e| UsageError(format!("--auth-file {e}")))?;
         if let Some(warning) = warning {
@@ -43,9 +88,16 @@ impl AuthArgs {
                 path.display()
             );
         }
-        Authenticator::new(&file, &self.realm)
-            .map(Some)
-            .map_err(|e| UsageError(format!("--realm: {e}")))
+        let authenticator =
+            Authenticator::with_limits(&file, &self.realm, limits).map_err(UsageError)?;
+        tracing::info!(
+            max_checks = limits.max_checks.get(),
+            max_memory_mib = authenticator.max_check_memory() >> 20,
+            wait_secs = limits.check_wait.as_secs(),
+            max_failures_per_minute = limits.max_failures,
+            "password checks bounded"
+        );
+        Ok(Some(authenticator))
     }
 }
 
@@ -137,4 +189,48 @@ pub fn run(command: PasswdCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn auth_args(role: &str, extra: &[&str]) -> AuthArgs {
+        let cli = Cli::try_parse_from(["rproxy", role].iter().chain(extra).copied()).unwrap();
+        match cli.command {
+            Command::Accelerator(args) => args.auth,
+            Command::Client(args) => args.auth,
+            _ => unreachable!("a role with --auth-file"),
+        }
+    }
+
+    #[test]
+    fn a_10_both_roles_take_the_check_limits_with_one_set_of_defaults() {
+        for role in ["accelerator", "client"] {
+            let defaults = auth_args(role, &[]).check_limits().unwrap();
+            assert_eq!(defaults, CheckLimits::DEFAULT, "{role}");
+            let set = auth_args(
+                role,
+                &[
+                    "--max-password-checks",
+                    "4",
+                    "--password-check-wait",
+                    "0",
+                    "--max-login-failures",
+                    "3",
+                ],
+            );
+            let limits = set.check_limits().unwrap();
+            assert_eq!(limits.max_checks.get(), 4);
+            assert_eq!(limits.check_wait, Duration::ZERO);
+            assert_eq!(limits.max_failures, 3);
+            for zero in ["--max-password-checks", "--max-login-failures"] {
+                let error = auth_args(role, &[zero, "0"]).check_limits().unwrap_err();
+                assert!(error.0.contains("use 1 or more"), "{role} {zero}: {error}");
+            }
+        }
+    }
 }
