@@ -2370,3 +2370,56 @@ fn l_13_readers_that_stop_reading_hold_no_thread() {
         drop(stalled);
     });
 }
+
+#[tokio::test]
+async fn p_25_max_forwards_0_is_answered_here_and_a_loop_is_a_loop_however_spaced() {
+    let stack = Stack::start().await;
+    let trace = with_header(
+        forward(Method::TRACE, stack.origin.addr, "/echo"),
+        "max-forwards",
+        "0",
+    );
+    let trace = with_header(trace, "cookie", "session=alice");
+    let reply = send(stack.proxy.addr, trace).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("content-type"), Some("message/http"));
+    let echoed = String::from_utf8_lossy(reply.body()).into_owned();
+    assert!(echoed.starts_with("TRACE "), "{echoed}");
+    assert!(!echoed.contains("alice"), "credentials echoed: {echoed}");
+    let options = with_header(
+        forward(Method::OPTIONS, stack.origin.addr, "/"),
+        "max-forwards",
+        "0",
+    );
+    let reply = send(stack.proxy.addr, options).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        reply.header("allow").is_some_and(|a| a.contains("GET")),
+        "{reply:?}"
+    );
+    assert_eq!(stack.tap.server.requests(), 0, "nothing went upstream");
+    // Max-Forwards: 1 goes on, as 0.
+    let options = with_header(
+        forward(Method::OPTIONS, stack.origin.addr, "/"),
+        "max-forwards",
+        "1",
+    );
+    send(stack.proxy.addr, options).await;
+    let seen = stack.tap.server.seen_for("/");
+    assert_eq!(seen.last().unwrap().header("max-forwards"), Some("0"));
+
+    for via in [
+        "1.1  test-client",
+        "1.1\ttest-client",
+        "1.1 TEST-CLIENT",
+        "1.0 other, 1.1 \t test-client (rproxy)",
+    ] {
+        let looped = with_header(
+            forward(Method::GET, stack.origin.addr, "/app-1.js"),
+            "via",
+            via,
+        );
+        let reply = send(stack.proxy.addr, looped).await;
+        assert_eq!(reply.status, StatusCode::LOOP_DETECTED, "{via:?}");
+    }
+}

@@ -50,8 +50,9 @@ use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEnt
 use crate::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
 use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, byte_sequence,
-    check_response_head, remove_hsync_coding, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, add_via, answer_at_this_hop,
+    byte_sequence, check_response_head, max_forwards, remove_hsync_coding, strip_hop_by_hop,
+    via_names_hop,
 };
 use crate::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
@@ -66,6 +67,9 @@ use upstream::Upstream;
 
 /// The path where the proxy answers with its counters as JSON.
 pub const STATS_PATH: &str = "/.rproxy/stats";
+
+/// What `OPTIONS` answered here says we pass on.
+const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
 
 /// The name this cache gives itself in `Cache-Status` (RFC 9211).
 pub const CACHE_NAME: &str = "rproxy";
@@ -384,15 +388,6 @@ impl ClientProxy {
         }
     }
 
-    fn is_loop(&self, headers: &HeaderMap) -> bool {
-        let ours = self.config.via_name.as_bytes();
-        headers.get_all(header::VIA).iter().any(|via| {
-            via.as_bytes()
-                .split(|&b| b == b',')
-                .any(|hop| hop.trim_ascii().split(|&b| b == b' ').nth(1) == Some(ours))
-        })
-    }
-
     async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         ClientStats::add(&self.stats.requests, 1);
@@ -418,7 +413,7 @@ impl ClientProxy {
             Ok(target) => target,
             Err(message) => return error(StatusCode::BAD_REQUEST, message),
         };
-        if self.is_loop(request.headers()) {
+        if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
             return error(
                 StatusCode::LOOP_DETECTED,
                 format!(
@@ -426,6 +421,12 @@ impl ClientProxy {
                     self.config.via_name.to_str().unwrap_or("us")
                 ),
             );
+        }
+        let mut request = request;
+        let method = request.method().clone();
+        if max_forwards(&method, request.headers_mut()) == Hop::Answer {
+            // RFC 9110 §7.6.2: this hop is the final recipient (P-25).
+            return answer_at_this_hop(&request, FORWARDED_METHODS).map(full);
         }
         let key = match CacheKey::parse(&target.url.to_string()) {
             Ok(key) => key,
