@@ -865,3 +865,35 @@ async fn a_wait_given_up_at_the_head_does_not_keep_the_free_slot_from_the_next()
     );
     assert_eq!(*origin.paths.lock().unwrap(), ["/slow", "/b"]);
 }
+
+// ---------------------------------------------------------------------------
+// the stats are for anyone who reaches the proxy
+
+#[tokio::test(start_paused = true)]
+async fn a_11_the_stats_show_waits_by_place_never_by_url_or_query() {
+    let accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
+    let (relayed, _log) = relay(accel.addr, false).await;
+    let client = client(relayed, waits(300)).await;
+    let waiting = client.proxy.queue_waits().clone();
+    let alice = tokio::spawn(exchange(
+        client.addr,
+        get("/account/statement?token=alice-secret-token", BROWSER),
+    ));
+    until("Alice waits", || waiting.waiting() == 1).await;
+
+    let now = stats(client.addr).await;
+    let text = now.to_string();
+    assert_eq!(now["queue_waiting"], 1, "{now}");
+    assert_eq!(now["queue"][0]["position"], 1, "{now}");
+    for private in [
+        "alice-secret-token",
+        "/account",
+        "statement",
+        "session=alice",
+    ] {
+        assert!(!text.contains(private), "{private} in the stats: {now}");
+    }
+    let (origin, _) = accel.free_the_slot().await;
+    drop(origin);
+    alice.abort();
+}
