@@ -2423,3 +2423,72 @@ async fn p_25_max_forwards_0_is_answered_here_and_a_loop_is_a_loop_however_space
         assert_eq!(reply.status, StatusCode::LOOP_DETECTED, "{via:?}");
     }
 }
+
+/// C-V3 with D-A8: a stream cut between a window and the SIG entries that
+/// vouch for it leaves a partial entry of what was vouched for (whole
+/// blocks), never the unchecked window.
+#[tokio::test]
+async fn c_v3_a_cut_before_a_windows_sig_keeps_only_the_checked_prefix() {
+    let upstream = start_server(|_request, _| async move {
+        let body = release(1);
+        let mut encoder = Encoder::new(
+            None,
+            Some(body.len() as u64),
+            EncoderOptions {
+                zstd_level: 3,
+                window_bytes: 64 << 10,
+                ..EncoderOptions::default()
+            },
+        );
+        let mut stream = Vec::new();
+        encoder.push(body, &mut stream).unwrap();
+        encoder.finish(&mut stream).unwrap();
+        // Frames after the 12-byte header: kind, u32 length, payload. Cut
+        // right after the last DELTA (kind 1), before its SIG.
+        let (mut at, mut cut) = (12, 0);
+        while at < stream.len() {
+            let len = u32::from_be_bytes(stream[at + 1..at + 5].try_into().unwrap()) as usize;
+            if stream[at] == 1 {
+                cut = at + 5 + len;
+            }
+            at += 5 + len;
+        }
+        let steps = [
+            Step::Data(Bytes::copy_from_slice(&stream[..cut])),
+            Step::Pause(Duration::from_millis(20)),
+            Step::Fail("cut before the last SIG"),
+        ];
+        respond(
+            StatusCode::OK,
+            &[("content-encoding", "hsync")],
+            ScriptedBody::new(steps).boxed(),
+        )
+    })
+    .await;
+    let proxy = start_proxy(client_config(upstream.addr)).await;
+    let request = forward(Method::GET, upstream.addr, "/app-1.js");
+    let (received, complete) = receive_frames(proxy.addr, request, usize::MAX).await;
+    assert!(!complete);
+    let url = format!("http://{}/app-1.js", upstream.addr);
+    eventually("partial entry committed", || {
+        proxy.stats().partial_stored == 1
+    })
+    .await;
+    let partial = proxy.entry(&url).expect("a partial entry");
+    assert_eq!(partial.completeness, Completeness::Partial);
+    let (prefix, signature) = proxy.body_and_signature(&url);
+    assert!(!prefix.is_empty() && prefix.len() < release(1).len());
+    assert!(
+        prefix == release(1)[..prefix.len()],
+        "the partial body is a checked prefix"
+    );
+    assert_eq!(
+        received.len(),
+        prefix.len(),
+        "the user agent got the checked prefix only"
+    );
+    assert!(
+        signature == accelerator_signature_with_block_of(&prefix, &signature),
+        "the partial's signature describes its prefix"
+    );
+}

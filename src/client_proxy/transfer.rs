@@ -881,11 +881,17 @@ impl Worker {
                     }
                     Err(stop) => {
                         // What was never vouched for is not the body's
-                        // prefix: the partial entry ends where checks did.
+                        // prefix: the partial entry ends where checks did
+                        // (a whole number of blocks), and the writer's own
+                        // digest of it is the one kept.
                         let partial = decoder.into_partial();
                         if self.unverified_len == 0 {
                             signature = partial.signature;
                             body_digest = Some(partial.digest.into());
+                        } else {
+                            signature = partial
+                                .signature
+                                .and_then(|s| signature_prefix(s, self.body_bytes));
                         }
                         Err(stop)
                     }
@@ -1034,6 +1040,23 @@ impl Worker {
     }
 }
 
+/// The part of a body's `signature` (librsync format) that describes its
+/// first `len` bytes, when those are a whole number of its blocks.
+fn signature_prefix(mut signature: Vec<u8>, len: u64) -> Option<Vec<u8>> {
+    let header = signature.get(..crate::hsync::SIGNATURE_HEADER_LEN)?;
+    let block = u64::from(u32::from_be_bytes(header[4..8].try_into().ok()?));
+    let strong = u64::from(u32::from_be_bytes(header[8..12].try_into().ok()?));
+    if block == 0 || len % block != 0 {
+        return None;
+    }
+    let keep = crate::hsync::SIGNATURE_HEADER_LEN as u64 + len / block * (4 + strong);
+    if keep > signature.len() as u64 {
+        return None;
+    }
+    signature.truncate(keep as usize);
+    Some(signature)
+}
+
 fn commit_entry(
     writer: EntryWriter,
     entry: NewEntry,
@@ -1075,6 +1098,32 @@ mod tests {
         let mut wrong = DigestCheck::new(&digests);
         wrong.update(b"hello!");
         assert!(wrong.verify().is_err());
+    }
+
+    #[test]
+    fn a_signature_prefix_describes_the_first_whole_blocks() {
+        let body: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let params = SignatureParams {
+            block_size: 1024,
+            strong_len: 8,
+        };
+        let signature_of = |bytes: &[u8]| {
+            let mut builder = SignatureBuilder::new(params);
+            builder.update(bytes);
+            builder.finish();
+            builder.to_signature_bytes()
+        };
+        let whole = signature_of(&body);
+        assert_eq!(
+            signature_prefix(whole.clone(), 3072),
+            Some(signature_of(&body[..3072]))
+        );
+        assert_eq!(signature_prefix(whole.clone(), 0), Some(signature_of(&[])));
+        assert_eq!(
+            signature_prefix(whole, 3000),
+            None,
+            "not a whole number of blocks"
+        );
     }
 
     /// A window's buffer comes back to the pool when the last slice of it
