@@ -856,7 +856,7 @@ impl Worker {
     /// The upstream body is over (`result`): the last checks, and what to
     /// commit. The background writer is settled by now.
     fn conclude(&mut self, result: Result<(), Stop>) -> Ending {
-        let mut signature = None;
+        let signature;
         let mut body_digest = None;
         let mut basis_key = None;
         let result = match self.decoder.take() {
@@ -1046,7 +1046,7 @@ fn signature_prefix(mut signature: Vec<u8>, len: u64) -> Option<Vec<u8>> {
     let header = signature.get(..crate::hsync::SIGNATURE_HEADER_LEN)?;
     let block = u64::from(u32::from_be_bytes(header[4..8].try_into().ok()?));
     let strong = u64::from(u32::from_be_bytes(header[8..12].try_into().ok()?));
-    if block == 0 || len % block != 0 {
+    if block == 0 || !len.is_multiple_of(block) {
         return None;
     }
     let keep = crate::hsync::SIGNATURE_HEADER_LEN as u64 + len / block * (4 + strong);
