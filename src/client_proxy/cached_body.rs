@@ -123,7 +123,12 @@ async fn stream_groups(
         })
         .await;
         let Ok((returned, result)) = read else {
-            return; // The runtime is shutting down.
+            // The read panicked, or the runtime is shutting down: the body
+            // must fail, not end short (a dropped channel ends it cleanly).
+            let _ = tx
+                .send(Err(BodyError::from("cached body unreadable")))
+                .await;
+            return;
         };
         body = returned;
         let failure = match result {

@@ -506,7 +506,9 @@ impl Driver {
                 }
             };
             self.worker.upstream_bytes += chunk.len() as u64;
-            let stepped = self.blocking(move |worker| worker.step(&chunk)).await;
+            let Some(stepped) = self.blocking(move |worker| worker.step(&chunk)).await else {
+                return self.lost().await;
+            };
             self.flush().await;
             if let Err(stop) = stepped {
                 result = Err(stop);
@@ -519,7 +521,9 @@ impl Driver {
         }
         drop(from_upstream);
         self.settle_writer().await;
-        let ending = self.blocking(move |worker| worker.conclude(result)).await;
+        let Some(ending) = self.blocking(move |worker| worker.conclude(result)).await else {
+            return self.lost().await;
+        };
         self.flush().await;
         let outcome = match ending {
             Ending::Done(outcome) => outcome,
@@ -528,7 +532,9 @@ impl Driver {
                     self.worker.end_agent();
                     self.flush().await;
                 }
-                let stored = self.blocking(move |worker| worker.commit(commit)).await;
+                let Some(stored) = self.blocking(move |worker| worker.commit(commit)).await else {
+                    return self.lost().await;
+                };
                 self.flush().await;
                 stored
             }
@@ -540,20 +546,42 @@ impl Driver {
         }
     }
 
-    /// Runs `work` on the worker on the blocking pool.
+    /// Runs `work` on the worker on the blocking pool; `None` when it
+    /// panicked (or the runtime is shutting down), the worker lost with it.
     async fn blocking<T: Send + 'static>(
         &mut self,
         work: impl FnOnce(&mut Worker) -> T + Send + 'static,
-    ) -> T {
+    ) -> Option<T> {
         let mut worker = std::mem::replace(&mut self.worker, Box::new(Worker::idle()));
         let (worker, result) = tokio::task::spawn_blocking(move || {
             let result = work(&mut worker);
             (worker, result)
         })
         .await
-        .expect("relay work does not panic");
+        .ok()?;
         self.worker = worker;
-        result
+        Some(result)
+    }
+
+    /// The worker was lost: the user agent's body fails rather than end
+    /// (a dropped channel would end it cleanly, short), and nothing is
+    /// stored (the entry writer's drop removes its files).
+    async fn lost(&mut self) -> Report {
+        tracing::error!("the relay's work on the body panicked; aborting the response");
+        if let Some(sender) = self.to_agent.take() {
+            let _ = sender
+                .send(Err(BodyError::from(
+                    "the proxy failed while relaying this body",
+                )))
+                .await;
+        }
+        Report {
+            outcome: Outcome::Interrupted {
+                partial_stored: false,
+            },
+            upstream_bytes: 0,
+            body_bytes: 0,
+        }
     }
 
     /// Hands what the last step produced to the cache writer and the user
