@@ -599,15 +599,23 @@ impl Driver {
         let to_agent = std::mem::take(&mut self.worker.to_agent);
         for item in to_agent {
             let Some(sender) = &self.to_agent else { break };
-            if sender.capacity() == 0 {
-                // The user agent is not keeping up: what only the next
-                // step needs can go while it waits (L-13).
-                self.worker.release_scratch();
-            }
-            if sender.send(item).await.is_err() {
+            let room = match tokio::time::timeout(STALLED_AFTER, sender.reserve()).await {
+                Ok(room) => room,
+                Err(_) => {
+                    // The user agent stopped reading: what only the next
+                    // step needs can go while it waits (L-13).
+                    self.worker.release_scratch();
+                    sender.reserve().await
+                }
+            };
+            let Ok(room) = room else {
                 self.worker.agent_gone = true;
-                self.to_agent = None;
-            }
+                break;
+            };
+            room.send(item);
+        }
+        if self.worker.agent_gone {
+            self.to_agent = None;
         }
         if self.worker.agent_ended {
             self.to_agent = None;
@@ -655,6 +663,12 @@ struct Worker {
     held: Option<Bytes>,
     framing: Option<ExchangeCheck>,
 }
+
+/// A user agent that has taken nothing for this long is stalled: the
+/// relay frees its per-window buffers while it waits. (Sooner would free
+/// and grow them again for every window of a user agent that is merely
+/// slower than the link.)
+const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Rebuilt bytes held back at most, waiting for the SIG entries that
 /// vouch for them: two of the largest windows and a block. An upstream

@@ -331,6 +331,12 @@ impl<B: Basis> Decoder<B> {
             *buffer = Vec::new();
         }
         self.pending.shrink_to_fit();
+        // The context keeps up to twice what a prefix uses, to shift
+        // seldom; its last CONTEXT_LEN bytes are all the next window needs.
+        let keep = self.context.len().min(super::CONTEXT_LEN);
+        if self.context.capacity() > keep {
+            self.context = self.context[self.context.len() - keep..].to_vec();
+        }
     }
 
     /// The stream header, once it has arrived.
