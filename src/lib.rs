@@ -32,6 +32,7 @@ pub mod pace;
 pub mod queue;
 pub mod server;
 pub mod slots;
+pub mod spool;
 pub mod static_origin;
 pub mod tls;
 pub mod upstream_guard;

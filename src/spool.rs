@@ -1,0 +1,355 @@
+//! A response body parked on disk for a reader that stopped reading, as
+//! nginx's `proxy_buffering` parks one in a temp file: the side that
+//! produces the body (a relay rebuilding it, an encoder coding it) goes on
+//! at its own pace and frees its state when it is done, and a follower
+//! task hands the file to the reader as it reads. What a stalled reader
+//! costs is then a task, a page of body and the file's disk space, not
+//! the producer's codec state and buffers (L-13).
+//!
+//! The file is unlinked as soon as it is created (nothing is left behind
+//! by a crash) and written in pages of [`PAGE`] bytes, each hashed with
+//! blake3 as it is written: the follower checks every page it reads back
+//! before it sends it, so no byte that was not the one written leaves
+//! (C-V3). A spool holds at most its configured limit; past it the
+//! producer waits for the reader, as it did without one.
+//!
+//! Main type: [`Spool`].
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::{Bytes, BytesMut};
+use hyper::body::Frame;
+use tokio::sync::{mpsc, watch};
+
+use crate::server::BodyError;
+
+/// Bytes written, hashed and read back at a time.
+pub const PAGE: usize = 64 << 10;
+
+/// How the body ended, as the producer said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum End {
+    /// Still being written.
+    Open,
+    /// Every byte is in; the reader's body ends cleanly after them.
+    Complete,
+    /// The reader's body fails after the bytes written so far.
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+struct Progress {
+    /// Bytes of whole pages on disk (what the follower may read).
+    written: u64,
+    end: End,
+    /// Bytes the follower has sent (what the producer may run ahead of).
+    sent: u64,
+    /// The reader's channel closed: nobody wants the rest.
+    reader_gone: bool,
+}
+
+/// The producer's end of a spool; [`Spool::follow`] starts the reader's.
+pub struct Spool {
+    file: Arc<File>,
+    /// The partial page not yet written.
+    page: BytesMut,
+    /// blake3 of each page written, by page number.
+    hashes: Arc<Mutex<Vec<blake3::Hash>>>,
+    progress: watch::Sender<Progress>,
+    limit: u64,
+}
+
+impl Spool {
+    /// A spool in `dir` holding at most `limit` bytes ahead of the reader.
+    ///
+    /// # Errors
+    /// The temp file cannot be created.
+    pub fn create(dir: &Path, limit: u64) -> io::Result<Spool> {
+        let file = tempfile_in(dir)?;
+        Ok(Spool {
+            file: Arc::new(file),
+            page: BytesMut::with_capacity(PAGE),
+            hashes: Arc::default(),
+            progress: watch::channel(Progress {
+                written: 0,
+                end: End::Open,
+                sent: 0,
+                reader_gone: false,
+            })
+            .0,
+            limit: limit.max(PAGE as u64),
+        })
+    }
+
+    /// Starts the follower that hands the spool to `reader`.
+    pub fn follow(&self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
+        let follower = Follower {
+            file: self.file.clone(),
+            hashes: self.hashes.clone(),
+            progress: self.progress.subscribe(),
+            reporter: self.progress.clone(),
+        };
+        tokio::spawn(follower.run(reader));
+    }
+
+    /// Appends `data`, waiting while the spool holds its limit ahead of the
+    /// reader. `Err` when the file cannot be written or the reader left.
+    pub async fn write(&mut self, mut data: Bytes) -> io::Result<()> {
+        while !data.is_empty() {
+            let take = data.len().min(PAGE - self.page.len());
+            self.page.extend_from_slice(&data.split_to(take));
+            if self.page.len() == PAGE {
+                self.write_page().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the last partial page and ends the reader's body cleanly
+    /// (`Ok`) or with `error`.
+    pub async fn finish(mut self, result: Result<(), String>) {
+        let written = match &result {
+            Ok(()) if !self.page.is_empty() => self.write_page().await.map_err(|e| e.to_string()),
+            _ => Ok(()),
+        };
+        let end = match result.and(written) {
+            Ok(()) => End::Complete,
+            Err(reason) => End::Failed(reason),
+        };
+        self.progress.send_modify(|p| p.end = end);
+    }
+
+    async fn write_page(&mut self) -> io::Result<()> {
+        // Room first: at most `limit` bytes ahead of what the reader took.
+        let limit = self.limit;
+        let mut watching = self.progress.subscribe();
+        let room = watching
+            .wait_for(|p| p.reader_gone || p.written.saturating_sub(p.sent) + PAGE as u64 <= limit)
+            .await
+            .map(|p| !p.reader_gone)
+            .unwrap_or(false);
+        if !room {
+            return Err(io::Error::other("the reader left"));
+        }
+        let page = self.page.split().freeze();
+        let file = self.file.clone();
+        let offset = self.progress.borrow().written;
+        let hash = tokio::task::spawn_blocking(move || {
+            file.write_all_at(&page, offset)?;
+            Ok::<_, io::Error>((blake3::hash(&page), page.len() as u64))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        self.hashes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(hash.0);
+        self.progress.send_modify(|p| p.written += hash.1);
+        Ok(())
+    }
+
+    /// Whether the reader left (its channel closed).
+    pub fn reader_left(&self) -> bool {
+        self.progress.borrow().reader_gone
+    }
+}
+
+impl Drop for Spool {
+    /// A producer that stops without [`Spool::finish`] fails the body.
+    fn drop(&mut self) {
+        self.progress.send_modify(|p| {
+            if p.end == End::Open {
+                p.end = End::Failed("the body's producer stopped".into());
+            }
+        });
+    }
+}
+
+/// The reader's end: reads pages back, checks them, sends them.
+struct Follower {
+    file: Arc<File>,
+    hashes: Arc<Mutex<Vec<blake3::Hash>>>,
+    progress: watch::Receiver<Progress>,
+    reporter: watch::Sender<Progress>,
+}
+
+impl Follower {
+    async fn run(self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
+        let reporter = self.reporter.clone();
+        self.follow(reader).await;
+        reporter.send_modify(|p| p.reader_gone = true);
+    }
+
+    async fn follow(mut self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
+        let mut sent = 0u64;
+        loop {
+            let now = match self
+                .progress
+                .wait_for(|p| p.written > sent || p.end != End::Open)
+                .await
+            {
+                Ok(now) => now.clone(),
+                Err(_) => End::Failed("the producer stopped".into()).into_progress(sent),
+            };
+            if now.written > sent {
+                let page_number = (sent / PAGE as u64) as usize;
+                let len = (now.written - sent).min(PAGE as u64) as usize;
+                let file = self.file.clone();
+                let read = tokio::task::spawn_blocking(move || {
+                    let mut page = vec![0; len];
+                    file.read_exact_at(&mut page, sent).map(|()| page)
+                })
+                .await;
+                let expected = self
+                    .hashes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(page_number)
+                    .copied();
+                let page = match read {
+                    Ok(Ok(page)) if Some(blake3::hash(&page)) == expected => page,
+                    _ => {
+                        let _ = reader
+                            .send(Err(BodyError::from("spooled body failed its check")))
+                            .await;
+                        return;
+                    }
+                };
+                if reader
+                    .send(Ok(Frame::data(Bytes::from(page))))
+                    .await
+                    .is_err()
+                {
+                    return; // The reader left; the producer sees the channel close.
+                }
+                sent += len as u64;
+                self.reporter.send_modify(|p| p.sent = sent);
+                continue;
+            }
+            if let End::Failed(reason) = now.end {
+                let _ = reader.send(Err(BodyError::from(reason))).await;
+            }
+            return;
+        }
+    }
+}
+
+impl End {
+    fn into_progress(self, sent: u64) -> Progress {
+        Progress {
+            written: sent,
+            end: self,
+            sent,
+            reader_gone: false,
+        }
+    }
+}
+
+/// A new file in `dir`, already unlinked: only its descriptor names it.
+fn tempfile_in(dir: &Path) -> io::Result<File> {
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..16 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(std::process::id().into());
+        let path = dir.join(format!(".rproxy-spool-{:016x}", hasher.finish()));
+        let created = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path);
+        match created {
+            Ok(file) => {
+                std::fs::remove_file(&path)?;
+                return Ok(file);
+            }
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(io::Error::other("no free temp file name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn body(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn a_spooled_body_reaches_the_reader_whole_then_ends() {
+        let dir = std::env::temp_dir();
+        let data = body(3 * PAGE + 123);
+        let mut spool = Spool::create(&dir, 1 << 20).unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        spool.follow(tx);
+        for piece in data.chunks(50_000) {
+            spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
+        }
+        spool.finish(Ok(())).await;
+        let mut got = Vec::new();
+        while let Some(frame) = rx.recv().await {
+            got.extend_from_slice(frame.unwrap().data_ref().unwrap());
+        }
+        assert!(got == data);
+    }
+
+    #[tokio::test]
+    async fn a_failed_producer_fails_the_body_after_what_was_written() {
+        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20).unwrap();
+        let (tx, rx) = mpsc::channel(1);
+        spool.follow(tx);
+        spool.write(Bytes::from(body(PAGE))).await.unwrap();
+        spool.finish(Err("cut".into())).await;
+        // (The pages written go first, then the failure.)
+        let body = http_body_util::StreamBody::new(ReceiverStream(rx));
+        let collected = body.collect().await;
+        assert!(collected.is_err(), "a failed body must not end cleanly");
+    }
+
+    #[tokio::test]
+    async fn the_producer_waits_at_the_limit_and_a_reader_that_leaves_stops_it() {
+        let mut spool = Spool::create(&std::env::temp_dir(), 2 * PAGE as u64).unwrap();
+        let (tx, rx) = mpsc::channel(1);
+        spool.follow(tx);
+        // The follower takes one page into the channel and waits; two
+        // more fit the spool; the next write waits for the reader.
+        for _ in 0..3 {
+            spool.write(Bytes::from(body(PAGE))).await.unwrap();
+        }
+        let blocked = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            spool.write(Bytes::from(body(2 * PAGE))),
+        )
+        .await;
+        assert!(blocked.is_err(), "the spool ran past its limit");
+        drop(rx);
+        let gone = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            spool.write(Bytes::from(body(4 * PAGE))),
+        )
+        .await
+        .expect("a reader that left does not hold the producer");
+        assert!(gone.is_err());
+    }
+
+    struct ReceiverStream<T>(mpsc::Receiver<T>);
+
+    impl<T> futures_core::Stream for ReceiverStream<T> {
+        type Item = T;
+
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            self.0.poll_recv(cx)
+        }
+    }
+}
