@@ -2492,3 +2492,55 @@ async fn c_v3_a_cut_before_a_windows_sig_keeps_only_the_checked_prefix() {
         "the partial's signature describes its prefix"
     );
 }
+
+/// L-13's memory on the client proxy: a user agent that stops reading gets
+/// its body parked in a spool, so the relay finishes (the entry is stored
+/// while nobody reads) and frees its state; the user agent, when it reads
+/// again, gets every byte, checked.
+#[tokio::test]
+async fn l_13_a_stalled_user_agents_body_is_spooled_and_the_relay_finishes() {
+    let origin = start_origin().await;
+    let proxy = start_proxy(client_config(origin.addr)).await;
+    let mut stalled = Vec::new();
+    for i in 0..8 {
+        let target = format!("http://{}/large.txt?copy={i}", origin.addr);
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        let request = format!("GET {target} HTTP/1.1\r\nHost: {}\r\n\r\n", origin.addr);
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut head = vec![0; 512];
+        let n = stream.read(&mut head).await.unwrap();
+        head.truncate(n);
+        stalled.push((stream, head)); // and not read for now
+    }
+    // Every relay ran to its end and committed, though nobody reads.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.stats().stored < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "relays still wait for their readers: {:?}",
+            proxy.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (mut stream, mut received) in stalled {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = vec![0; 1 << 16];
+            loop {
+                let body_start = received.windows(4).position(|w| w == b"\r\n\r\n");
+                if let Some(at) = body_start
+                    && received.len() >= at + 4 + large_body().len()
+                {
+                    break;
+                }
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the body ended early");
+                received.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .expect("the spooled body arrives");
+        let at = received.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert!(received[..at].starts_with(b"HTTP/1.1 200"));
+        assert!(received[at..] == *large_body(), "the spooled body differs");
+    }
+}

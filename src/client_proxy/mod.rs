@@ -977,6 +977,7 @@ impl ClientProxy {
                 store: store_target,
                 origin_digests,
                 framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
+                spool_dir: Some(self.store.root().join("tmp")),
             },
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {

@@ -42,13 +42,19 @@ use crate::hsync::{
     SignatureParams, choose_block_size,
 };
 use crate::server::{BodyError, ProxyBody};
+use crate::spool::Spool;
 use crate::upstream_guard::ExchangeCheck;
 
-/// Chunks in flight on each side of the blocking thread.
+/// Upstream chunks in flight between the reader task and the relay.
 const CHANNEL_DEPTH: usize = 4;
 
-/// Largest piece of body sent to the user agent at a time.
-const SEND_SLICE: usize = 256 << 10;
+/// Slices in flight towards the user agent: what a user agent that stops
+/// reading keeps in memory, besides hyper's buffer (L-13).
+const AGENT_DEPTH: usize = 1;
+
+/// Largest piece of body sent to the user agent at a time (and to the
+/// cache writer).
+const SEND_SLICE: usize = 64 << 10;
 
 /// Body bytes written to the cache on the relay's own thread; the rest of
 /// a larger body is written by a [`BackgroundWriter`].
@@ -201,6 +207,9 @@ pub struct Relay {
     /// framing rules (bytes past its end included) by the time the body
     /// is committed.
     pub framing: Option<ExchangeCheck>,
+    /// Where the body is parked when the user agent stops reading (see
+    /// [`crate::spool`]); `None` keeps it waiting in memory.
+    pub spool_dir: Option<std::path::PathBuf>,
 }
 
 /// How a relay ended, for stats, logs and coalesced waiters.
@@ -361,14 +370,15 @@ pub async fn relay(
     done: impl FnOnce(Report) + Send + 'static,
 ) -> Relayed {
     let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
-    let (to_agent, mut from_worker) =
-        mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    let (to_agent, mut from_worker) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(AGENT_DEPTH);
     let (corrupt_tx, corrupt_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(read_upstream(upstream, to_worker));
     tokio::spawn(async move {
         let mut driver = Driver {
+            spool_dir: relay.spool_dir.clone(),
             worker: Box::new(Worker::new(relay)),
             to_agent: Some(to_agent),
+            spool: None,
         };
         let report = driver.run(from_upstream).await;
         let _ = corrupt_tx.send(matches!(report.outcome, Outcome::Corrupt { .. }));
@@ -485,8 +495,11 @@ async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<By
 /// worker's state, never a thread (L-13).
 struct Driver {
     worker: Box<Worker>,
-    /// `None` once the user agent's body was ended.
+    /// `None` once the user agent's body was ended, or handed to a spool.
     to_agent: Option<mpsc::Sender<Result<Frame<Bytes>, BodyError>>>,
+    /// The body parked on disk for a user agent that stopped reading.
+    spool: Option<Spool>,
+    spool_dir: Option<std::path::PathBuf>,
 }
 
 impl Driver {
@@ -598,12 +611,25 @@ impl Driver {
         }
         let to_agent = std::mem::take(&mut self.worker.to_agent);
         for item in to_agent {
-            let Some(sender) = &self.to_agent else { break };
+            if self.spool.is_some() {
+                self.spool_item(item).await;
+                continue;
+            }
+            // A clone, so that the spool can take the channel meanwhile.
+            let Some(sender) = self.to_agent.clone() else {
+                break;
+            };
             let room = match tokio::time::timeout(STALLED_AFTER, sender.reserve()).await {
                 Ok(room) => room,
                 Err(_) => {
-                    // The user agent stopped reading: what only the next
-                    // step needs can go while it waits (L-13).
+                    // The user agent stopped reading (L-13): the body goes
+                    // on into a spool it will read from, so this relay can
+                    // finish and free its state; without one, what only
+                    // the next step needs is freed while it waits.
+                    if self.start_spool() {
+                        self.spool_item(item).await;
+                        continue;
+                    }
                     self.worker.release_scratch();
                     sender.reserve().await
                 }
@@ -619,6 +645,53 @@ impl Driver {
         }
         if self.worker.agent_ended {
             self.to_agent = None;
+            if let Some(spool) = self.spool.take() {
+                spool
+                    .finish(self.worker.agent_error.take().map_or(Ok(()), Err))
+                    .await;
+            }
+        }
+    }
+
+    /// Hands the user agent's channel to a new spool's follower; false
+    /// when there is no spool directory or the file cannot be made.
+    fn start_spool(&mut self) -> bool {
+        let Some(dir) = &self.spool_dir else {
+            return false;
+        };
+        match Spool::create(dir, MAX_SPOOL) {
+            Ok(spool) => {
+                tracing::debug!(dir = %dir.display(), "the user agent stopped reading; spooling its body");
+                let sender = self.to_agent.take().expect("a user agent to spool for");
+                spool.follow(sender);
+                self.spool = Some(spool);
+                self.worker.release_scratch();
+                true
+            }
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "cannot spool for a stalled user agent; waiting in memory");
+                self.spool_dir = None;
+                false
+            }
+        }
+    }
+
+    /// One item for the user agent, into the spool: data is written, an
+    /// error is kept for the spool's end.
+    async fn spool_item(&mut self, item: Result<Frame<Bytes>, BodyError>) {
+        let Some(spool) = &mut self.spool else { return };
+        match item {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data()
+                    && spool.write(data).await.is_err()
+                {
+                    // The user agent left, or the disk failed: as when a
+                    // channel closes, nobody gets the rest.
+                    self.worker.agent_gone = true;
+                    self.spool = None;
+                }
+            }
+            Err(error) => self.worker.agent_error = Some(error.to_string()),
         }
     }
 
@@ -654,6 +727,8 @@ struct Worker {
     agent_gone: bool,
     /// The user agent's body was ended (cleanly or not).
     agent_ended: bool,
+    /// Why the user agent's body failed, once it did (for a spool's end).
+    agent_error: Option<String>,
     upstream_bytes: u64,
     body_bytes: u64,
     /// The user agent was told this Content-Length: the chunk that reaches
@@ -669,6 +744,10 @@ struct Worker {
 /// and grow them again for every window of a user agent that is merely
 /// slower than the link.)
 const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Bytes a spool holds at most ahead of its user agent; past it the relay
+/// waits for the user agent, as it does without a spool.
+const MAX_SPOOL: u64 = 1 << 30;
 
 /// Rebuilt bytes held back at most, waiting for the SIG entries that
 /// vouch for them: two of the largest windows and a block. An upstream
@@ -761,6 +840,7 @@ impl Worker {
             to_write: Vec::new(),
             agent_gone: false,
             agent_ended: false,
+            agent_error: None,
             upstream_bytes: 0,
             body_bytes: 0,
             announced_len: None,
@@ -849,13 +929,17 @@ impl Worker {
         }
         // A rebuilt window can be many MiB: it goes to the user agent in
         // slices, so that the channel and the writer's queue hold a few
-        // MiB, not a few windows' worth of queued bytes.
+        // slices, not a few windows' worth of queued bytes. The user
+        // agent's slices are copies: a slice of the window would keep the
+        // whole window allocated for as long as a stalled user agent
+        // leaves it in the channel (L-13); the cache writer's are not.
         let mut starts = (0..data.len()).step_by(SEND_SLICE).peekable();
         while let Some(start) = starts.next() {
-            let chunk = data.slice(start..data.len().min(start + SEND_SLICE));
+            let range = start..data.len().min(start + SEND_SLICE);
             if self.background.is_some() {
-                self.to_write.push(chunk.clone());
+                self.to_write.push(data.slice(range.clone()));
             }
+            let chunk = Bytes::copy_from_slice(&data[range]);
             if starts.peek().is_none() && self.announced_len == Some(self.body_bytes) {
                 self.held = Some(chunk);
             } else {
