@@ -50,7 +50,7 @@ const CHANNEL_DEPTH: usize = 4;
 
 /// Slices in flight towards the user agent: what a user agent that stops
 /// reading keeps in memory, besides hyper's buffer (L-13).
-const AGENT_DEPTH: usize = 1;
+const AGENT_DEPTH: usize = 2;
 
 /// Largest piece of body sent to the user agent at a time (and to the
 /// cache writer).
