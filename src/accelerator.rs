@@ -11,7 +11,11 @@
 //! frames leave before the origin has finished; it borrows a blocking
 //! thread, in its turn, only for a window's CPU work, so a client that
 //! stops reading holds no thread (L-13), and after a moment of waiting
-//! the encoder gives back the scratch memory it can rebuild. A body the
+//! the encoder gives back the scratch memory it can rebuild. A client
+//! that has taken nothing for 100 ms gets the rest of its body through a
+//! [`Spool`] on disk (`--spool-dir`, at most `--max-spool` ahead of it),
+//! as nginx's `proxy_buffering` does: the encoder finishes at the origin's
+//! pace and frees its state, and the client holds a page. A body the
 //! origin announces at most `SMALL_BODY` (64 KiB) long is read whole and
 //! coded in one go on a blocking thread instead, and sent with a
 //! Content-Length: cheaper per request, and a cut or late origin body is a
