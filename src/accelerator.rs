@@ -11,7 +11,11 @@
 //! frames leave before the origin has finished; it borrows a blocking
 //! thread, in its turn, only for a window's CPU work, so a client that
 //! stops reading holds no thread (L-13), and after a moment of waiting
-//! the encoder gives back the scratch memory it can rebuild. A body the
+//! the encoder gives back the scratch memory it can rebuild. A client
+//! that has taken nothing for 100 ms gets the rest of its body through a
+//! [`Spool`] on disk (`--spool-dir`, at most `--max-spool` ahead of it),
+//! as nginx's `proxy_buffering` does: the encoder finishes at the origin's
+//! pace and frees its state, and the client holds a page. A body the
 //! origin announces at most `SMALL_BODY` (64 KiB) long is read whole and
 //! coded in one go on a blocking thread instead, and sent with a
 //! Content-Length: cheaper per request, and a cut or late origin body is a
@@ -59,6 +63,7 @@ use crate::server::{
     malformed_request_body, text_response,
 };
 use crate::slots::{Admitted, Slots};
+use crate::spool::Spool;
 use crate::tls::TlsSession;
 use hyper_util::client::legacy::connect::capture_connection;
 
@@ -104,7 +109,16 @@ pub struct AcceleratorConfig {
     /// leaves the async workers, and cheap requests, their share of the CPU
     /// (D-S6).
     pub max_encoders: usize,
+    /// Where a coded body is parked for a client that stopped reading
+    /// (see [`crate::spool`]).
+    pub spool_dir: std::path::PathBuf,
+    /// Most bytes of a coded body parked ahead of its reader (0: never
+    /// parked; the encoder then waits for the reader, holding its state).
+    pub max_spool: u64,
 }
+
+/// The default of [`AcceleratorConfig::max_spool`]: 1 GiB per response.
+pub const DEFAULT_MAX_SPOOL: u64 = 1 << 30;
 
 impl AcceleratorConfig {
     /// The settings `rproxy accelerator` uses by default, in front of
@@ -125,6 +139,8 @@ impl AcceleratorConfig {
             queue: None,
             queue_state: None,
             max_encoders: 0,
+            spool_dir: std::env::temp_dir(),
+            max_spool: DEFAULT_MAX_SPOOL,
         }
     }
 }
@@ -166,6 +182,8 @@ pub struct Stats {
     body_bytes: AtomicU64,
     stream_bytes: AtomicU64,
     encoder_waits: AtomicU64,
+    /// Coded bodies parked in a spool for a client that stopped reading.
+    spooled: AtomicU64,
 }
 
 impl Stats {
@@ -177,7 +195,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{}}}\n",
+            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
             get(&self.passed),
@@ -186,6 +204,7 @@ impl Stats {
             get(&self.body_bytes),
             get(&self.stream_bytes),
             get(&self.encoder_waits),
+            get(&self.spooled),
         )
     }
 }
@@ -199,6 +218,7 @@ pub struct Accelerator {
     bodies: Arc<BasisStore>,
     stats: Arc<Stats>,
     encoders: Encoders,
+    parking: Option<Parking>,
 }
 
 /// An HTTP/2 target always carries an authority: naming us (as the client
@@ -245,7 +265,12 @@ impl Accelerator {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
+        let parking = (config.max_spool > 0).then(|| Parking {
+            dir: config.spool_dir.as_path().into(),
+            limit: config.max_spool,
+        });
         Ok(Accelerator {
+            parking,
             slots,
             encoders: Encoders(Arc::new(Semaphore::new(encoders))),
             stats: Arc::default(),
@@ -541,6 +566,7 @@ impl Accelerator {
                 encoders: self.encoders.clone(),
                 store,
                 stats: self.stats.clone(),
+                parking: None,
             };
             return match encode_whole(origin, coding, method, uri).await {
                 Ok(stream) => Response::from_parts(
@@ -556,6 +582,7 @@ impl Accelerator {
             encoders: self.encoders.clone(),
             store,
             stats: self.stats.clone(),
+            parking: self.parking.clone(),
         };
         let body = encode_body(body, framing, coding, pacer, method, uri);
         Response::from_parts(parts, body)
@@ -606,8 +633,9 @@ impl Handler for Accelerator {
 /// client: small, so that backpressure reaches the origin quickly.
 const CHANNEL_DEPTH: usize = 4;
 
-/// Largest piece of stream sent to the client at a time.
-const SEND_SLICE: usize = 256 << 10;
+/// Largest piece of stream sent to the client at a time: what the channel
+/// and hyper hold for a client that stops reading is a few of these.
+const SEND_SLICE: usize = 64 << 10;
 
 /// Bodies the origin announced at most this long are read whole and coded
 /// in one go, then sent with a Content-Length: one hop to a blocking thread
@@ -639,6 +667,7 @@ async fn encode_whole(
         encoders,
         store,
         stats,
+        parking: _,
     } = coding;
     let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
         Err(_) => {
@@ -694,6 +723,17 @@ struct Coding {
     /// Where the body is kept once coded, if it may be.
     store: Option<Arc<BasisStore>>,
     stats: Arc<Stats>,
+    /// Where a streamed body is parked if its client stops reading
+    /// (`None`: never).
+    parking: Option<Parking>,
+}
+
+/// Where and how much of a streamed body may be parked for a client that
+/// stopped reading ([`AcceleratorConfig::spool_dir`], `max_spool`).
+#[derive(Debug, Clone)]
+struct Parking {
+    dir: Arc<std::path::Path>,
+    limit: u64,
 }
 
 /// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]).
@@ -790,43 +830,38 @@ async fn wait_releasing<T>(ready: impl Future<Output = T>, release: impl FnOnce(
 
 type ToClient = mpsc::Sender<Result<Frame<Bytes>, BodyError>>;
 
-/// Sends `out` to the client in slices (taking it: `out` is left without
-/// an allocation); false if the client is gone. A window of a large body
-/// is many MiB (eight blocks at least, and blocks grow with the body to
-/// keep its signature small): it goes out in slices of one allocation,
-/// so the channel holds a few slices rather than a few windows (L-3:
-/// memory per request).
-async fn send_stream(
-    to_client: &ToClient,
-    out: &mut Vec<u8>,
-    mut encoder: Option<&mut Encoder>,
-) -> bool {
-    let stream = Bytes::from(std::mem::take(out));
-    let mut at = 0;
-    while at < stream.len() {
-        let room = match to_client.try_reserve() {
-            Ok(room) => Ok(room),
-            Err(mpsc::error::TrySendError::Closed(())) => return false,
-            // A reader that stopped reading parks this task here, holding
-            // no thread (L-13).
-            Err(mpsc::error::TrySendError::Full(())) => {
-                wait_releasing(to_client.reserve(), || {
-                    if let Some(encoder) = encoder.as_deref_mut() {
-                        encoder.release_buffers();
-                    }
-                })
-                .await
-            }
-        };
-        let Ok(room) = room else {
-            return false;
-        };
-        let end = stream.len().min(at + SEND_SLICE);
-        room.send(Ok(Frame::data(stream.slice(at..end))));
-        at = end;
-    }
-    true
+/// How long a client may take nothing (sending it a frame would wait that
+/// long) before its body is parked in a [`Spool`], as nginx's
+/// `proxy_buffering` parks one in a temp file: the encoder then runs on at
+/// the origin's pace, finishes and frees its context, window and buffers,
+/// and the stalled client holds a follower task, a page and its channel
+/// (L-13). As long as [`RELEASE_AFTER`]: a reader that pauses less keeps
+/// its stream in memory.
+const STALLED_AFTER: Duration = Duration::from_millis(100);
+
+/// Where a coded stream goes.
+enum Sink {
+    /// Straight into the client's channel.
+    Client(ToClient),
+    /// Into a spool, whose follower feeds the client's channel.
+    Spool(Spool),
 }
+
+impl Sink {
+    /// Fails the client's body: a stream that went wrong never ends
+    /// cleanly.
+    async fn fail(self, error: BodyError) {
+        match self {
+            Sink::Client(to_client) => {
+                let _ = to_client.send(Err(error)).await;
+            }
+            Sink::Spool(spool) => spool.finish(Err(error.to_string())).await,
+        }
+    }
+}
+
+/// Warned once per process: a spool directory that cannot take a file.
+static SPOOL_FAILED: std::sync::Once = std::sync::Once::new();
 
 /// Streams the origin body through the encoder: an async task owns the
 /// encoder and moves it to a blocking thread, in its turn, only for the
@@ -846,6 +881,7 @@ fn encode_body(
         encoders,
         store,
         stats,
+        parking,
     } = coding;
     let pacing = Pacing::new(encoder, pacer);
     let (to_encoder, from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
@@ -880,7 +916,8 @@ fn encode_body(
     tokio::spawn(
         Streaming {
             from_origin,
-            to_client,
+            sink: Sink::Client(to_client),
+            parking,
             encoders,
             store,
             stats,
@@ -900,7 +937,10 @@ fn encode_body(
 /// What the task of [`encode_body`] works between.
 struct Streaming {
     from_origin: mpsc::Receiver<Result<Bytes, BodyError>>,
-    to_client: ToClient,
+    sink: Sink,
+    /// Where the body may still be parked (taken when it is, or when that
+    /// failed).
+    parking: Option<Parking>,
     encoders: Encoders,
     store: Option<Arc<BasisStore>>,
     stats: Arc<Stats>,
@@ -920,6 +960,7 @@ impl Streaming {
                 Err(mpsc::error::TryRecvError::Empty) => {
                     wait_releasing(self.from_origin.recv(), || {
                         pacing.encoder.release_buffers();
+                        out = Vec::new();
                     })
                     .await
                 }
@@ -932,8 +973,7 @@ impl Streaming {
                 Err(error) => {
                     // The client must see a cut stream, never a clean end.
                     tracing::warn!(%method, %uri, %error, "origin body failed; aborting the stream");
-                    let _ = self.to_client.send(Err(error)).await;
-                    return;
+                    return self.sink.fail(error).await;
                 }
             };
             if let (Some(body), Some(store)) = (&mut kept, &self.store)
@@ -953,39 +993,29 @@ impl Streaming {
                     })
                     .await;
                 let Some((back, back_out, pushed)) = moved else {
-                    let _ = self
-                        .to_client
-                        .send(Err("the encoder panicked".into()))
-                        .await;
-                    return;
+                    return self.sink.fail("the encoder panicked".into()).await;
                 };
                 (pacing, out) = (back, back_out);
                 pushed
             };
             if let Err(error) = pushed {
-                let _ = self.to_client.send(Err(error.into())).await;
-                return;
+                return self.sink.fail(error.into()).await;
             }
             if out.is_empty() {
                 continue;
             }
             let wire_bytes = out.len() as u64;
-            let sent = send_stream(&self.to_client, &mut out, Some(&mut pacing.encoder)).await;
+            let sent = self.send(&mut out, Some(&mut pacing)).await;
             pacing.sent(wire_bytes);
             if !sent {
                 return;
             }
         }
-        let Streaming {
-            to_client,
-            encoders,
-            store,
-            stats,
-            ..
-        } = self;
-        let task_stats = stats.clone();
-        let finished = encoders
-            .run(&stats, move || {
+        let task_stats = self.stats.clone();
+        let store = self.store.take();
+        let finished = self
+            .encoders
+            .run(&self.stats, move || {
                 let finished = pacing.encoder.finish(&mut out);
                 if let Ok(summary) = &finished {
                     Stats::add(&task_stats.body_bytes, summary.body_len);
@@ -998,23 +1028,129 @@ impl Streaming {
             })
             .await;
         let Some((mut out, finished)) = finished else {
-            let _ = to_client.send(Err("the encoder panicked".into())).await;
+            return self.sink.fail("the encoder panicked".into()).await;
+        };
+        let summary = match finished {
+            Ok(summary) => summary,
+            Err(error) => return self.sink.fail(error.into()).await,
+        };
+        if !self.send(&mut out, None).await {
+            return;
+        }
+        let spooled = matches!(self.sink, Sink::Spool(_));
+        tracing::info!(
+            %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
+            body = summary.body_len, stream = summary.stream_bytes,
+            copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
+            spooled, "request"
+        );
+        if let Sink::Spool(spool) = self.sink {
+            spool.finish(Ok(())).await;
+        }
+    }
+
+    /// Sends `out` to the client, or to the spool once the client stopped
+    /// reading, and clears it; false if the client is gone or the spool
+    /// failed. A window of a large body is many MiB (eight blocks at
+    /// least, and blocks grow with the body to keep its signature small):
+    /// it goes out in slices copied out of `out`, so the channel holds a
+    /// few slices rather than a few windows (L-3: memory per request), and
+    /// a client that stops reading keeps those slices alive, not the
+    /// windows they were cut from (L-13). (Slices of one shared allocation
+    /// kept a window per slice waiting: 2.5 MiB per stalled reader.)
+    async fn send(&mut self, out: &mut Vec<u8>, mut pacing: Option<&mut Pacing>) -> bool {
+        let mut at = 0;
+        let mut stalled = false;
+        while at < out.len() {
+            let end = out.len().min(at + SEND_SLICE);
+            let waiting = match &mut self.sink {
+                Sink::Spool(spool) => {
+                    let rest = match at {
+                        0 => Bytes::from(std::mem::take(out)),
+                        _ => Bytes::copy_from_slice(&out[at..]),
+                    };
+                    out.clear();
+                    return write_spooled(spool, rest).await;
+                }
+                Sink::Client(to_client) => match to_client.try_reserve() {
+                    Ok(room) => {
+                        room.send(Ok(Frame::data(Bytes::copy_from_slice(&out[at..end]))));
+                        at = end;
+                        continue;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(())) => return false,
+                    Err(mpsc::error::TrySendError::Full(())) => to_client.clone(),
+                },
+            };
+            let room = if stalled {
+                // Not parked: this task waits here, holding no thread
+                // (L-13), as it did before spools.
+                waiting.reserve_owned().await.ok()
+            } else {
+                match tokio::time::timeout(STALLED_AFTER, waiting.reserve_owned()).await {
+                    Ok(room) => room.ok(),
+                    Err(_) => {
+                        stalled = true;
+                        if let Some(pacing) = pacing.as_deref_mut() {
+                            pacing.encoder.release_buffers();
+                        }
+                        self.park(pacing.as_deref_mut());
+                        continue;
+                    }
+                }
+            };
+            let Some(room) = room else {
+                return false;
+            };
+            room.send(Ok(Frame::data(Bytes::copy_from_slice(&out[at..end]))));
+            at = end;
+        }
+        out.clear();
+        true
+    }
+
+    /// Parks the rest of the body in a spool, if it may be and one can be
+    /// made; otherwise the caller goes on waiting for the client.
+    fn park(&mut self, pacing: Option<&mut Pacing>) {
+        let Some(parking) = self.parking.take() else {
             return;
         };
-        match finished {
-            Ok(summary) => {
-                if send_stream(&to_client, &mut out, None).await {
-                    tracing::info!(
-                        %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
-                        body = summary.body_len, stream = summary.stream_bytes,
-                        copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-                        "request"
-                    );
-                }
-            }
+        let Sink::Client(to_client) = &self.sink else {
+            return;
+        };
+        let spool = match Spool::create(&parking.dir, parking.limit) {
+            Ok(spool) => spool,
             Err(error) => {
-                let _ = to_client.send(Err(error.into())).await;
+                SPOOL_FAILED.call_once(|| {
+                    tracing::warn!(dir = %parking.dir.display(), %error,
+                        "cannot spool for clients that stop reading; their encoders wait instead");
+                });
+                return;
             }
+        };
+        spool.follow(to_client.clone());
+        self.sink = Sink::Spool(spool);
+        Stats::add(&self.stats.spooled, 1);
+        tracing::debug!(method = %self.method, uri = %self.uri, "client stopped reading; body spooled");
+        // What the stream waits for from now on is this client, which is
+        // slower than the encoder: the pacer's measure of the link would
+        // be the disk's, so literals keep their entropy coding.
+        if let Some(pacing) = pacing {
+            pacing.pacer = None;
+            pacing.encoder.set_entropy_coding(true);
+        }
+    }
+}
+
+/// Writes `data` to the spool; false if the client left or the spool
+/// failed (then dropping it fails the client's body).
+async fn write_spooled(spool: &mut Spool, data: Bytes) -> bool {
+    match spool.write(data).await {
+        Ok(()) => true,
+        Err(_) if spool.reader_left() => false,
+        Err(error) => {
+            tracing::warn!(%error, "spool write failed; aborting the stream");
+            false
         }
     }
 }

@@ -90,6 +90,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         queue: None,
         queue_state: None,
         max_encoders: 0,
+        spool_dir: std::env::temp_dir(),
+        max_spool: crate::accelerator::DEFAULT_MAX_SPOOL,
     })?;
     let accelerator_addr = start(Arc::new(accelerator)).await?;
 

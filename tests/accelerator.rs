@@ -74,6 +74,9 @@ fn random_text() -> Bytes {
     .clone()
 }
 
+/// The large body of the L-13 tests.
+const EIGHT_MIB: usize = 8 << 20;
+
 async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     let mut response = Response::new(Full::new(Bytes::new()));
@@ -86,6 +89,7 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         "/v3.js" => *response.body_mut() = Full::new(Bytes::from(body_v3())),
         "/random.txt" => *response.body_mut() = Full::new(random_text()),
+        "/random8.txt" => *response.body_mut() = Full::new(random_text().slice(..EIGHT_MIB)),
         "/gz" => {
             *response.body_mut() = Full::new(Bytes::from_static(b"not really gzip"));
             response
@@ -199,6 +203,8 @@ fn config(origin: SocketAddr) -> AcceleratorConfig {
         queue: None,
         queue_state: None,
         max_encoders: 0,
+        spool_dir: std::env::temp_dir(),
+        max_spool: rproxy::accelerator::DEFAULT_MAX_SPOOL,
     }
 }
 
@@ -774,10 +780,14 @@ async fn the_first_frames_leave_before_the_origin_has_finished() {
     assert!(decode_stream(&[], &coded) == body);
 }
 
-#[tokio::test]
-async fn a_client_that_stops_reading_stops_the_origin_read() {
+/// Starts a 256 MiB coded body (from an accelerator with `config`) whose
+/// client stops reading after the head; returns how many bytes the
+/// accelerator took from the origin 2 s later.
+async fn origin_read_for_a_stalled_client(
+    config: impl FnOnce(SocketAddr) -> AcceleratorConfig,
+) -> usize {
     let (origin, to_origin, taken) = start_streaming_origin().await;
-    let accel = start_accelerator(small_windows(origin)).await;
+    let accel = start_accelerator(config(origin)).await;
     // A small receive buffer, as a real link's receiver drains as bytes
     // arrive; loopback would otherwise let it grow to many MiB.
     let mut sender = connect(accel, Some(64 << 10)).await;
@@ -795,16 +805,51 @@ async fn a_client_that_stops_reading_stops_the_origin_read() {
     let response = sender.send_request(get("/stream", &offer)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     // The client reads nothing more. Whatever the accelerator takes from
-    // the origin now sits in its channels and the sockets' buffers.
+    // the origin now sits in its channels, the sockets' buffers and the
+    // spool.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = taken.load(Ordering::SeqCst);
+    drop(response);
+    feeder.abort();
+    held
+}
+
+#[tokio::test]
+async fn without_a_spool_a_client_that_stops_reading_stops_the_origin_read() {
+    let held = origin_read_for_a_stalled_client(|origin| AcceleratorConfig {
+        max_spool: 0,
+        ..small_windows(origin)
+    })
+    .await;
     assert!(
         held < 32 << 20,
         "the accelerator read {} MiB of a body nobody reads",
         held >> 20
     );
-    drop(response);
-    feeder.abort();
+}
+
+/// With a spool, the origin is read on for the stalled client, but no
+/// further than `--max-spool` of coded stream ahead of it (random text
+/// codes to three quarters: at most twice that of body) plus what the
+/// channels and sockets hold.
+#[tokio::test]
+async fn with_a_spool_a_client_that_stops_reading_stops_the_origin_read_at_max_spool() {
+    const MAX_SPOOL: u64 = 16 << 20;
+    let held = origin_read_for_a_stalled_client(|origin| AcceleratorConfig {
+        max_spool: MAX_SPOOL,
+        ..small_windows(origin)
+    })
+    .await;
+    assert!(
+        held < 2 * MAX_SPOOL as usize + (32 << 20),
+        "the accelerator read {} MiB of a body nobody reads",
+        held >> 20
+    );
+    assert!(
+        held > MAX_SPOOL as usize,
+        "only {} MiB read: the body was not spooled",
+        held >> 20
+    );
 }
 
 /// An origin written by hand that announces `declared` bytes, sends 100
@@ -1327,4 +1372,196 @@ fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
         assert!(decode_stream(&basis, &stream) == body_v2());
         drop(stalled);
     });
+}
+
+/// This process's resident memory (bytes), from /proc/self/status.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/self/status");
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib << 10
+}
+
+/// Runs the test `name` of this binary alone in a child process (marked by
+/// `RPROXY_TEST_CHILD`), so that its RSS is its own and not that of the
+/// tests running beside it; true in that child.
+fn in_own_process(name: &str) -> bool {
+    if std::env::var_os("RPROXY_TEST_CHILD").is_some() {
+        return true;
+    }
+    let _cpu = CPU.blocking_lock();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("RPROXY_TEST_CHILD", "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "{name} failed in its own process");
+    false
+}
+
+/// Hands glibc's free pages back to the system, as the `rproxy` binary
+/// does every few seconds (see src/main.rs): without it, what the
+/// finished encoders freed stays resident in malloc's arenas.
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and releases the allocator's own
+    // free lists; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Readers that stop reading in the L-13 test.
+const STALLED_READERS: usize = 50;
+
+/// L-13: a reader that stops reading costs the accelerator little memory.
+/// 50 clients each start an 8 MiB coded body and stop reading after the
+/// head; their bodies are parked in spools, the encoders run to the end
+/// and free their state, and the process grows by less than 512 KiB per
+/// stalled reader (plus 64 MiB for everything else; the clients are in
+/// this process too). Measured here: about 220 MiB grown without spools
+/// (`--max-spool 0`: an encoder's context, window and queued stream per
+/// reader), about 55 MiB with. Each client, when it reads at last, gets a
+/// stream that rebuilds the exact body.
+#[test]
+fn l_13_stalled_readers_cost_little_memory_once_their_bodies_are_spooled() {
+    if !in_own_process("l_13_stalled_readers_cost_little_memory_once_their_bodies_are_spooled") {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let origin = start_origin().await;
+        let accel = start_accelerator(config(origin.addr)).await;
+        let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
+        let body = random_text().slice(..EIGHT_MIB);
+        // One whole body first, so that what one-off allocations (pools,
+        // the runtime's threads) cost is in the baseline.
+        let (_, _, stream) = fetch(accel, get("/random8.txt", &from_scratch)).await;
+        assert!(decode_stream(&[], &stream) == body);
+        drop(stream);
+        give_back_freed_memory();
+        let before = resident_bytes();
+        let mut stalled = Vec::new();
+        for _ in 0..STALLED_READERS {
+            let mut sender = connect(accel, Some(64 << 10)).await;
+            let response = sender
+                .send_request(get("/random8.txt", &from_scratch))
+                .await
+                .unwrap();
+            assert_eq!(response.headers()["content-encoding"], "hsync");
+            stalled.push((sender, response));
+        }
+        // Until every encoder has finished (bodies counted at the end).
+        let all = (STALLED_READERS as u64 + 1) * EIGHT_MIB as u64;
+        let finished = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let stats = stats_of(accel).await;
+                if stats["coded_body_bytes"].as_u64() >= Some(all) {
+                    return stats;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("every encoder finished while its reader stalled");
+        assert_eq!(
+            finished["spooled"].as_u64(),
+            Some(STALLED_READERS as u64),
+            "{finished}"
+        );
+        give_back_freed_memory();
+        let grown = resident_bytes().saturating_sub(before);
+        eprintln!(
+            "RSS grew {} KiB for {STALLED_READERS} stalled readers",
+            grown >> 10
+        );
+        let bound = STALLED_READERS as u64 * (512 << 10) + (64 << 20);
+        assert!(
+            grown < bound,
+            "RSS grew {} MiB for {STALLED_READERS} stalled readers (bound {} MiB)",
+            grown >> 20,
+            bound >> 20
+        );
+        for (_sender, response) in stalled {
+            let stream = response.into_body().collect().await.unwrap().to_bytes();
+            assert!(decode_stream(&[], &stream) == body);
+        }
+    });
+}
+
+/// An origin written by hand that announces 64 MiB, sends `body`, then
+/// waits for `cut` and closes the connection mid-body.
+async fn start_cut_origin(body: Bytes, cut: tokio::sync::oneshot::Receiver<()>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 64 << 20);
+        stream.write_all(answer.as_bytes()).await.unwrap();
+        stream.write_all(&body).await.unwrap();
+        let _ = cut.await;
+    });
+    addr
+}
+
+/// L-13: a spooled stream whose origin fails mid-body ends with an error
+/// for its client, after the bytes spooled before it, never cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l_13_a_spooled_stream_whose_origin_fails_ends_with_an_error() {
+    let (cut, cut_here) = tokio::sync::oneshot::channel();
+    // More than the sockets' buffers and the channels hold, so that the
+    // encoder waits for the client and parks the body.
+    let origin = start_cut_origin(random_text().slice(..16 << 20), cut_here).await;
+    let accel = start_accelerator(config(origin)).await;
+    let mut sender = connect(accel, Some(64 << 10)).await;
+    let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let response = sender
+        .send_request(get("/cut", &from_scratch))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-encoding"], "hsync");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while stats_of(accel).await["spooled"].as_u64() != Some(1) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the body was spooled");
+    drop(cut);
+    let mut body = response.into_body();
+    let mut received = 0;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => received += frame.data_ref().map_or(0, Bytes::len),
+                Some(Err(error)) => return Err(error),
+                None => return Ok(()),
+            }
+        }
+    })
+    .await
+    .expect("the stream ended");
+    assert!(ended.is_err(), "a cut origin body ended the stream cleanly");
+    assert!(received > 4 << 20, "only {received} bytes before the error");
 }

@@ -476,6 +476,8 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
         queue: None,
         queue_state: None,
         max_encoders: 0,
+        spool_dir: std::env::temp_dir(),
+        max_spool: rproxy::accelerator::DEFAULT_MAX_SPOOL,
     }
 }
 

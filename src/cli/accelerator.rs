@@ -69,6 +69,19 @@ pub struct AcceleratorArgs {
     /// leave the CPU to cheap requests too.
     #[arg(long, default_value_t = 0)]
     pub max_encoders: usize,
+    /// Directory where a coded body is parked, in an unlinked temp file,
+    /// for a client that took nothing for 100 ms: the encoder then runs
+    /// on at the origin's pace and frees its state, and the client costs
+    /// a page of memory while it does not read [default: the system's
+    /// temp directory ($TMPDIR or /tmp)]
+    #[arg(long, value_name = "DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// Most bytes of one coded body parked ahead of its client (64K, 512M,
+    /// 1G...); past it the encoder waits for the client. 0 turns parking
+    /// off: the encoder waits, holding its memory, as soon as the client
+    /// does not read.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = super::client::parse_size)]
+    pub max_spool: u64,
     /// Seconds to connect to the origin.
     #[arg(long, default_value_t = 4)]
     pub connect_timeout: u64,
@@ -186,6 +199,8 @@ impl AcceleratorArgs {
             }),
             queue_state: self.queue_state.clone(),
             max_encoders: self.max_encoders,
+            spool_dir: self.spool_dir.clone().unwrap_or_else(std::env::temp_dir),
+            max_spool: self.max_spool,
         })
     }
 
@@ -300,6 +315,19 @@ mod tests {
         );
         let fixed = args(&["--no-adapt"]).unwrap().config(address).unwrap();
         assert!(!fixed.adapt_entropy_coding);
+    }
+
+    #[test]
+    fn spooling_defaults_to_the_temp_dir_and_1_gib_and_0_turns_it_off() {
+        let address = "127.0.0.1:8080".parse().unwrap();
+        let config = |extra: &[&str]| args(extra).unwrap().config(address).unwrap();
+        let default = config(&[]);
+        assert_eq!(default.spool_dir, std::env::temp_dir());
+        assert_eq!(default.max_spool, crate::accelerator::DEFAULT_MAX_SPOOL);
+        let set = config(&["--spool-dir", "/var/spool/rproxy", "--max-spool", "64M"]);
+        assert_eq!(set.spool_dir, PathBuf::from("/var/spool/rproxy"));
+        assert_eq!(set.max_spool, 64 << 20);
+        assert_eq!(config(&["--max-spool", "0"]).max_spool, 0);
     }
 
     #[test]
