@@ -272,7 +272,7 @@ impl Accelerator {
         Ok(Accelerator {
             parking,
             slots,
-            encoders: Encoders(Arc::new(Semaphore::new(encoders))),
+            encoders: Encoders::new(encoders),
             stats: Arc::default(),
             bodies,
             config,
@@ -687,7 +687,7 @@ async fn encode_whole(
     }
     let task_stats = stats.clone();
     let coded = encoders
-        .run(&stats, move || {
+        .run(&stats, false, move || {
             let stats = task_stats;
             let mut out = Vec::with_capacity(body.len() / 2 + 4096);
             encoder.push(&body, &mut out)?;
@@ -736,26 +736,44 @@ struct Parking {
     limit: u64,
 }
 
-/// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]).
+/// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]),
+/// and one more for the encoders of parked bodies.
 #[derive(Clone)]
-struct Encoders(Arc<Semaphore>);
+struct Encoders {
+    turns: Arc<Semaphore>,
+    /// Parked bodies (their clients stopped reading) are background work:
+    /// they take turns of their own, one at a time, so a thousand of them
+    /// never stand between a client that reads and its turn (L-13's
+    /// bystander).
+    parked: Arc<Semaphore>,
+}
 
 impl Encoders {
-    /// Runs `work` on a blocking thread once it is this encoder's turn.
-    /// The turn is awaited here, holding no thread, and ends with the work
-    /// (on its thread, so a caller that stops waiting cannot let another
-    /// encoder start early). `None`: the work panicked.
+    fn new(turns: usize) -> Encoders {
+        Encoders {
+            turns: Arc::new(Semaphore::new(turns)),
+            parked: Arc::new(Semaphore::new(1)),
+        }
+    }
+
+    /// Runs `work` on a blocking thread once it is this encoder's turn
+    /// (among parked bodies' encoders when `parked`). The turn is awaited
+    /// here, holding no thread, and ends with the work (on its thread, so a
+    /// caller that stops waiting cannot let another encoder start early).
+    /// `None`: the work panicked.
     async fn run<R: Send + 'static>(
         &self,
         stats: &Stats,
+        parked: bool,
         work: impl FnOnce() -> R + Send + 'static,
     ) -> Option<R> {
-        let turn = match self.0.clone().try_acquire_owned() {
+        let lane = if parked { &self.parked } else { &self.turns };
+        let turn = match lane.clone().try_acquire_owned() {
             Ok(turn) => Some(turn),
             Err(_) => {
                 Stats::add(&stats.encoder_waits, 1);
                 // Never closed, so `None` only if that changes.
-                self.0.clone().acquire_owned().await.ok()
+                lane.clone().acquire_owned().await.ok()
             }
         };
         tokio::task::spawn_blocking(move || {
@@ -985,9 +1003,15 @@ impl Streaming {
                 // Only copied into the window: no turn, no thread.
                 pacing.push(&chunk, &mut out)
             } else {
+                let parked = matches!(self.sink, Sink::Spool(_));
+                if parked {
+                    // Its turn may be far off: wait light.
+                    pacing.encoder.release_buffers();
+                    out = Vec::new();
+                }
                 let moved = self
                     .encoders
-                    .run(&self.stats, move || {
+                    .run(&self.stats, parked, move || {
                         let pushed = pacing.push(&chunk, &mut out);
                         (pacing, out, pushed)
                     })
@@ -1013,9 +1037,10 @@ impl Streaming {
         }
         let task_stats = self.stats.clone();
         let store = self.store.take();
+        let parked = matches!(self.sink, Sink::Spool(_));
         let finished = self
             .encoders
-            .run(&self.stats, move || {
+            .run(&self.stats, parked, move || {
                 let finished = pacing.encoder.finish(&mut out);
                 if let Ok(summary) = &finished {
                     Stats::add(&task_stats.body_bytes, summary.body_len);
