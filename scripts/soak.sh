@@ -43,7 +43,9 @@
 #
 # Usage: scripts/soak.sh
 #   SLOW_CONNS=1000   (a) connections        BIG_MB=8      (a) body size
-#   SETTLE=5          (a) seconds between the last stalled head and measuring
+#   SETTLE=45         (a) seconds between the last stalled head and measuring
+#                     (long enough for the proxies to park the stalled
+#                     bodies on disk: earlier, the transfers still run)
 #   BURST=300         (b) concurrent fetches  BURST_MB=2    (b) body size
 #   AFTER=30          (b) seconds after the burst for the second RSS
 #   RPROXY, NGINX, CARGO_TARGET_DIR, KEEP_TMP: see scripts/lib-nginx.sh
@@ -56,7 +58,7 @@ lab_init soak
 
 slow_conns=${SLOW_CONNS:-1000}
 big_mb=${BIG_MB:-8}
-settle=${SETTLE:-5}
+settle=${SETTLE:-45}
 burst=${BURST:-300}
 burst_mb=${BURST_MB:-2}
 after=${AFTER:-30}
