@@ -53,8 +53,11 @@ const CHANNEL_DEPTH: usize = 4;
 const AGENT_DEPTH: usize = 2;
 
 /// Largest piece of body sent to the user agent at a time (and to the
-/// cache writer).
-const SEND_SLICE: usize = 64 << 10;
+/// cache writer). 64 KiB pieces would halve what a parked reader keeps,
+/// but cost L-3 a quarter of its throughput (244 against 328 MB/s in the
+/// same hour): more wake-ups per byte, and a client that looks slower to
+/// the accelerator's pacer, which then entropy-codes more.
+const SEND_SLICE: usize = 256 << 10;
 
 /// Body bytes written to the cache on the relay's own thread; the rest of
 /// a larger body is written by a [`BackgroundWriter`].
@@ -615,10 +618,21 @@ impl Driver {
                 self.spool_item(item).await;
                 continue;
             }
+            let Some(sender) = &self.to_agent else { break };
+            // Room now: no timer, no clone (the common case, per slice).
+            match sender.try_reserve() {
+                Ok(room) => {
+                    room.send(item);
+                    continue;
+                }
+                Err(mpsc::error::TrySendError::Closed(())) => {
+                    self.worker.agent_gone = true;
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Full(())) => {}
+            }
             // A clone, so that the spool can take the channel meanwhile.
-            let Some(sender) = self.to_agent.clone() else {
-                break;
-            };
+            let sender = sender.clone();
             let room = match tokio::time::timeout(STALLED_AFTER, sender.reserve()).await {
                 Ok(room) => room,
                 Err(_) => {
