@@ -10,8 +10,10 @@
 //! by a crash) and written in pages of [`PAGE`] bytes, each hashed with
 //! blake3 as it is written: the follower checks every page it reads back
 //! before it sends it, so no byte that was not the one written leaves
-//! (C-V3). A spool holds at most its configured limit; past it the
-//! producer waits for the reader, as it did without one.
+//! (C-V3). A spool holds at most its configured limit, on disk too: the
+//! file is a ring of that size, each page written where a page the reader
+//! already took was; past it the producer waits for the reader, as it did
+//! without one.
 //!
 //! Main type: [`Spool`].
 
@@ -55,6 +57,8 @@ struct Progress {
 /// The producer's end of a spool; [`Spool::follow`] starts the reader's.
 pub struct Spool {
     file: Arc<File>,
+    /// The ring's length: a whole number of pages, at most the limit.
+    ring: u64,
     /// The partial page not yet written.
     page: BytesMut,
     /// blake3 of each page written, by page number.
@@ -70,8 +74,10 @@ impl Spool {
     /// The temp file cannot be created.
     pub fn create(dir: &Path, limit: u64) -> io::Result<Spool> {
         let file = tempfile_in(dir)?;
+        let limit = limit.max(PAGE as u64);
         Ok(Spool {
             file: Arc::new(file),
+            ring: limit / PAGE as u64 * PAGE as u64,
             page: BytesMut::with_capacity(PAGE),
             hashes: Arc::default(),
             progress: watch::channel(Progress {
@@ -81,7 +87,7 @@ impl Spool {
                 reader_gone: false,
             })
             .0,
-            limit: limit.max(PAGE as u64),
+            limit,
         })
     }
 
@@ -89,6 +95,7 @@ impl Spool {
     pub fn follow(&self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
         let follower = Follower {
             file: self.file.clone(),
+            ring: self.ring,
             hashes: self.hashes.clone(),
             progress: self.progress.subscribe(),
             reporter: self.progress.clone(),
@@ -137,7 +144,9 @@ impl Spool {
         }
         let page = self.page.split().freeze();
         let file = self.file.clone();
-        let offset = self.progress.borrow().written;
+        // Pages and the ring are whole pages, and the wait above keeps the
+        // writer within a ring of the reader: this slot's page was taken.
+        let offset = self.progress.borrow().written % self.ring;
         let hash = tokio::task::spawn_blocking(move || {
             file.write_all_at(&page, offset)?;
             Ok::<_, io::Error>((blake3::hash(&page), page.len() as u64))
@@ -172,6 +181,7 @@ impl Drop for Spool {
 /// The reader's end: reads pages back, checks them, sends them.
 struct Follower {
     file: Arc<File>,
+    ring: u64,
     hashes: Arc<Mutex<Vec<blake3::Hash>>>,
     progress: watch::Receiver<Progress>,
     reporter: watch::Sender<Progress>,
@@ -199,9 +209,10 @@ impl Follower {
                 let page_number = (sent / PAGE as u64) as usize;
                 let len = (now.written - sent).min(PAGE as u64) as usize;
                 let file = self.file.clone();
+                let at = sent % self.ring;
                 let read = tokio::task::spawn_blocking(move || {
                     let mut page = vec![0; len];
-                    file.read_exact_at(&mut page, sent).map(|()| page)
+                    file.read_exact_at(&mut page, at).map(|()| page)
                 })
                 .await;
                 let expected = self
@@ -299,6 +310,36 @@ mod tests {
             got.extend_from_slice(frame.unwrap().data_ref().unwrap());
         }
         assert!(got == data);
+    }
+
+    #[tokio::test]
+    async fn the_file_is_a_ring_no_larger_than_the_limit() {
+        let data = body(40 * PAGE + 999);
+        let limit = 4 * PAGE as u64 + 100;
+        let mut spool = Spool::create(&std::env::temp_dir(), limit).unwrap();
+        let file = spool.file.clone();
+        let (tx, mut rx) = mpsc::channel(1);
+        spool.follow(tx);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(frame) = rx.recv().await {
+                got.extend_from_slice(frame.unwrap().data_ref().unwrap());
+            }
+            got
+        });
+        for piece in data.chunks(30_000) {
+            spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
+            assert!(
+                file.metadata().unwrap().len() <= limit,
+                "the file outgrew its ring"
+            );
+        }
+        spool.finish(Ok(())).await;
+        assert!(
+            reader.await.unwrap() == data,
+            "the ring lost or reordered bytes"
+        );
+        assert!(file.metadata().unwrap().len() <= 4 * PAGE as u64);
     }
 
     #[tokio::test]

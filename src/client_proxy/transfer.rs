@@ -584,6 +584,14 @@ impl Driver {
     /// stored (the entry writer's drop removes its files).
     async fn lost(&mut self) -> Report {
         tracing::error!("the relay's work on the body panicked; aborting the response");
+        // Whoever holds the user agent's channel ends it with an error;
+        // the end that `relay` gives it afterwards is then a no-op.
+        self.worker.agent_ended = true;
+        if let Some(spool) = self.spool.take() {
+            spool
+                .finish(Err("the proxy failed while relaying this body".into()))
+                .await;
+        }
         if let Some(sender) = self.to_agent.take() {
             let _ = sender
                 .send(Err(BodyError::from(
@@ -764,10 +772,11 @@ const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100)
 const MAX_SPOOL: u64 = 1 << 30;
 
 /// Rebuilt bytes held back at most, waiting for the SIG entries that
-/// vouch for them: two of the largest windows and a block. An upstream
-/// that sends more without them is not speaking hsync/1.
+/// vouch for them: two of the largest windows and eight blocks (the
+/// decoder recomputes entries eight blocks at a time). An upstream that
+/// sends more without them is not speaking hsync/1.
 const MAX_UNVERIFIED: u64 =
-    2 * crate::hsync::MAX_WINDOW_OUTPUT as u64 + crate::hsync::MAX_BLOCK_SIZE as u64;
+    2 * crate::hsync::MAX_WINDOW_OUTPUT as u64 + 8 * crate::hsync::MAX_BLOCK_SIZE as u64;
 
 /// Why the worker stopped before the end of the upstream body.
 enum Stop {

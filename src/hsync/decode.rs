@@ -302,8 +302,9 @@ impl<B: Basis> Decoder<B> {
     /// hands bytes on before END hands on no more than these, so a basis
     /// that rotted on disk (or a stream that does not fit it) shows as a
     /// failed check before its wrong bytes leave (C-V3). The SIG frame
-    /// after each DELTA frame covers the window's completed blocks, so
-    /// what is held back stays within a window and a block.
+    /// after each DELTA frame covers the window's completed blocks, and the
+    /// signature is recomputed eight blocks at a time (SIMD lanes), so what
+    /// is held back stays within a window and eight blocks.
     pub fn verified_len(&self) -> u64 {
         if self.verified.is_some() {
             return self.rebuilt;
