@@ -53,6 +53,21 @@ where
     })
 }
 
+/// A `Stream` over an mpsc receiver: a body fed by a task (wrap it in
+/// `http_body_util::StreamBody`).
+pub(crate) struct ReceiverStream<T>(pub(crate) tokio::sync::mpsc::Receiver<T>);
+
+impl<T> futures_core::Stream for ReceiverStream<T> {
+    type Item = T;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}
+
 struct Counted<F: FnOnce(u64, bool)> {
     inner: ProxyBody,
     bytes: u64,

@@ -289,6 +289,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
+    use crate::server::ReceiverStream;
 
     fn body(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 % 251) as u8).collect()
@@ -379,18 +380,5 @@ mod tests {
         .await
         .expect("a reader that left does not hold the producer");
         assert!(gone.is_err());
-    }
-
-    struct ReceiverStream<T>(mpsc::Receiver<T>);
-
-    impl<T> futures_core::Stream for ReceiverStream<T> {
-        type Item = T;
-
-        fn poll_next(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Option<T>> {
-            self.0.poll_recv(cx)
-        }
     }
 }

@@ -1374,21 +1374,9 @@ fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
     });
 }
 
-/// This process's resident memory (bytes), from /proc/self/status.
+/// This process's resident memory (bytes).
 fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .expect("VmRSS in /proc/self/status");
-    let kib: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap();
-    kib << 10
+    support::memory_of(std::process::id(), "VmRSS:")
 }
 
 /// Runs the test `name` of this binary alone in a child process (marked by

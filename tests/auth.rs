@@ -570,22 +570,6 @@ async fn a_10_a_user_verified_before_a_burst_from_her_address_still_gets_through
     assert_eq!(reply.status, 200, "{}", reply.head);
 }
 
-/// VmRSS or VmHWM of a process, in bytes.
-fn memory_of(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with(field))
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
-    let kib: u64 = line[field.len() + 1..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap();
-    kib << 10
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_10_a_burst_from_many_addresses_adds_at_most_128_mib_to_the_process() {
     let dir = tempfile::tempdir().unwrap();
@@ -628,7 +612,7 @@ async fn a_10_a_burst_from_many_addresses_adds_at_most_128_mib_to_the_process() 
         .recv_timeout(Duration::from_secs(30))
         .expect("the proxy starts");
     let addr = SocketAddr::new(LOOPBACK, port);
-    let before = memory_of(child.id(), "VmRSS:");
+    let before = support::memory_of(child.id(), "VmRSS:");
 
     // 300 guesses at once from 30 addresses, ten each: the failure count
     // lets every one of them be checked, so only the turns bound memory.
@@ -639,7 +623,7 @@ async fn a_10_a_burst_from_many_addresses_adds_at_most_128_mib_to_the_process() 
         |i| credentials("alice", &format!("guess{i}")),
     )
     .await;
-    let peak = memory_of(child.id(), "VmHWM:");
+    let peak = support::memory_of(child.id(), "VmHWM:");
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(

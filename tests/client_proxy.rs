@@ -587,6 +587,21 @@ impl Proxy {
         self.proxy.store().len()
     }
 
+    /// Changes the byte at `at` of `url`'s stored body in place (same
+    /// length): bit rot, or a stray write (C-V3).
+    fn flip_stored_byte(&self, url: &str, at: usize) {
+        let key = CacheKey::parse(url).unwrap();
+        let body_file = self
+            .proxy
+            .store()
+            .root()
+            .join(key.entry_path())
+            .with_extension("body");
+        let mut stored = std::fs::read(&body_file).unwrap();
+        stored[at] ^= 0x01;
+        std::fs::write(&body_file, &stored).unwrap();
+    }
+
     /// The stored body and signature of `url`.
     fn body_and_signature(&self, url: &str) -> (Vec<u8>, Vec<u8>) {
         let mut entry = self
@@ -2172,17 +2187,7 @@ async fn c_v3_a_byte_rotten_on_disk_never_leaves_and_the_next_request_refetches(
     stack.proxy.settled(&url).await;
     // One byte changed in place, same length: bit rot, a stray write.
     let at = (3 << 20) + 5;
-    let key = CacheKey::parse(&url).unwrap();
-    let body_file = stack
-        .proxy
-        .proxy
-        .store()
-        .root()
-        .join(key.entry_path())
-        .with_extension("body");
-    let mut stored = std::fs::read(&body_file).unwrap();
-    stored[at] ^= 0x01;
-    std::fs::write(&body_file, &stored).unwrap();
+    stack.proxy.flip_stored_byte(&url, at);
 
     let request = forward(Method::GET, stack.origin.addr, "/large.txt");
     let (received, complete) = receive_frames(stack.proxy.addr, request, usize::MAX).await;
@@ -2284,17 +2289,7 @@ async fn c_v3_a_basis_rotten_on_disk_never_shows_in_the_rebuilt_body() {
     let basis_url = stack.url("/app-1.js");
     stack.proxy.settled(&basis_url).await;
     // One byte of the basis changed in place, where release 2 copies it.
-    let key = CacheKey::parse(&basis_url).unwrap();
-    let body_file = stack
-        .proxy
-        .proxy
-        .store()
-        .root()
-        .join(key.entry_path())
-        .with_extension("body");
-    let mut stored = std::fs::read(&body_file).unwrap();
-    stored[150_000] ^= 0x01;
-    std::fs::write(&body_file, &stored).unwrap();
+    stack.proxy.flip_stored_byte(&basis_url, 150_000);
 
     let request = forward(Method::GET, stack.origin.addr, "/app-2.js");
     let (received, complete) = receive_frames(stack.proxy.addr, request, usize::MAX).await;

@@ -21,7 +21,7 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use crate::cache::{Outboard, OutboardBuilder};
-use crate::server::{BodyError, ProxyBody};
+use crate::server::{BodyError, ProxyBody, ReceiverStream};
 
 /// Bodies up to this size are read and checked whole before a cached
 /// response starts; larger ones are checked group by group as they stream.
@@ -144,20 +144,6 @@ async fn stream_groups(
         on_failure();
         let _ = tx.send(Err(BodyError::from(failure))).await;
         return;
-    }
-}
-
-/// A `Stream` over an mpsc receiver.
-struct ReceiverStream<T>(mpsc::Receiver<T>);
-
-impl<T> futures_core::Stream for ReceiverStream<T> {
-    type Item = T;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<T>> {
-        self.0.poll_recv(cx)
     }
 }
 

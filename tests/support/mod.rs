@@ -507,3 +507,21 @@ pub fn edit() -> impl Strategy<Value = Edit> {
         any::<u64>().prop_map(|at| Edit::FlipByte { at }),
     ]
 }
+
+/// A memory field of a process's /proc status (`VmRSS:`, `VmHWM:`), in
+/// bytes: the L-13, L-14 and A-10 tests' measure.
+#[allow(dead_code)] // Not every test binary measures memory.
+pub fn memory_of(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib << 10
+}
