@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Load generator for scripts/soak.sh (rows L-13 and L-14 of RELIABILITY.md).
 
-Python 3 standard library only (asyncio on raw non-blocking sockets). It is
+Python 3 standard library only (asyncio on raw non-blocking sockets; ssl
+and hand-written HTTP/2 frames for h2stall). It is
 started by scripts/soak.sh, which builds rproxy, starts nginx (origin and
 reverse proxy) and the rproxy pair, and cleans up. Subcommands:
 
@@ -14,12 +15,25 @@ reverse proxy) and the rproxy pair, and cleans up. Subcommands:
       sends 200 small requests. Prints one JSON object: the processes'
       memory and threads before and while stalled, the bystander's
       latencies, and how many stalled requests got a 200 head.
+  soak.py h2stall --port P --path PATH [--header K:V]... --streams N
+          --per-conn S --settle T --pid NAME=PID... --bystander-path URL
+          [--bystander-header K:V]... [--bystander-port Q]
+      The same over HTTP/2 on TLS (ALPN h2), framed by hand: ceil(N/S)
+      connections with N streams in all (at most S, and at most the
+      server's SETTINGS_MAX_CONCURRENT_STREAMS, on each), every stream
+      opened with a window of 0 (SETTINGS_INITIAL_WINDOW_SIZE=0) so that
+      the server can send the response head but no DATA; no WINDOW_UPDATE
+      is ever sent. The bystander uses a fresh h2 connection per request
+      to the same TLS listener (Q, default P). Prints the same JSON as
+      stall, plus "h2": streams opened, resets, GOAWAYs, connections the
+      server closed.
   soak.py burst --port P --prefix URL --count N --expect DIR --pid NAME=PID...
       N concurrent GETs of PREFIX + fNNN (the files of DIR), each body
       checked against DIR; prints JSON: peak RSS (VmHWM reset before), time,
       failures.
-  soak.py bystander --port P --path URL [--header K:V]... --count 200
-      (one request per fresh connection, 10 ms apart; JSON latencies in ms)
+  soak.py bystander --port P --path URL [--header K:V]... --count 200 [--h2]
+      (one request per fresh connection, 10 ms apart; JSON latencies in ms;
+      --h2: TLS and HTTP/2)
   soak.py mem --pid NAME=PID...
       (JSON: VmRSS, VmHWM and threads of each process and its children)
 
@@ -32,6 +46,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -199,8 +214,13 @@ async def connect(loop, port, rcvbuf=None):
 
 def bystander_main(args):
     req = request_bytes(args.path, args.header or [])
+    ctx = tls_context() if args.h2 else None
 
     def one():
+        if args.h2:
+            start = time.perf_counter()
+            status, _ = h2_get_once(args.port, args.path, args.header, ctx)
+            return status, time.perf_counter() - start
         start = time.perf_counter()
         with socket.create_connection(("127.0.0.1", args.port), timeout=10) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -256,6 +276,8 @@ def run_bystander(args):
            "--count", str(args.bystanders)]
     for h in args.bystander_header or []:
         cmd += ["--header", h]
+    if args.cmd == "h2stall":  # the same TLS listener, a fresh h2 connection each
+        cmd.append("--h2")
     out = subprocess.run(cmd, check=True, capture_output=True).stdout
     result = json.loads(out)
     ms = result["ms"]
@@ -311,6 +333,404 @@ async def stall_main(args):
         sock.close()
     json.dump({"before": before, "stalled": stalled, "after_bystander": during,
                "heads": heads, "bystander": bystander}, sys.stdout)
+
+
+# ---- HTTP/2 over TLS, framed by hand (RFC 9113, RFC 7541) ------------------
+#
+# Only what a client that stops reading needs: the preface, SETTINGS (and
+# their acks), HEADERS out with HPACK literals, HEADERS/CONTINUATION in far
+# enough to read :status, PING answers, and RST_STREAM / GOAWAY noted. No
+# Huffman coding and no dynamic table on our side, so every request block is
+# independent of the others.
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_DATA, H2_HEADERS, H2_RST_STREAM, H2_SETTINGS = 0x0, 0x1, 0x3, 0x4
+H2_PING, H2_GOAWAY, H2_WINDOW_UPDATE, H2_CONTINUATION = 0x6, 0x7, 0x8, 0x9
+H2_END_STREAM, H2_ACK, H2_END_HEADERS, H2_PADDED, H2_PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
+SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x2, 0x3
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+H2_REFUSED_STREAM = 0x7
+# The static table's :status entries (RFC 7541 appendix A), index -> status.
+HPACK_STATIC_STATUS = {8: 200, 9: 204, 10: 206, 11: 304, 12: 400, 13: 404, 14: 500}
+# Huffman codes of the ten digits (RFC 7541 appendix B): enough to read a
+# :status a server sends as a Huffman-coded literal.
+HPACK_HUFFMAN_DIGITS = {(0b00000, 5): "0", (0b00001, 5): "1", (0b00010, 5): "2",
+                        (0b011001, 6): "3", (0b011010, 6): "4", (0b011011, 6): "5",
+                        (0b011100, 6): "6", (0b011101, 6): "7", (0b011110, 6): "8",
+                        (0b011111, 6): "9"}
+
+
+def h2_frame(kind, flags, stream, payload=b""):
+    return (len(payload).to_bytes(3, "big") + bytes([kind, flags])
+            + stream.to_bytes(4, "big") + payload)
+
+
+def h2_settings(pairs):
+    return h2_frame(H2_SETTINGS, 0, 0, b"".join(
+        k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in pairs))
+
+
+def hpack_int(value, prefix_bits, first=0):
+    """An HPACK integer with an N-bit prefix (RFC 7541 section 5.1)."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = [first | limit]
+    value -= limit
+    while value >= 128:
+        out.append(value % 128 + 128)
+        value //= 128
+    out.append(value)
+    return bytes(out)
+
+
+def hpack_read_int(block, pos, prefix_bits):
+    limit = (1 << prefix_bits) - 1
+    value = block[pos] & limit
+    pos += 1
+    if value < limit:
+        return value, pos
+    shift = 0
+    while True:
+        byte = block[pos]
+        pos += 1
+        value += (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def hpack_block(path, headers, authority):
+    """A request's header block: every field a literal without indexing with
+    a new name (0x00), no Huffman, so nothing lands in the server's dynamic
+    table and no decoder state is shared between requests. AUTHORITY is
+    host:port as the client reached the server: the accelerator serves an
+    h2 request itself only when :authority names it (the SNI name and its
+    port, what a client proxy with an https:// upstream sends); any other
+    authority is someone else's site, refused with 400."""
+    fields = [(":method", "GET"), (":scheme", "https"), (":authority", authority),
+              (":path", path), ("user-agent", "rproxy-soak")]
+    for h in headers or []:
+        name, _, value = h.partition(":")
+        fields.append((name.strip().lower(), value.strip()))  # h2 names are lower case
+    out = bytearray()
+    for name, value in fields:
+        n, v = name.encode(), value.encode()
+        out += b"\x00" + hpack_int(len(n), 7) + n + hpack_int(len(v), 7) + v
+    return bytes(out)
+
+
+def hpack_status(block):
+    """The :status of a response header block (it must be the first field),
+    or 0 if it is coded in a way we do not decode (a dynamic table entry)."""
+    try:
+        pos = 0
+        while block[pos] & 0xE0 == 0x20:  # dynamic table size updates come first
+            _, pos = hpack_read_int(block, pos, 5)
+        first = block[pos]
+        if first & 0x80:  # indexed field
+            index, _ = hpack_read_int(block, pos, 7)
+            return HPACK_STATIC_STATUS.get(index, 0)
+        # A literal, with incremental indexing (01), or without / never (000x).
+        index, pos = hpack_read_int(block, pos, 6 if first & 0x40 else 4)
+        if not 8 <= index <= 14:  # not the :status name
+            return 0
+        huffman = block[pos] & 0x80
+        length, pos = hpack_read_int(block, pos, 7)
+        raw = block[pos:pos + length]
+        if not huffman:
+            text = raw.decode("latin-1")
+        else:
+            bits = "".join(f"{b:08b}" for b in raw)
+            text, code, width = "", 0, 0
+            for bit in bits:
+                code, width = code * 2 + int(bit), width + 1
+                if (code, width) in HPACK_HUFFMAN_DIGITS:
+                    text += HPACK_HUFFMAN_DIGITS[(code, width)]
+                    code, width = 0, 0
+                elif width > 6:
+                    break  # the padding (all ones), or not a digit
+        return int(text) if len(text) == 3 and text.isdigit() else 0
+    except (IndexError, ValueError):
+        return 0
+
+
+def h2_strip(flags, payload, kind):
+    """The header block fragment of a HEADERS frame: padding and priority off."""
+    pos, end = 0, len(payload)
+    if flags & H2_PADDED:
+        end -= payload[0]
+        pos = 1
+    if kind == H2_HEADERS and flags & H2_PRIORITY:
+        pos += 5
+    return payload[pos:end]
+
+
+def tls_context():
+    """A client context offering only h2. No certificate check: the server is
+    ours, on loopback, with a throw-away self-signed certificate."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def h2_get_once(port, path, headers, ctx):
+    """One GET on a fresh TLS connection speaking h2 (the bystander): the
+    status and the body's length. Our windows stay at their 65,535 defaults,
+    larger than the small body, so no WINDOW_UPDATE is needed."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        if s.selected_alpn_protocol() != "h2":
+            raise ConnectionError(f"ALPN chose {s.selected_alpn_protocol()!r}, not h2")
+        # Preface, our SETTINGS and the request in one write: one round trip.
+        s.sendall(H2_PREFACE + h2_settings([(SETTINGS_ENABLE_PUSH, 0)])
+                  + h2_frame(H2_HEADERS, H2_END_HEADERS | H2_END_STREAM, 1,
+                             hpack_block(path, headers, f"localhost:{port}")))
+        buf, status, body = bytearray(), 0, 0
+        while True:
+            while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed before the end of the stream")
+                buf += chunk
+            length = int.from_bytes(buf[:3], "big")
+            kind, flags = buf[3], buf[4]
+            stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            payload = bytes(buf[9:9 + length])
+            del buf[:9 + length]
+            if kind == H2_SETTINGS and not flags & H2_ACK:
+                s.sendall(h2_frame(H2_SETTINGS, H2_ACK, 0))
+            elif kind == H2_PING and not flags & H2_ACK:
+                s.sendall(h2_frame(H2_PING, H2_ACK, 0, payload))
+            elif kind == H2_GOAWAY:
+                code = int.from_bytes(payload[4:8], "big")
+                if code or int.from_bytes(payload[:4], "big") & 0x7FFFFFFF < 1:
+                    raise ConnectionError(f"GOAWAY, error {code}")
+            elif stream != 1:
+                continue
+            elif kind == H2_RST_STREAM:
+                raise ConnectionError(f"RST_STREAM, error {int.from_bytes(payload, 'big')}")
+            elif kind == H2_HEADERS and not status:
+                # (A response head fits one frame here: the server's
+                # SETTINGS_MAX_FRAME_SIZE is 16 KiB at least.)
+                status = hpack_status(h2_strip(flags, payload, kind))
+            elif kind == H2_DATA:
+                body += len(h2_strip(flags, payload, kind))
+            if stream == 1 and kind in (H2_DATA, H2_HEADERS) and flags & H2_END_STREAM:
+                return status, body
+
+
+class H2Stalled:
+    """One h2 connection whose streams get a zero window: SETTINGS_INITIAL_
+    WINDOW_SIZE=0 before any stream opens, so the server may send response
+    HEADERS (not flow-controlled) but not one byte of DATA. The connection
+    window is left at its 65,535 start (SETTINGS cannot change it, and we
+    never send a WINDOW_UPDATE): it does not matter while every stream's
+    window is zero. The socket is read all along, as a real client's would
+    be, to answer PINGs and see resets; nothing else is ever read off it
+    because nothing else may be sent."""
+
+    def __init__(self, number):
+        self.number = number
+        self.reader = self.writer = None
+        self.port = None
+        self.max_streams = None  # the server's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.server_settings = asyncio.Event()
+        self.status = {}  # stream id -> :status, or "reset" / "refused"
+        self.blocks = {}  # stream id -> header block being collected
+        self.open = []  # stream ids opened
+        self.done = asyncio.Event()  # every stream got a head (or a reset)
+        self.closed = None  # why the connection ended, if it did
+        self.data_bytes = 0  # DATA the server sent despite the zero window
+        self.goaway = None
+        self.resets_after_head = 0
+        self.resets_late = 0  # RST_STREAM after the wait for heads ended
+        self.waiting = True  # still in the wait for heads
+        self.progress = None  # an Event set at every head or reset, shared
+
+    async def connect(self, port, ctx):
+        self.port = port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As the HTTP/1.1 readers: a small receive buffer, so the kernel
+        # holds little on our side either.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        self.reader, self.writer = await asyncio.open_connection(
+            sock=sock, ssl=ctx, server_hostname="localhost")
+        alpn = self.writer.get_extra_info("ssl_object").selected_alpn_protocol()
+        if alpn != "h2":
+            raise ConnectionError(f"ALPN chose {alpn!r}, not h2")
+        # Our SETTINGS go before any HEADERS, and the server applies them in
+        # order, so every stream starts with a window of 0.
+        self.writer.write(H2_PREFACE + h2_settings([
+            (SETTINGS_ENABLE_PUSH, 0), (SETTINGS_INITIAL_WINDOW_SIZE, 0)]))
+        await self.writer.drain()
+
+    async def open_streams(self, count, path, headers):
+        # The server's first frame is its SETTINGS: wait for its stream limit.
+        await asyncio.wait_for(self.server_settings.wait(), 30)
+        if self.max_streams is not None and count > self.max_streams:
+            log(f"h2 connection {self.number}: the server allows {self.max_streams} "
+                f"streams at once, opening {self.max_streams} of {count}")
+            count = self.max_streams
+        out = bytearray()
+        for k in range(count):
+            sid = 2 * k + 1
+            self.open.append(sid)
+            out += h2_frame(H2_HEADERS, H2_END_HEADERS | H2_END_STREAM, sid,
+                            hpack_block(path.replace("{i}", f"{self.number}-{sid}"), headers,
+                                        f"localhost:{self.port}"))
+        self.writer.write(bytes(out))
+        await self.writer.drain()
+        if not self.open:
+            self.done.set()
+
+    def _settled(self, sid, outcome):
+        if sid in self.status:
+            return
+        self.status[sid] = outcome
+        if self.progress:
+            self.progress.set()
+        if len(self.status) == len(self.open):
+            self.done.set()
+
+    async def run(self):
+        """Reads frames until the connection ends."""
+        try:
+            while True:
+                head = await self.reader.readexactly(9)
+                length = int.from_bytes(head[:3], "big")
+                kind, flags = head[3], head[4]
+                sid = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+                payload = await self.reader.readexactly(length) if length else b""
+                if kind == H2_SETTINGS and not flags & H2_ACK:
+                    for at in range(0, len(payload) - 5, 6):
+                        if int.from_bytes(payload[at:at + 2], "big") == SETTINGS_MAX_CONCURRENT_STREAMS:
+                            self.max_streams = int.from_bytes(payload[at + 2:at + 6], "big")
+                    self.writer.write(h2_frame(H2_SETTINGS, H2_ACK, 0))
+                    self.server_settings.set()
+                elif kind == H2_PING and not flags & H2_ACK:
+                    self.writer.write(h2_frame(H2_PING, H2_ACK, 0, payload))
+                elif kind == H2_GOAWAY:
+                    self.goaway = (f"last stream {int.from_bytes(payload[:4], 'big') & 0x7FFFFFFF}, "
+                                   f"error {int.from_bytes(payload[4:8], 'big')}")
+                elif kind in (H2_HEADERS, H2_CONTINUATION):
+                    block = self.blocks.get(sid, b"") + h2_strip(flags, payload, kind)
+                    if flags & H2_END_HEADERS:
+                        self.blocks.pop(sid, None)
+                        self._settled(sid, hpack_status(block))
+                    else:
+                        self.blocks[sid] = block
+                elif kind == H2_RST_STREAM:
+                    code = int.from_bytes(payload[:4], "big")
+                    if sid in self.status:
+                        self.resets_after_head += 1
+                    if not self.waiting:
+                        self.resets_late += 1
+                    self._settled(sid, "refused" if code == H2_REFUSED_STREAM else "reset")
+                elif kind == H2_DATA:
+                    self.data_bytes += length
+        except (asyncio.IncompleteReadError, OSError, ConnectionError) as e:
+            self.closed = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        finally:
+            self.server_settings.set()
+            self.done.set()
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
+
+
+async def h2stall_main(args):
+    pids = parse_pids(args.pid)
+    before = mem_all(pids)
+    for pid in pids.values():
+        reset_peak(pid)
+    ctx = tls_context()
+    nconns = -(-args.streams // args.per_conn)
+    # The streams dealt out as evenly as the connections allow.
+    counts = [args.streams // nconns + (k < args.streams % nconns) for k in range(nconns)]
+    conns = [H2Stalled(k) for k in range(nconns)]
+    progress = asyncio.Event()
+    for conn in conns:
+        conn.progress = progress
+    readers, failed_conns = [], 0
+    started = time.monotonic()
+    for conn, count in zip(conns, counts):
+        try:
+            await conn.connect(args.port, ctx)
+            readers.append(asyncio.ensure_future(conn.run()))
+            await conn.open_streams(count, args.path, args.header)
+        except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+            failed_conns += 1
+            log(f"h2 connection {conn.number}: {type(e).__name__}: {e}")
+            conn.done.set()
+    # Every stream's head, within the same 30 s per stream the HTTP/1.1
+    # readers get (the heads come back in parallel, so 30 s is for all);
+    # but stop after 5 s without a new head or reset: a server may hold a
+    # head back until the window lets DATA follow it (nginx 1.22 does), and
+    # waiting longer only brings its send_timeout and our measurement closer.
+    async def all_heads():
+        for c in conns:
+            await c.done.wait()
+
+    all_done = asyncio.ensure_future(all_heads())
+    deadline = time.monotonic() + 30
+    while not all_done.done() and time.monotonic() < deadline:
+        progress.clear()
+        quiet = asyncio.ensure_future(progress.wait())
+        await asyncio.wait([all_done, quiet], timeout=min(5, deadline - time.monotonic()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not quiet.done():
+            quiet.cancel()
+            break
+    all_done.cancel()
+    for conn in conns:
+        conn.waiting = False
+    heads = {"ok": 0, "other": 0, "failed": 0}
+    outcomes = {}
+    for conn, count in zip(conns, counts):
+        heads["failed"] += count - len(conn.open)  # never opened
+        for sid in conn.open:
+            outcome = conn.status.get(sid, "no head")
+            outcomes[str(outcome)] = outcomes.get(str(outcome), 0) + 1
+            if outcome == 200:
+                heads["ok"] += 1
+            elif isinstance(outcome, int):
+                heads["other"] += 1
+            else:
+                heads["failed"] += 1
+    log(f"{nconns - failed_conns} h2 connections, {sum(len(c.open) for c in conns)} streams, "
+        f"heads {heads} {outcomes}, in {time.monotonic() - started:.1f}s")
+    await asyncio.sleep(args.settle)
+    stalled = mem_all(pids)
+    bystander = await asyncio.get_running_loop().run_in_executor(None, run_bystander, args)
+    during = mem_all(pids)
+    h2 = {
+        "connections": nconns, "connections_failed": failed_conns,
+        "streams_asked": args.streams,
+        "streams_opened": sum(len(c.open) for c in conns),
+        "server_max_streams": sorted({c.max_streams for c in conns if c.max_streams is not None}),
+        "outcomes": outcomes,
+        "resets_after_head": sum(c.resets_after_head for c in conns),
+        "resets_late": sum(c.resets_late for c in conns),
+        "data_bytes": sum(c.data_bytes for c in conns),
+        "goaway": [c.goaway for c in conns if c.goaway],
+        # Connections the server ended before we closed them (an idle
+        # timeout shows here): the measurement then saw fewer stalled streams.
+        "closed_by_server": [c.closed for c in conns if c.closed],
+    }
+    for conn in conns:
+        conn.close()
+    for task in readers:
+        task.cancel()
+    json.dump({"before": before, "stalled": stalled, "after_bystander": during,
+               "heads": heads, "bystander": bystander, "h2": h2}, sys.stdout)
 
 
 # ---- burst ---------------------------------------------------------------------
@@ -380,6 +800,18 @@ def main():
     s.add_argument("--bystander-path", required=True)
     s.add_argument("--bystander-header", action="append")
     s.add_argument("--bystanders", type=int, default=200)
+    h = sub.add_parser("h2stall")
+    h.add_argument("--port", type=int, required=True)
+    h.add_argument("--path", required=True)
+    h.add_argument("--header", action="append")
+    h.add_argument("--streams", type=int, default=1000)
+    h.add_argument("--per-conn", type=int, default=100)
+    h.add_argument("--settle", type=float, default=5.0)
+    h.add_argument("--pid", action="append")
+    h.add_argument("--bystander-port", type=int)
+    h.add_argument("--bystander-path", required=True)
+    h.add_argument("--bystander-header", action="append")
+    h.add_argument("--bystanders", type=int, default=200)
     b = sub.add_parser("burst")
     b.add_argument("--port", type=int, required=True)
     b.add_argument("--prefix", required=True)
@@ -392,12 +824,17 @@ def main():
     y.add_argument("--path", required=True)
     y.add_argument("--header", action="append")
     y.add_argument("--count", type=int, default=200)
+    y.add_argument("--h2", action="store_true")
     m = sub.add_parser("mem")
     m.add_argument("--pid", action="append")
     args = parser.parse_args()
     try:
         if args.cmd == "stall":
             asyncio.run(stall_main(args))
+        elif args.cmd == "h2stall":
+            if args.bystander_port is None:
+                args.bystander_port = args.port
+            asyncio.run(h2stall_main(args))
         elif args.cmd == "burst":
             asyncio.run(burst_main(args))
         elif args.cmd == "bystander":
