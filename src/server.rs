@@ -200,6 +200,26 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// Idle connections kept per upstream host (the origin, the accelerator):
+/// each keeps the read buffer it grew to, up to about 400 KiB after a large
+/// body, so the thousand idle connections a burst left behind held
+/// hundreds of MiB (L-13, L-14). More than this are closed when they
+/// fall idle.
+pub const IDLE_UPSTREAM_CONNECTIONS: usize = 32;
+
+/// How long an idle upstream connection is kept.
+pub const IDLE_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client builder for trips upstream, with the pool's bounds above.
+pub fn upstream_client_builder() -> hyper_util::client::legacy::Builder {
+    let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+    builder
+        .pool_max_idle_per_host(IDLE_UPSTREAM_CONNECTIONS)
+        .pool_idle_timeout(IDLE_UPSTREAM_TIMEOUT)
+        .pool_timer(TokioTimer::new());
+    builder
+}
+
 /// A plain-text response, for errors and refusals.
 pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody> {
     let mut response = Response::new(

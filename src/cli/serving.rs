@@ -40,6 +40,13 @@ pub(super) fn serve_one<H: Handler>(
         .context("cannot serve the connection on stdin")
 }
 
+/// Threads for blocking work (file I/O, coding steps, spooled pages),
+/// beside one async worker per core: tokio's default of 512 let a thousand
+/// readers that stopped reading, their pages written and read back, start
+/// a hundred threads and more (L-13). Work past them queues; none of it
+/// waits on other blocking work, so queueing cannot deadlock.
+const BLOCKING_THREADS: usize = 64;
+
 /// Listens on `listen` (over TLS with `tls`) and serves `handler` until
 /// Ctrl-C. `ready` runs once the listener is bound, inside the runtime,
 /// with its address (to log, or to start the role's own tasks).
@@ -54,7 +61,11 @@ pub(super) fn serve_listener<H: Handler>(
     ready: impl FnOnce(SocketAddr, &H),
 ) -> anyhow::Result<()> {
     raise_open_file_limit(limits.max_connections);
-    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     runtime.block_on(async {
         survive_file_size_limit();
         let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;

@@ -32,7 +32,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{
     CaptureConnection, Connected, Connection, capture_connection,
 };
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -200,8 +200,8 @@ impl Upstream {
             tls: held_tls,
             ..connector(false)
         };
-        let gateway = Client::builder(TokioExecutor::new()).build(connector(false));
-        let forward = Client::builder(TokioExecutor::new())
+        let gateway = crate::server::upstream_client_builder().build(connector(false));
+        let forward = crate::server::upstream_client_builder()
             // Host is set by the caller from the absolute target.
             .set_host(false)
             .build(connector(true));
