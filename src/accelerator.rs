@@ -45,7 +45,6 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::basis_store::{BasisStore, shareable};
@@ -63,7 +62,10 @@ use crate::server::{
     malformed_request_body, text_response,
 };
 use crate::slots::{Admitted, Slots};
-use crate::spool::Spool;
+use crate::spool::{BodyFeed, Spool};
+use crate::transfer_memory::{
+    self, DEFAULT_ACCELERATOR_MEMORY, ShareHolder, TransferMemory, coded_transfer_cost,
+};
 use crate::tls::TlsSession;
 use hyper_util::client::legacy::connect::capture_connection;
 
@@ -115,6 +117,10 @@ pub struct AcceleratorConfig {
     /// Most bytes of a coded body parked ahead of its reader (0: never
     /// parked; the encoder then waits for the reader, holding its state).
     pub max_spool: u64,
+    /// Memory that streamed codings hold at once (bytes; 0: no bound):
+    /// past it, a coded response waits for its turn before reading its
+    /// origin body (see [`crate::transfer_memory`]).
+    pub transfer_memory: u64,
 }
 
 /// The default of [`AcceleratorConfig::max_spool`]: 1 GiB per response.
@@ -141,6 +147,7 @@ impl AcceleratorConfig {
             max_encoders: 0,
             spool_dir: std::env::temp_dir(),
             max_spool: DEFAULT_MAX_SPOOL,
+            transfer_memory: DEFAULT_ACCELERATOR_MEMORY,
         }
     }
 }
@@ -218,6 +225,8 @@ pub struct Accelerator {
     bodies: Arc<BasisStore>,
     stats: Arc<Stats>,
     encoders: Encoders,
+    /// What streamed codings hold at once.
+    memory: TransferMemory,
     parking: Option<Parking>,
 }
 
@@ -252,7 +261,7 @@ impl Accelerator {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(FramedHttpConnector(connector));
+        let client = crate::server::upstream_client_builder().build(FramedHttpConnector(connector));
         let bodies = Arc::new(BasisStore::new(
             config.basis_store_bytes,
             config.max_stored_body,
@@ -270,6 +279,7 @@ impl Accelerator {
             limit: config.max_spool,
         });
         Ok(Accelerator {
+            memory: TransferMemory::new(config.transfer_memory),
             parking,
             slots,
             encoders: Encoders::new(encoders),
@@ -564,6 +574,7 @@ impl Accelerator {
             let coding = Coding {
                 encoder,
                 encoders: self.encoders.clone(),
+                memory: None,
                 store,
                 stats: self.stats.clone(),
                 parking: None,
@@ -580,6 +591,11 @@ impl Accelerator {
         let coding = Coding {
             encoder,
             encoders: self.encoders.clone(),
+            memory: Some((
+                self.memory.clone(),
+                coded_transfer_cost(self.config.encoder.window_bytes, content_length),
+                content_length,
+            )),
             store,
             stats: self.stats.clone(),
             parking: self.parking.clone(),
@@ -633,9 +649,13 @@ impl Handler for Accelerator {
 /// client: small, so that backpressure reaches the origin quickly.
 const CHANNEL_DEPTH: usize = 4;
 
-/// Largest piece of stream sent to the client at a time: what the channel
-/// and hyper hold for a client that stops reading is a few of these.
-const SEND_SLICE: usize = 64 << 10;
+/// Largest piece of stream sent to the client at a time: what hyper holds
+/// for a client that stops reading, beside the spool's page (the spool
+/// takes over what waits in the channel).
+const SEND_SLICE: usize = 32 << 10;
+
+/// Slices in flight towards the client.
+const CLIENT_DEPTH: usize = 8;
 
 /// Bodies the origin announced at most this long are read whole and coded
 /// in one go, then sent with a Content-Length: one hop to a blocking thread
@@ -665,6 +685,7 @@ async fn encode_whole(
     let Coding {
         mut encoder,
         encoders,
+        memory: _,
         store,
         stats,
         parking: _,
@@ -720,6 +741,9 @@ async fn encode_whole(
 struct Coding {
     encoder: Encoder,
     encoders: Encoders,
+    /// The budget a streamed coding takes its share of, that share, and
+    /// the body's announced length.
+    memory: Option<(TransferMemory, u64, Option<u64>)>,
     /// Where the body is kept once coded, if it may be.
     store: Option<Arc<BasisStore>>,
     stats: Arc<Stats>,
@@ -897,18 +921,43 @@ fn encode_body(
     let Coding {
         encoder,
         encoders,
+        memory,
         store,
         stats,
         parking,
     } = coding;
     let pacing = Pacing::new(encoder, pacer);
     let (to_encoder, from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
-    let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CHANNEL_DEPTH);
+    let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CLIENT_DEPTH);
+    let from_encoder = BodyFeed::new(from_encoder);
     let link_idle = pacing.idle.clone();
     let origin_idle = pacing.idle.clone();
-    tokio::spawn(async move {
+    let (mut taker, holder) = match memory {
+        Some((memory, cost, known_len)) => {
+            // A body announced larger than a small one waits before its
+            // first byte: nothing of it is read (into hyper's buffer, the
+            // channel and the window) while it waits.
+            let past = match known_len {
+                Some(len) if len > transfer_memory::SHARE_PAST => 0,
+                _ => transfer_memory::SHARE_PAST,
+            };
+            let (taker, holder) = transfer_memory::share(&memory, cost, past);
+            (Some(taker), Some(holder))
+        }
+        None => (None, None),
+    };
+    let read_origin = async move {
         let mut origin = origin;
-        while let Some(frame) = origin.frame().await {
+        let mut read = 0u64;
+        loop {
+            if let Some(taker) = &mut taker {
+                // Past a small body's size, the coding's state grows:
+                // nothing more is read before its share (L-13, L-14).
+                taker.take_past(read).await;
+            }
+            let Some(frame) = origin.frame().await else {
+                break;
+            };
             let item = match frame {
                 Ok(frame) => match frame.into_data() {
                     Ok(data) => Ok(data),
@@ -916,6 +965,9 @@ fn encode_body(
                 },
                 Err(error) => Err(BodyError::from(error)),
             };
+            if let Ok(data) = &item {
+                read += data.len() as u64;
+            }
             let failed = item.is_err();
             let sending = Instant::now();
             if to_encoder.send(item).await.is_err() || failed {
@@ -930,11 +982,14 @@ fn encode_body(
                 .send(Err(ExchangeCheck::error(violation).into()))
                 .await;
         }
-    });
+    };
+    tokio::spawn(read_origin);
     tokio::spawn(
         Streaming {
             from_origin,
             sink: Sink::Client(to_client),
+            feed: from_encoder.clone(),
+            memory: holder,
             parking,
             encoders,
             store,
@@ -956,6 +1011,10 @@ fn encode_body(
 struct Streaming {
     from_origin: mpsc::Receiver<Result<Bytes, BodyError>>,
     sink: Sink,
+    /// The client's end of its channel, for a spool to take over.
+    feed: BodyFeed,
+    /// This coding's share of the transfer memory, held while it runs.
+    memory: Option<ShareHolder>,
     /// Where the body may still be parked (taken when it is, or when that
     /// failed).
     parking: Option<Parking>,
@@ -994,6 +1053,9 @@ impl Streaming {
                     return self.sink.fail(error).await;
                 }
             };
+            if let Some(share) = &mut self.memory {
+                share.collect();
+            }
             if let (Some(body), Some(store)) = (&mut kept, &self.store)
                 && !body.add(&chunk, store)
             {
@@ -1109,7 +1171,12 @@ impl Streaming {
             };
             let room = if stalled {
                 // Not parked: this task waits here, holding no thread
-                // (L-13), as it did before spools.
+                // (L-13), as it did before spools; its state is the
+                // reader's to keep (parking is off or failed), not the
+                // other transfers' budget.
+                if let Some(share) = &mut self.memory {
+                    share.release();
+                }
                 waiting.reserve_owned().await.ok()
             } else {
                 match tokio::time::timeout(STALLED_AFTER, waiting.reserve_owned()).await {
@@ -1119,7 +1186,9 @@ impl Streaming {
                         if let Some(pacing) = pacing.as_deref_mut() {
                             pacing.encoder.release_buffers();
                         }
-                        self.park(pacing.as_deref_mut());
+                        if !self.park(pacing.as_deref_mut()).await {
+                            return false;
+                        }
                         continue;
                     }
                 }
@@ -1134,26 +1203,36 @@ impl Streaming {
         true
     }
 
-    /// Parks the rest of the body in a spool, if it may be and one can be
-    /// made; otherwise the caller goes on waiting for the client.
-    fn park(&mut self, pacing: Option<&mut Pacing>) {
+    /// Parks the rest of the body in a spool, what waited in the client's
+    /// channel first, if it may be and one can be made; otherwise the
+    /// caller goes on waiting for the client. False if the client left or
+    /// the spool failed.
+    async fn park(&mut self, pacing: Option<&mut Pacing>) -> bool {
         let Some(parking) = self.parking.take() else {
-            return;
+            return true;
         };
-        let Sink::Client(to_client) = &self.sink else {
-            return;
-        };
-        let spool = match Spool::create(&parking.dir, parking.limit) {
+        if !matches!(self.sink, Sink::Client(_)) {
+            return true;
+        }
+        let mut spool = match Spool::create(&parking.dir, parking.limit) {
             Ok(spool) => spool,
             Err(error) => {
                 SPOOL_FAILED.call_once(|| {
                     tracing::warn!(dir = %parking.dir.display(), %error,
                         "cannot spool for clients that stop reading; their encoders wait instead");
                 });
-                return;
+                return true;
             }
         };
-        spool.follow(to_client.clone());
+        for item in spool.take_over(&self.feed) {
+            // Only data is sent before the end: a failure ends the stream.
+            if let Ok(data) = item.map(Frame::into_data)
+                && let Ok(data) = data
+                && !write_spooled(&mut spool, data).await
+            {
+                return false;
+            }
+        }
         self.sink = Sink::Spool(spool);
         Stats::add(&self.stats.spooled, 1);
         tracing::debug!(method = %self.method, uri = %self.uri, "client stopped reading; body spooled");
@@ -1164,6 +1243,7 @@ impl Streaming {
             pacing.pacer = None;
             pacing.encoder.set_entropy_coding(true);
         }
+        true
     }
 }
 
@@ -1272,7 +1352,7 @@ impl Idle {
 /// The encoder's frames as the response body, timing how long the link
 /// waits for them (hyper polls the body only when it can write).
 struct EncodedStream {
-    frames: mpsc::Receiver<Result<Frame<Bytes>, BodyError>>,
+    frames: BodyFeed,
     idle: Arc<Idle>,
     /// Since when the link has been waiting.
     since: Option<Instant>,

@@ -92,6 +92,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         max_encoders: 0,
         spool_dir: std::env::temp_dir(),
         max_spool: crate::accelerator::DEFAULT_MAX_SPOOL,
+        transfer_memory: crate::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
     })?;
     let accelerator_addr = start(Arc::new(accelerator)).await?;
 
@@ -112,6 +113,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
             upstream_credentials: None,
             upstream_tls: None,
             queue: Default::default(),
+            transfer_memory: crate::transfer_memory::DEFAULT_CLIENT_MEMORY,
         },
         store,
     )?);

@@ -35,4 +35,5 @@ pub mod slots;
 pub mod spool;
 pub mod static_origin;
 pub mod tls;
+pub mod transfer_memory;
 pub mod upstream_guard;

@@ -15,13 +15,21 @@
 //! already took was; past it the producer waits for the reader, as it did
 //! without one.
 //!
-//! Main type: [`Spool`].
+//! A body's channel is read through a [`BodyFeed`], which a spool takes
+//! over when it starts ([`Spool::take_over`]): what waits in the channel
+//! then goes to the disk first, and the reader gets the spool's pages
+//! through a channel of one page. A stalled reader keeps the frame its
+//! connection is writing and one page, whatever the producer's channel
+//! held while it read.
+//!
+//! Main types: [`Spool`], [`BodyFeed`].
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::Frame;
@@ -30,7 +38,54 @@ use tokio::sync::{mpsc, watch};
 use crate::server::BodyError;
 
 /// Bytes written, hashed and read back at a time.
-pub const PAGE: usize = 64 << 10;
+pub const PAGE: usize = 32 << 10;
+
+/// What a body's channel carries: a frame, or why the body failed.
+pub type BodyItem = Result<Frame<Bytes>, BodyError>;
+
+/// The receiving end of a body's channel, as the response body reads it,
+/// and as a [`Spool`] takes it over: a clone is kept by the producer for
+/// that. (Only the receiver is shared; the lock is taken per poll, by one
+/// reader, and once by the spool.)
+#[derive(Clone)]
+pub struct BodyFeed(Arc<Mutex<Feed>>);
+
+struct Feed {
+    from: mpsc::Receiver<BodyItem>,
+    /// The reader's waker when it last found nothing: a receiver swapped
+    /// in has never seen it.
+    waker: Option<Waker>,
+}
+
+impl BodyFeed {
+    /// The body that reads `from`.
+    pub fn new(from: mpsc::Receiver<BodyItem>) -> BodyFeed {
+        BodyFeed(Arc::new(Mutex::new(Feed { from, waker: None })))
+    }
+
+    /// The next item, as `mpsc::Receiver::poll_recv`.
+    pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<BodyItem>> {
+        let mut feed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let polled = feed.from.poll_recv(cx);
+        if polled.is_pending() && !feed.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            feed.waker = Some(cx.waker().clone());
+        }
+        polled
+    }
+
+    /// The next item.
+    pub async fn recv(&self) -> Option<BodyItem> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+}
+
+impl futures_core::Stream for BodyFeed {
+    type Item = BodyItem;
+
+    fn poll_next(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<BodyItem>> {
+        self.poll_recv(cx)
+    }
+}
 
 /// How the body ended, as the producer said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +147,7 @@ impl Spool {
     }
 
     /// Starts the follower that hands the spool to `reader`.
-    pub fn follow(&self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
+    pub fn follow(&self, reader: mpsc::Sender<BodyItem>) {
         let follower = Follower {
             file: self.file.clone(),
             ring: self.ring,
@@ -101,6 +156,28 @@ impl Spool {
             reporter: self.progress.clone(),
         };
         tokio::spawn(follower.run(reader));
+    }
+
+    /// Takes over `feed`: its reader gets this spool's pages from now on,
+    /// through a channel of one page, and the items that were waiting in
+    /// its channel come back, in order, for the caller to write here first
+    /// (an error among them: the caller's to keep for [`Spool::finish`]).
+    /// The producer sends nothing more to its own channel afterwards.
+    pub fn take_over(&self, feed: &BodyFeed) -> Vec<BodyItem> {
+        let (to_reader, from_spool) = mpsc::channel(1);
+        let mut queued = Vec::new();
+        {
+            let mut feed = feed.0.lock().unwrap_or_else(PoisonError::into_inner);
+            while let Ok(item) = feed.from.try_recv() {
+                queued.push(item);
+            }
+            feed.from = from_spool;
+            if let Some(waker) = feed.waker.take() {
+                waker.wake();
+            }
+        }
+        self.follow(to_reader);
+        queued
     }
 
     /// Appends `data`, waiting while the spool holds its limit ahead of the
@@ -188,13 +265,13 @@ struct Follower {
 }
 
 impl Follower {
-    async fn run(self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
+    async fn run(self, reader: mpsc::Sender<BodyItem>) {
         let reporter = self.reporter.clone();
         self.follow(reader).await;
         reporter.send_modify(|p| p.reader_gone = true);
     }
 
-    async fn follow(mut self, reader: mpsc::Sender<Result<Frame<Bytes>, BodyError>>) {
+    async fn follow(mut self, reader: mpsc::Sender<BodyItem>) {
         let mut sent = 0u64;
         loop {
             let now = match self
@@ -206,6 +283,11 @@ impl Follower {
                 Err(_) => End::Failed("the producer stopped".into()).into_progress(sent),
             };
             if now.written > sent {
+                // Room first, so that a page is read only once the reader
+                // can take it: a stalled reader keeps the one in the channel.
+                let Ok(room) = reader.reserve().await else {
+                    return; // The reader left; the producer sees it.
+                };
                 let page_number = (sent / PAGE as u64) as usize;
                 let len = (now.written - sent).min(PAGE as u64) as usize;
                 let file = self.file.clone();
@@ -224,19 +306,11 @@ impl Follower {
                 let page = match read {
                     Ok(Ok(page)) if Some(blake3::hash(&page)) == expected => page,
                     _ => {
-                        let _ = reader
-                            .send(Err(BodyError::from("spooled body failed its check")))
-                            .await;
+                        room.send(Err(BodyError::from("spooled body failed its check")));
                         return;
                     }
                 };
-                if reader
-                    .send(Ok(Frame::data(Bytes::from(page))))
-                    .await
-                    .is_err()
-                {
-                    return; // The reader left; the producer sees the channel close.
-                }
+                room.send(Ok(Frame::data(Bytes::from(page))));
                 sent += len as u64;
                 self.reporter.send_modify(|p| p.sent = sent);
                 continue;
@@ -341,6 +415,84 @@ mod tests {
             "the ring lost or reordered bytes"
         );
         assert!(file.metadata().unwrap().len() <= 4 * PAGE as u64);
+    }
+
+    #[tokio::test]
+    async fn a_spool_takes_over_a_channel_what_waited_in_it_first_and_wakes_its_reader() {
+        let data = body(5 * PAGE + 77);
+        let (tx, rx) = mpsc::channel(16);
+        let feed = BodyFeed::new(rx);
+        // The reader takes the first piece, then waits on the feed while
+        // pieces pile up in the channel, as a stalled user agent's would.
+        let mut pieces = data.chunks(40_000);
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(pieces.next().unwrap()))))
+            .await
+            .unwrap();
+        let first = feed.recv().await.unwrap().unwrap().into_data().unwrap();
+        let reader = tokio::spawn({
+            let feed = feed.clone();
+            async move {
+                let mut got = first.to_vec();
+                while let Some(item) = feed.recv().await {
+                    got.extend_from_slice(&item.unwrap().into_data().unwrap());
+                }
+                got
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let waiting: Vec<_> = pieces.by_ref().take(3).collect();
+        // (The reader may take some of these itself: what it took before
+        // the spool started is its own, in order.)
+        for piece in &waiting {
+            tx.send(Ok(Frame::data(Bytes::copy_from_slice(piece))))
+                .await
+                .unwrap();
+        }
+        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20).unwrap();
+        let queued = spool.take_over(&feed);
+        drop(tx);
+        assert!(queued.len() <= waiting.len());
+        for item in queued {
+            spool
+                .write(item.unwrap().into_data().unwrap())
+                .await
+                .unwrap();
+        }
+        for piece in pieces {
+            spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
+        }
+        spool.finish(Ok(())).await;
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
+            .await
+            .expect("the reader was woken by the spool's pages")
+            .unwrap();
+        assert!(got == data, "bytes lost or reordered across the take-over");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_reader_of_a_spool_has_one_page_waiting_for_it() {
+        let (tx, rx) = mpsc::channel(16);
+        let feed = BodyFeed::new(rx);
+        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20).unwrap();
+        assert!(spool.take_over(&feed).is_empty());
+        drop(tx);
+        for _ in 0..8 {
+            spool.write(Bytes::from(body(PAGE))).await.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Nobody reads: the follower put one page in the channel and read
+        // no other from the disk.
+        let progress = spool.progress.borrow().clone();
+        assert_eq!(progress.sent, PAGE as u64, "{progress:?}");
+        let mut got = 0;
+        let reader = tokio::spawn(async move {
+            while let Some(item) = feed.recv().await {
+                got += item.unwrap().into_data().unwrap().len();
+            }
+            got
+        });
+        spool.finish(Ok(())).await;
+        assert_eq!(reader.await.unwrap(), 8 * PAGE);
     }
 
     #[tokio::test]

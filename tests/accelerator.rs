@@ -205,6 +205,7 @@ fn config(origin: SocketAddr) -> AcceleratorConfig {
         max_encoders: 0,
         spool_dir: std::env::temp_dir(),
         max_spool: rproxy::accelerator::DEFAULT_MAX_SPOOL,
+        transfer_memory: rproxy::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
     }
 }
 
@@ -818,6 +819,7 @@ async fn origin_read_for_a_stalled_client(
 async fn without_a_spool_a_client_that_stops_reading_stops_the_origin_read() {
     let held = origin_read_for_a_stalled_client(|origin| AcceleratorConfig {
         max_spool: 0,
+        transfer_memory: rproxy::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
         ..small_windows(origin)
     })
     .await;
@@ -837,6 +839,7 @@ async fn with_a_spool_a_client_that_stops_reading_stops_the_origin_read_at_max_s
     const MAX_SPOOL: u64 = 16 << 20;
     let held = origin_read_for_a_stalled_client(|origin| AcceleratorConfig {
         max_spool: MAX_SPOOL,
+        transfer_memory: rproxy::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
         ..small_windows(origin)
     })
     .await;

@@ -478,6 +478,7 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
         max_encoders: 0,
         spool_dir: std::env::temp_dir(),
         max_spool: rproxy::accelerator::DEFAULT_MAX_SPOOL,
+        transfer_memory: rproxy::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
     }
 }
 

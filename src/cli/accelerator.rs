@@ -82,6 +82,14 @@ pub struct AcceleratorArgs {
     /// does not read.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = super::client::parse_size)]
     pub max_spool: u64,
+    /// Memory that coded responses being streamed hold at once (64K, 256M,
+    /// 1G...; 0: no bound). Each takes about six coding windows (6 MiB)
+    /// while it runs, less for a body announced smaller; past this, a
+    /// coded response waits for its turn, holding no thread and reading
+    /// nothing from the origin, so bursts and readers that stop reading
+    /// cannot take more than this (plus a few hundred KiB per connection).
+    #[arg(long, value_name = "SIZE", default_value = "128M", value_parser = super::client::parse_size)]
+    pub transfer_memory: u64,
     /// Seconds to connect to the origin.
     #[arg(long, default_value_t = 4)]
     pub connect_timeout: u64,
@@ -201,6 +209,7 @@ impl AcceleratorArgs {
             max_encoders: self.max_encoders,
             spool_dir: self.spool_dir.clone().unwrap_or_else(std::env::temp_dir),
             max_spool: self.max_spool,
+            transfer_memory: self.transfer_memory,
         })
     }
 

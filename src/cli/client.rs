@@ -44,6 +44,15 @@ pub struct ClientArgs {
     /// suffix; 0 turns it off.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub memory_cache: u64,
+    /// Memory that relays of large bodies hold at once: bytes, or with a
+    /// K, M or G suffix; 0: no bound. An hsync body being rebuilt takes
+    /// about six of the accelerator's coding windows (6 MiB) while it
+    /// runs, a plain one a few hundred KiB; past this, a body over 64 KiB
+    /// waits for its turn before reading more from upstream, holding no
+    /// thread, so bursts and readers that stop reading cannot take more
+    /// than this (plus a few hundred KiB per connection).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub transfer_memory: u64,
     /// The cache serves one user only: responses marked private, or to
     /// requests with credentials, are stored and used as bases.
     #[arg(long)]
@@ -211,6 +220,7 @@ impl ClientArgs {
                 page_after: Duration::from_secs(self.queue_page_after),
                 node: self.queue_node()?,
             },
+            transfer_memory: self.transfer_memory,
         })
     }
 

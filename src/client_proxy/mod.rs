@@ -58,6 +58,7 @@ use crate::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
 use crate::upstream_guard::ExchangeCheck;
+use crate::transfer_memory::TransferMemory;
 use cached_body::CachedBody;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
@@ -106,6 +107,10 @@ pub struct ClientConfig {
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
     /// Waits in the upstream's queue for an upload slot.
     pub queue: QueueWaitConfig,
+    /// Memory that relays of large bodies hold at once (bytes; 0: no
+    /// bound); past it, a relay waits before reading more of its body
+    /// (see [`crate::transfer_memory`]).
+    pub transfer_memory: u64,
 }
 
 /// Why the configuration cannot be used.
@@ -293,6 +298,8 @@ pub struct ClientProxy {
     hot: HotCache,
     stats: Arc<ClientStats>,
     waits: Arc<QueueWaits>,
+    /// What relays of large bodies hold at once.
+    memory: TransferMemory,
 }
 
 impl ClientProxy {
@@ -326,6 +333,7 @@ impl ClientProxy {
             ..ClientStats::default()
         });
         Ok(ClientProxy {
+            memory: TransferMemory::new(config.transfer_memory),
             upstream,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
@@ -978,6 +986,7 @@ impl ClientProxy {
                 origin_digests,
                 framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
                 spool_dir: Some(self.store.root().join("tmp")),
+                memory: self.memory.clone(),
             },
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {

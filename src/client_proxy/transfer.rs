@@ -42,22 +42,23 @@ use crate::hsync::{
     SignatureParams, choose_block_size,
 };
 use crate::server::{BodyError, ProxyBody};
-use crate::spool::Spool;
+use crate::spool::{BodyFeed, BodyItem, Spool};
+use crate::transfer_memory::{self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost};
 use crate::upstream_guard::ExchangeCheck;
 
 /// Upstream chunks in flight between the reader task and the relay.
 const CHANNEL_DEPTH: usize = 4;
 
-/// Slices in flight towards the user agent: what a user agent that stops
-/// reading keeps in memory, besides hyper's buffer (L-13).
-const AGENT_DEPTH: usize = 2;
+/// Slices in flight towards the user agent. A user agent that stops
+/// reading does not keep them: the spool takes them over (L-13).
+const AGENT_DEPTH: usize = 8;
 
 /// Largest piece of body sent to the user agent at a time (and to the
-/// cache writer). 64 KiB pieces would halve what a parked reader keeps,
-/// but cost L-3 a quarter of its throughput (244 against 328 MB/s in the
-/// same hour): more wake-ups per byte, and a client that looks slower to
-/// the accelerator's pacer, which then entropy-codes more.
-const SEND_SLICE: usize = 256 << 10;
+/// cache writer): what hyper holds for a user agent that stopped reading,
+/// beside the spool's page. (Fewer, larger pieces in flight cost L-3 as
+/// much: the relay then waits on hyper, and the accelerator's pacer takes
+/// the slower client for a slower link.)
+const SEND_SLICE: usize = 64 << 10;
 
 /// Body bytes written to the cache on the relay's own thread; the rest of
 /// a larger body is written by a [`BackgroundWriter`].
@@ -213,6 +214,25 @@ pub struct Relay {
     /// Where the body is parked when the user agent stops reading (see
     /// [`crate::spool`]); `None` keeps it waiting in memory.
     pub spool_dir: Option<std::path::PathBuf>,
+    /// The budget a large body takes its share of before the relay's
+    /// state grows (see [`crate::transfer_memory`]).
+    pub memory: TransferMemory,
+}
+
+impl Relay {
+    /// What this relay is expected to hold at most: a rebuilt body's
+    /// windows and context, or a plain body's slices in flight.
+    fn memory_cost(&self) -> u64 {
+        match &self.coding {
+            // The accelerator's windows, as it codes by default (a
+            // larger window costs more than the share says).
+            Coding::Hsync { .. } => coded_transfer_cost(EncoderOptions::default().window_bytes, None),
+            Coding::Plain { expected_len } => {
+                let in_flight = ((CHANNEL_DEPTH + AGENT_DEPTH) * SEND_SLICE) as u64;
+                expected_len.map_or(in_flight, |len| len.min(in_flight))
+            }
+        }
+    }
 }
 
 /// How a relay ended, for stats, logs and coalesced waiters.
@@ -373,14 +393,23 @@ pub async fn relay(
     done: impl FnOnce(Report) + Send + 'static,
 ) -> Relayed {
     let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
-    let (to_agent, mut from_worker) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(AGENT_DEPTH);
+    let (to_agent, from_worker) = mpsc::channel::<BodyItem>(AGENT_DEPTH);
+    let from_worker = BodyFeed::new(from_worker);
+    let feed = from_worker.clone();
     let (corrupt_tx, corrupt_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(read_upstream(upstream, to_worker));
+    let (taker, holder) = transfer_memory::share(
+        &relay.memory,
+        relay.memory_cost(),
+        transfer_memory::SHARE_PAST,
+    );
+    tokio::spawn(read_upstream(upstream, to_worker, taker));
     tokio::spawn(async move {
         let mut driver = Driver {
             spool_dir: relay.spool_dir.clone(),
+            memory: holder,
             worker: Box::new(Worker::new(relay)),
             to_agent: Some(to_agent),
+            feed,
             spool: None,
         };
         let report = driver.run(from_upstream).await;
@@ -439,7 +468,7 @@ fn concat(mut parts: Vec<Bytes>, len: usize) -> Bytes {
 /// The chunks a relay took before it chose to stream, then the rest.
 struct Prefixed {
     prefix: std::collections::VecDeque<Bytes>,
-    rest: mpsc::Receiver<Result<Frame<Bytes>, BodyError>>,
+    rest: BodyFeed,
 }
 
 impl futures_core::Stream for Prefixed {
@@ -475,8 +504,19 @@ fn is_malformed(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<Bytes, BodyError>>) {
-    while let Some(frame) = upstream.frame().await {
+async fn read_upstream(
+    mut upstream: Incoming,
+    to_worker: mpsc::Sender<Result<Bytes, BodyError>>,
+    mut share: ShareTaker,
+) {
+    let mut read = 0u64;
+    loop {
+        // Past a small body's size, the relay's state grows: nothing more
+        // is read before its share of the transfer memory (L-13, L-14).
+        share.take_past(read).await;
+        let Some(frame) = upstream.frame().await else {
+            return;
+        };
         let item = match frame {
             Ok(frame) => match frame.into_data() {
                 Ok(data) => Ok(data),
@@ -484,6 +524,9 @@ async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<By
             },
             Err(error) => Err(BodyError::from(error)),
         };
+        if let Ok(data) = &item {
+            read += data.len() as u64;
+        }
         let failed = item.is_err();
         if to_worker.send(item).await.is_err() || failed {
             return;
@@ -499,10 +542,14 @@ async fn read_upstream(mut upstream: Incoming, to_worker: mpsc::Sender<Result<By
 struct Driver {
     worker: Box<Worker>,
     /// `None` once the user agent's body was ended, or handed to a spool.
-    to_agent: Option<mpsc::Sender<Result<Frame<Bytes>, BodyError>>>,
+    to_agent: Option<mpsc::Sender<BodyItem>>,
+    /// The user agent's end of that channel, for a spool to take over.
+    feed: BodyFeed,
     /// The body parked on disk for a user agent that stopped reading.
     spool: Option<Spool>,
     spool_dir: Option<std::path::PathBuf>,
+    /// This relay's share of the transfer memory.
+    memory: ShareHolder,
 }
 
 impl Driver {
@@ -522,6 +569,7 @@ impl Driver {
                 }
             };
             self.worker.upstream_bytes += chunk.len() as u64;
+            self.memory.collect();
             let Some(stepped) = self.blocking(move |worker| worker.step(&chunk)).await else {
                 return self.lost().await;
             };
@@ -648,11 +696,12 @@ impl Driver {
                     // on into a spool it will read from, so this relay can
                     // finish and free its state; without one, what only
                     // the next step needs is freed while it waits.
-                    if self.start_spool() {
+                    if self.start_spool().await {
                         self.spool_item(item).await;
                         continue;
                     }
                     self.worker.release_scratch();
+                    self.memory.release();
                     sender.reserve().await
                 }
             };
@@ -675,19 +724,23 @@ impl Driver {
         }
     }
 
-    /// Hands the user agent's channel to a new spool's follower; false
-    /// when there is no spool directory or the file cannot be made.
-    fn start_spool(&mut self) -> bool {
+    /// Hands the user agent's body to a new spool, what waited in its
+    /// channel first; false when there is no spool directory or the file
+    /// cannot be made.
+    async fn start_spool(&mut self) -> bool {
         let Some(dir) = &self.spool_dir else {
             return false;
         };
         match Spool::create(dir, MAX_SPOOL) {
             Ok(spool) => {
                 tracing::debug!(dir = %dir.display(), "the user agent stopped reading; spooling its body");
-                let sender = self.to_agent.take().expect("a user agent to spool for");
-                spool.follow(sender);
+                let queued = spool.take_over(&self.feed);
+                self.to_agent = None;
                 self.spool = Some(spool);
                 self.worker.release_scratch();
+                for item in queued {
+                    self.spool_item(item).await;
+                }
                 true
             }
             Err(error) => {

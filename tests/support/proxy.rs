@@ -24,6 +24,7 @@ pub fn client_config(upstream: &str) -> ClientConfig {
         upstream_credentials: None,
         upstream_tls: None,
         queue: Default::default(),
+        transfer_memory: rproxy::transfer_memory::DEFAULT_CLIENT_MEMORY,
     }
 }
 
