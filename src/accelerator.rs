@@ -120,31 +120,6 @@ pub struct AcceleratorConfig {
 /// The default of [`AcceleratorConfig::max_spool`]: 1 GiB per response.
 pub const DEFAULT_MAX_SPOOL: u64 = 1 << 30;
 
-impl AcceleratorConfig {
-    /// The settings `rproxy accelerator` uses by default, in front of
-    /// `origin` and named `accelerator` in Via.
-    pub fn for_origin(origin: Uri) -> AcceleratorConfig {
-        AcceleratorConfig {
-            origin,
-            via_name: HeaderValue::from_static("accelerator"),
-            encoder: EncoderOptions::default(),
-            adapt_entropy_coding: true,
-            max_encode_len: 1 << 30,
-            max_signature_bytes: 24 << 10,
-            connect_timeout: Duration::from_secs(4),
-            origin_timeout: Duration::from_secs(30),
-            basis_store_bytes: 256 << 20,
-            max_stored_body: 8 << 20,
-            basis_store_private: false,
-            queue: None,
-            queue_state: None,
-            max_encoders: 0,
-            spool_dir: std::env::temp_dir(),
-            max_spool: DEFAULT_MAX_SPOOL,
-        }
-    }
-}
-
 /// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
