@@ -2,6 +2,7 @@
 
 pub mod accelerator;
 pub mod auth;
+pub mod check;
 pub mod client;
 pub mod demo;
 pub mod hsync;
@@ -43,6 +44,10 @@ pub enum Command {
     /// Manages the users file of --auth-file: add, remove, list.
     #[command(subcommand)]
     Passwd(auth::PasswdCommand),
+    /// Checks a role's configuration file (and flags) and prints the
+    /// effective configuration as TOML, as `nginx -t` does: exit 0, or 64
+    /// with the line or key at fault.
+    Check(check::CheckArgs),
 }
 
 /// Parses the process's command line, with each role's defaults (from
@@ -97,6 +102,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Client(args) => client::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Passwd(command) => auth::run(command),
+        Command::Check(args) => check::run(args),
     }
 }
 
