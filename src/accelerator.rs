@@ -117,9 +117,6 @@ pub struct AcceleratorConfig {
     pub max_spool: u64,
 }
 
-/// The default of [`AcceleratorConfig::max_spool`]: 1 GiB per response.
-pub const DEFAULT_MAX_SPOOL: u64 = 1 << 30;
-
 /// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

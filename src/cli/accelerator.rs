@@ -305,7 +305,7 @@ mod tests {
         let config = |extra: &[&str]| args(extra).unwrap().config(address).unwrap();
         let default = config(&[]);
         assert_eq!(default.spool_dir, std::env::temp_dir());
-        assert_eq!(default.max_spool, crate::accelerator::DEFAULT_MAX_SPOOL);
+        assert_eq!(default.max_spool, 1 << 30);
         let set = config(&["--spool-dir", "/var/spool/rproxy", "--max-spool", "64M"]);
         assert_eq!(set.spool_dir, PathBuf::from("/var/spool/rproxy"));
         assert_eq!(set.max_spool, 64 << 20);
