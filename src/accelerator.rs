@@ -62,11 +62,9 @@ use crate::server::{
     malformed_request_body, text_response,
 };
 use crate::slots::{Admitted, Slots};
-use crate::spool::{BodyFeed, Spool};
-use crate::transfer_memory::{
-    self, DEFAULT_ACCELERATOR_MEMORY, ShareHolder, TransferMemory, coded_transfer_cost,
-};
+use crate::spool::{BodyFeed, Spool, SpoolDisk};
 use crate::tls::TlsSession;
+use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
 use hyper_util::client::legacy::connect::capture_connection;
 
 /// Accelerator settings, validated.
@@ -117,39 +115,13 @@ pub struct AcceleratorConfig {
     /// Most bytes of a coded body parked ahead of its reader (0: never
     /// parked; the encoder then waits for the reader, holding its state).
     pub max_spool: u64,
+    /// Disk that all parked bodies take together (bytes); past it, a
+    /// coded body whose client stops reading waits in memory.
+    pub max_spool_total: u64,
     /// Memory that streamed codings hold at once (bytes; 0: no bound):
     /// past it, a coded response waits for its turn before reading its
     /// origin body (see [`crate::transfer_memory`]).
     pub transfer_memory: u64,
-}
-
-/// The default of [`AcceleratorConfig::max_spool`]: 1 GiB per response.
-pub const DEFAULT_MAX_SPOOL: u64 = 1 << 30;
-
-impl AcceleratorConfig {
-    /// The settings `rproxy accelerator` uses by default, in front of
-    /// `origin` and named `accelerator` in Via.
-    pub fn for_origin(origin: Uri) -> AcceleratorConfig {
-        AcceleratorConfig {
-            origin,
-            via_name: HeaderValue::from_static("accelerator"),
-            encoder: EncoderOptions::default(),
-            adapt_entropy_coding: true,
-            max_encode_len: 1 << 30,
-            max_signature_bytes: 24 << 10,
-            connect_timeout: Duration::from_secs(4),
-            origin_timeout: Duration::from_secs(30),
-            basis_store_bytes: 256 << 20,
-            max_stored_body: 8 << 20,
-            basis_store_private: false,
-            queue: None,
-            queue_state: None,
-            max_encoders: 0,
-            spool_dir: std::env::temp_dir(),
-            max_spool: DEFAULT_MAX_SPOOL,
-            transfer_memory: DEFAULT_ACCELERATOR_MEMORY,
-        }
-    }
 }
 
 /// Why the configuration cannot be used.
@@ -275,6 +247,7 @@ impl Accelerator {
             n => n,
         };
         let parking = (config.max_spool > 0).then(|| Parking {
+            disk: SpoolDisk::new(config.max_spool_total),
             dir: config.spool_dir.as_path().into(),
             limit: config.max_spool,
         });
@@ -593,7 +566,14 @@ impl Accelerator {
             encoders: self.encoders.clone(),
             memory: Some((
                 self.memory.clone(),
-                coded_transfer_cost(self.config.encoder.window_bytes, content_length),
+                // The coding's state, and the copy of the body collected
+                // for the basis store.
+                coded_transfer_cost(self.config.encoder.window_bytes, content_length)
+                    + if keep {
+                        content_length.unwrap_or(self.bodies.max_body() as u64)
+                    } else {
+                        0
+                    },
                 content_length,
             )),
             store,
@@ -758,6 +738,8 @@ struct Coding {
 struct Parking {
     dir: Arc<std::path::Path>,
     limit: u64,
+    /// What all spools take together.
+    disk: SpoolDisk,
 }
 
 /// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]),
@@ -1170,13 +1152,9 @@ impl Streaming {
                 },
             };
             let room = if stalled {
-                // Not parked: this task waits here, holding no thread
-                // (L-13), as it did before spools; its state is the
-                // reader's to keep (parking is off or failed), not the
-                // other transfers' budget.
-                if let Some(share) = &mut self.memory {
-                    share.release();
-                }
+                // Not parked (parking is off, or no spool could be made):
+                // this task waits here, holding no thread (L-13), and its
+                // state, counted in its share of the transfer memory.
                 waiting.reserve_owned().await.ok()
             } else {
                 match tokio::time::timeout(STALLED_AFTER, waiting.reserve_owned()).await {
@@ -1214,8 +1192,12 @@ impl Streaming {
         if !matches!(self.sink, Sink::Client(_)) {
             return true;
         }
-        let mut spool = match Spool::create(&parking.dir, parking.limit) {
+        let mut spool = match Spool::create(&parking.dir, parking.limit, &parking.disk) {
             Ok(spool) => spool,
+            Err(error) if error.kind() == std::io::ErrorKind::StorageFull => {
+                tracing::debug!(%error, "not parking a body: the encoder waits for its client");
+                return true;
+            }
             Err(error) => {
                 SPOOL_FAILED.call_once(|| {
                     tracing::warn!(dir = %parking.dir.display(), %error,

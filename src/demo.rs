@@ -12,7 +12,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -21,9 +20,9 @@ use http_body_util::{BodyExt, Empty};
 use tokio::net::TcpListener;
 
 use crate::accelerator::{Accelerator, AcceleratorConfig};
-use crate::cache::{CacheScope, CacheStore};
+use crate::cache::CacheStore;
 use crate::client_proxy::{ClientConfig, ClientProxy};
-use crate::hsync::EncoderOptions;
+use crate::config::ClientSettings;
 use crate::server::{ConnectionLimits, Handler, serve};
 use crate::static_origin::StaticOrigin;
 
@@ -75,45 +74,21 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         .with_context(|| format!("cannot serve {}", options.root.display()))?;
     let origin_addr = start(Arc::new(origin)).await?;
 
+    // The roles' defaults, as `rproxy accelerator` and `rproxy client`
+    // run with no flags, but for the addresses and Via names.
     let accelerator = Accelerator::new(AcceleratorConfig {
-        origin: format!("http://{origin_addr}").parse()?,
         via_name: HeaderValue::from_static("demo-accelerator"),
-        encoder: EncoderOptions::default(),
-        adapt_entropy_coding: true,
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
-        connect_timeout: Duration::from_secs(4),
-        origin_timeout: Duration::from_secs(30),
-        basis_store_bytes: 64 << 20,
-        max_stored_body: 8 << 20,
-        basis_store_private: false,
-        queue: None,
-        queue_state: None,
-        max_encoders: 0,
-        spool_dir: std::env::temp_dir(),
-        max_spool: crate::accelerator::DEFAULT_MAX_SPOOL,
-        transfer_memory: crate::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
+        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse()?)
     })?;
     let accelerator_addr = start(Arc::new(accelerator)).await?;
 
     let cache = options.cache.clone();
-    let store = tokio::task::spawn_blocking(move || CacheStore::open(cache, 256 << 20)).await??;
+    let cache_size = ClientSettings::default().cache_size.0;
+    let store = tokio::task::spawn_blocking(move || CacheStore::open(cache, cache_size)).await??;
     let client = Arc::new(ClientProxy::new(
         ClientConfig {
-            upstream: format!("http://{accelerator_addr}").parse()?,
             via_name: HeaderValue::from_static("demo-client"),
-            scope: CacheScope::Shared,
-            default_signature_bytes: 4608,
-            max_signature_bytes: 24 << 10,
-            connect_timeout: Duration::from_secs(4),
-            upstream_timeout: Duration::from_secs(30),
-            lock_timeout: Duration::from_secs(5),
-            max_object_bytes: 1 << 30,
-            memory_cache_bytes: 16 << 20,
-            upstream_credentials: None,
-            upstream_tls: None,
-            queue: Default::default(),
-            transfer_memory: crate::transfer_memory::DEFAULT_CLIENT_MEMORY,
+            ..ClientConfig::for_upstream(format!("http://{accelerator_addr}").parse()?)
         },
         store,
     )?);

@@ -21,6 +21,7 @@ pub mod basis_store;
 pub mod cache;
 pub mod cli;
 pub mod client_proxy;
+pub mod config;
 pub mod demo;
 pub mod expiring;
 pub mod freshness;

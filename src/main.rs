@@ -3,8 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use rproxy::cli::{Cli, run};
+use rproxy::cli::{run, try_parse};
 
 /// How often freed heap memory is handed back to the system.
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -31,7 +30,7 @@ fn give_back_freed_memory() {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match try_parse() {
         Ok(cli) => cli,
         Err(error) => {
             let usage_error = error.use_stderr();

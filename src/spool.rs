@@ -13,7 +13,10 @@
 //! (C-V3). A spool holds at most its configured limit, on disk too: the
 //! file is a ring of that size, each page written where a page the reader
 //! already took was; past it the producer waits for the reader, as it did
-//! without one.
+//! without one. All of a process's spools together take at most a
+//! [`SpoolDisk`]: past it no spool is made (the producer waits for its
+//! reader in memory, within its share of the transfer memory), and a
+//! spool whose file can grow no more keeps the ring it has.
 //!
 //! A body's channel is read through a [`BodyFeed`], which a spool takes
 //! over when it starts ([`Spool::take_over`]): what waits in the channel
@@ -22,12 +25,13 @@
 //! connection is writing and one page, whatever the producer's channel
 //! held while it read.
 //!
-//! Main types: [`Spool`], [`BodyFeed`].
+//! Main types: [`Spool`], [`BodyFeed`], [`SpoolDisk`].
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -39,6 +43,56 @@ use crate::server::BodyError;
 
 /// Bytes written, hashed and read back at a time.
 pub const PAGE: usize = 32 << 10;
+
+/// The disk that all of a process's spools may take together (a clone
+/// shares it): the operator's bound, whatever clients do. On a `/tmp` that
+/// is a tmpfs, it is memory.
+#[derive(Clone, Debug)]
+pub struct SpoolDisk {
+    used: Arc<AtomicU64>,
+    cap: u64,
+}
+
+impl SpoolDisk {
+    /// At most `cap` bytes of spool files at once.
+    pub fn new(cap: u64) -> SpoolDisk {
+        SpoolDisk {
+            used: Arc::default(),
+            cap,
+        }
+    }
+
+    /// Bytes of spool files now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` of the budget; false when it has not that much left.
+    fn reserve(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&total| total <= self.cap)
+            })
+            .is_ok()
+    }
+}
+
+/// A spool's file, unlinked, and the disk budget it took: given back when
+/// the last of the producer and the follower lets go of it.
+struct SpoolFile {
+    file: File,
+    disk: SpoolDisk,
+    /// Bytes of the budget taken (the file's length, in whole pages).
+    taken: AtomicU64,
+}
+
+impl Drop for SpoolFile {
+    fn drop(&mut self) {
+        self.disk
+            .used
+            .fetch_sub(*self.taken.get_mut(), Ordering::Relaxed);
+    }
+}
 
 /// What a body's channel carries: a frame, or why the body failed.
 pub type BodyItem = Result<Frame<Bytes>, BodyError>;
@@ -107,32 +161,55 @@ struct Progress {
     sent: u64,
     /// The reader's channel closed: nobody wants the rest.
     reader_gone: bool,
+    /// The ring's length: the limit, or what the file had grown to when
+    /// the disk budget ran out (before it wrapped, so every page is where
+    /// both ends expect it).
+    ring: u64,
 }
 
 /// The producer's end of a spool; [`Spool::follow`] starts the reader's.
 pub struct Spool {
-    file: Arc<File>,
+    file: Arc<SpoolFile>,
     /// The ring's length: a whole number of pages, at most the limit.
     ring: u64,
+    /// Whether the file may still grow (the ring is not full yet).
+    growing: bool,
     /// The partial page not yet written.
     page: BytesMut,
     /// blake3 of each page written, by page number.
     hashes: Arc<Mutex<Vec<blake3::Hash>>>,
     progress: watch::Sender<Progress>,
-    limit: u64,
 }
 
 impl Spool {
-    /// A spool in `dir` holding at most `limit` bytes ahead of the reader.
+    /// A spool in `dir` holding at most `limit` bytes ahead of the reader,
+    /// its file within `disk`.
     ///
     /// # Errors
-    /// The temp file cannot be created.
-    pub fn create(dir: &Path, limit: u64) -> io::Result<Spool> {
-        let file = tempfile_in(dir)?;
-        let limit = limit.max(PAGE as u64);
+    /// `disk` has not a page left, or the temp file cannot be created.
+    pub fn create(dir: &Path, limit: u64, disk: &SpoolDisk) -> io::Result<Spool> {
+        if !disk.reserve(PAGE as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("the spools' disk budget ({} bytes) is taken", disk.cap),
+            ));
+        }
+        let file = SpoolFile {
+            disk: disk.clone(),
+            taken: AtomicU64::new(PAGE as u64),
+            file: match tempfile_in(dir) {
+                Ok(file) => file,
+                Err(error) => {
+                    disk.used.fetch_sub(PAGE as u64, Ordering::Relaxed);
+                    return Err(error);
+                }
+            },
+        };
+        let ring = limit.max(PAGE as u64) / PAGE as u64 * PAGE as u64;
         Ok(Spool {
             file: Arc::new(file),
-            ring: limit / PAGE as u64 * PAGE as u64,
+            ring,
+            growing: true,
             page: BytesMut::with_capacity(PAGE),
             hashes: Arc::default(),
             progress: watch::channel(Progress {
@@ -140,9 +217,9 @@ impl Spool {
                 end: End::Open,
                 sent: 0,
                 reader_gone: false,
+                ring,
             })
             .0,
-            limit,
         })
     }
 
@@ -150,7 +227,6 @@ impl Spool {
     pub fn follow(&self, reader: mpsc::Sender<BodyItem>) {
         let follower = Follower {
             file: self.file.clone(),
-            ring: self.ring,
             hashes: self.hashes.clone(),
             progress: self.progress.subscribe(),
             reporter: self.progress.clone(),
@@ -208,11 +284,12 @@ impl Spool {
     }
 
     async fn write_page(&mut self) -> io::Result<()> {
-        // Room first: at most `limit` bytes ahead of what the reader took.
-        let limit = self.limit;
+        self.grow();
+        // Room first: at most a ring ahead of what the reader took.
+        let ring = self.ring;
         let mut watching = self.progress.subscribe();
         let room = watching
-            .wait_for(|p| p.reader_gone || p.written.saturating_sub(p.sent) + PAGE as u64 <= limit)
+            .wait_for(|p| p.reader_gone || p.written.saturating_sub(p.sent) + PAGE as u64 <= ring)
             .await
             .map(|p| !p.reader_gone)
             .unwrap_or(false);
@@ -225,7 +302,7 @@ impl Spool {
         // writer within a ring of the reader: this slot's page was taken.
         let offset = self.progress.borrow().written % self.ring;
         let hash = tokio::task::spawn_blocking(move || {
-            file.write_all_at(&page, offset)?;
+            file.file.write_all_at(&page, offset)?;
             Ok::<_, io::Error>((blake3::hash(&page), page.len() as u64))
         })
         .await
@@ -236,6 +313,33 @@ impl Spool {
             .push(hash.0);
         self.progress.send_modify(|p| p.written += hash.1);
         Ok(())
+    }
+
+    /// Before writing a page past the file's end: takes a page of the
+    /// disk budget for it, or, with none left, makes the ring what the
+    /// file is (it has not wrapped yet: the file grows up to the ring).
+    fn grow(&mut self) {
+        if !self.growing {
+            return;
+        }
+        let written = self.progress.borrow().written;
+        let taken = self.file.taken.load(Ordering::Relaxed);
+        if written + PAGE as u64 <= taken {
+            return;
+        }
+        if taken >= self.ring {
+            self.growing = false;
+        } else if self.file.disk.reserve(PAGE as u64) {
+            self.file.taken.fetch_add(PAGE as u64, Ordering::Relaxed);
+        } else {
+            tracing::debug!(
+                ring = taken,
+                "the spools' disk budget is taken: this spool keeps the file it has"
+            );
+            self.ring = taken;
+            self.growing = false;
+            self.progress.send_modify(|p| p.ring = taken);
+        }
     }
 
     /// Whether the reader left (its channel closed).
@@ -257,8 +361,7 @@ impl Drop for Spool {
 
 /// The reader's end: reads pages back, checks them, sends them.
 struct Follower {
-    file: Arc<File>,
-    ring: u64,
+    file: Arc<SpoolFile>,
     hashes: Arc<Mutex<Vec<blake3::Hash>>>,
     progress: watch::Receiver<Progress>,
     reporter: watch::Sender<Progress>,
@@ -291,10 +394,10 @@ impl Follower {
                 let page_number = (sent / PAGE as u64) as usize;
                 let len = (now.written - sent).min(PAGE as u64) as usize;
                 let file = self.file.clone();
-                let at = sent % self.ring;
+                let at = sent % now.ring;
                 let read = tokio::task::spawn_blocking(move || {
                     let mut page = vec![0; len];
-                    file.read_exact_at(&mut page, at).map(|()| page)
+                    file.file.read_exact_at(&mut page, at).map(|()| page)
                 })
                 .await;
                 let expected = self
@@ -330,6 +433,7 @@ impl End {
             end: self,
             sent,
             reader_gone: false,
+            ring: 0,
         }
     }
 }
@@ -365,6 +469,11 @@ mod tests {
     use super::*;
     use crate::server::ReceiverStream;
 
+    /// A budget no test here reaches.
+    fn disk() -> SpoolDisk {
+        SpoolDisk::new(1 << 40)
+    }
+
     fn body(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 % 251) as u8).collect()
     }
@@ -373,7 +482,7 @@ mod tests {
     async fn a_spooled_body_reaches_the_reader_whole_then_ends() {
         let dir = std::env::temp_dir();
         let data = body(3 * PAGE + 123);
-        let mut spool = Spool::create(&dir, 1 << 20).unwrap();
+        let mut spool = Spool::create(&dir, 1 << 20, &disk()).unwrap();
         let (tx, mut rx) = mpsc::channel(1);
         spool.follow(tx);
         for piece in data.chunks(50_000) {
@@ -391,7 +500,7 @@ mod tests {
     async fn the_file_is_a_ring_no_larger_than_the_limit() {
         let data = body(40 * PAGE + 999);
         let limit = 4 * PAGE as u64 + 100;
-        let mut spool = Spool::create(&std::env::temp_dir(), limit).unwrap();
+        let mut spool = Spool::create(&std::env::temp_dir(), limit, &disk()).unwrap();
         let file = spool.file.clone();
         let (tx, mut rx) = mpsc::channel(1);
         spool.follow(tx);
@@ -405,7 +514,7 @@ mod tests {
         for piece in data.chunks(30_000) {
             spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
             assert!(
-                file.metadata().unwrap().len() <= limit,
+                file.file.metadata().unwrap().len() <= limit,
                 "the file outgrew its ring"
             );
         }
@@ -414,7 +523,7 @@ mod tests {
             reader.await.unwrap() == data,
             "the ring lost or reordered bytes"
         );
-        assert!(file.metadata().unwrap().len() <= 4 * PAGE as u64);
+        assert!(file.file.metadata().unwrap().len() <= 4 * PAGE as u64);
     }
 
     #[tokio::test]
@@ -425,9 +534,11 @@ mod tests {
         // The reader takes the first piece, then waits on the feed while
         // pieces pile up in the channel, as a stalled user agent's would.
         let mut pieces = data.chunks(40_000);
-        tx.send(Ok(Frame::data(Bytes::copy_from_slice(pieces.next().unwrap()))))
-            .await
-            .unwrap();
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(
+            pieces.next().unwrap(),
+        ))))
+        .await
+        .unwrap();
         let first = feed.recv().await.unwrap().unwrap().into_data().unwrap();
         let reader = tokio::spawn({
             let feed = feed.clone();
@@ -448,7 +559,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20).unwrap();
+        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20, &disk()).unwrap();
         let queued = spool.take_over(&feed);
         drop(tx);
         assert!(queued.len() <= waiting.len());
@@ -473,7 +584,7 @@ mod tests {
     async fn a_stalled_reader_of_a_spool_has_one_page_waiting_for_it() {
         let (tx, rx) = mpsc::channel(16);
         let feed = BodyFeed::new(rx);
-        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20).unwrap();
+        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20, &disk()).unwrap();
         assert!(spool.take_over(&feed).is_empty());
         drop(tx);
         for _ in 0..8 {
@@ -496,8 +607,60 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn spools_share_a_disk_budget_past_which_none_is_made_and_none_grows() {
+        let disk = SpoolDisk::new(5 * PAGE as u64);
+        let mut first = Spool::create(&std::env::temp_dir(), 1 << 20, &disk).unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        first.follow(tx);
+        let mut second = Spool::create(&std::env::temp_dir(), 1 << 20, &disk).unwrap();
+        // The first grows to four pages, taking the budget's rest.
+        for _ in 0..4 {
+            first.write(Bytes::from(body(PAGE))).await.unwrap();
+        }
+        assert_eq!(disk.used(), 5 * PAGE as u64);
+        let refused = Spool::create(&std::env::temp_dir(), 1 << 20, &disk);
+        assert_eq!(
+            refused.err().map(|e| e.kind()),
+            Some(io::ErrorKind::StorageFull)
+        );
+        // The second cannot grow past its page: it is a ring of one, and
+        // its producer waits for a reader.
+        second.write(Bytes::from(body(PAGE))).await.unwrap();
+        let blocked = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            second.write(Bytes::from(body(PAGE))),
+        )
+        .await;
+        assert!(blocked.is_err(), "a spool grew past the disk budget");
+        // The first keeps its ring of four pages: a body longer than that
+        // still arrives whole while its reader reads.
+        let data = body(12 * PAGE + 5);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(frame) = rx.recv().await {
+                got.extend_from_slice(frame.unwrap().data_ref().unwrap());
+            }
+            got
+        });
+        for piece in data.chunks(PAGE) {
+            first.write(Bytes::copy_from_slice(piece)).await.unwrap();
+        }
+        assert_eq!(
+            disk.used(),
+            5 * PAGE as u64,
+            "a spool grew past the disk budget"
+        );
+        first.finish(Ok(())).await;
+        let got = reader.await.unwrap();
+        assert_eq!(got.len(), 4 * PAGE + data.len());
+        assert!(got[4 * PAGE..] == data[..]);
+        drop(second);
+        assert_eq!(disk.used(), 0, "the files' budget is given back");
+    }
+
+    #[tokio::test]
     async fn a_failed_producer_fails_the_body_after_what_was_written() {
-        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20).unwrap();
+        let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20, &disk()).unwrap();
         let (tx, rx) = mpsc::channel(1);
         spool.follow(tx);
         spool.write(Bytes::from(body(PAGE))).await.unwrap();
@@ -510,7 +673,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_producer_waits_at_the_limit_and_a_reader_that_leaves_stops_it() {
-        let mut spool = Spool::create(&std::env::temp_dir(), 2 * PAGE as u64).unwrap();
+        let mut spool = Spool::create(&std::env::temp_dir(), 2 * PAGE as u64, &disk()).unwrap();
         let (tx, rx) = mpsc::channel(1);
         spool.follow(tx);
         // The follower takes one page into the channel and waits; two

@@ -152,16 +152,6 @@ impl ShareHolder {
             self.held = Some(share);
         }
     }
-
-    /// Gives the share back early, and any share still to come: the
-    /// transfer waits on its reader for long, and its state is the
-    /// reader's to keep, not the other transfers' budget.
-    pub fn release(&mut self) {
-        self.held = None;
-        self.from_taker.close();
-        // One sent before the close would wait here until dropped.
-        drop(self.from_taker.try_recv());
-    }
 }
 
 /// What a coded transfer is expected to hold at most, for a body of
@@ -226,7 +216,11 @@ mod tests {
         let memory = TransferMemory::new(1 << 20);
         let (mut taker, mut holder) = share(&memory, 512 << 10, SHARE_PAST);
         taker.take_past(SHARE_PAST - 1).await;
-        assert_eq!(memory.available(), 1 << 20, "a small body waits for nothing");
+        assert_eq!(
+            memory.available(),
+            1 << 20,
+            "a small body waits for nothing"
+        );
         taker.take_past(SHARE_PAST).await;
         assert_eq!(memory.available(), 512 << 10);
         taker.take_past(10 << 20).await;
@@ -238,19 +232,13 @@ mod tests {
         assert_eq!(memory.available(), 1 << 20);
     }
 
-    #[tokio::test]
-    async fn a_released_holder_gives_back_the_share_and_any_to_come() {
-        let memory = TransferMemory::new(1 << 20);
-        let (mut taker, mut holder) = share(&memory, 512 << 10, 0);
-        holder.release();
-        taker.take_past(SHARE_PAST).await;
-        assert_eq!(memory.available(), 1 << 20);
-    }
-
     #[test]
     fn a_small_body_asks_for_little_and_a_large_one_for_six_windows() {
         assert_eq!(coded_transfer_cost(1 << 20, None), 6 << 20);
         assert_eq!(coded_transfer_cost(1 << 20, Some(100 << 20)), 6 << 20);
-        assert_eq!(coded_transfer_cost(1 << 20, Some(100_000)), 600_000 + 65_536);
+        assert_eq!(
+            coded_transfer_cost(1 << 20, Some(100_000)),
+            600_000 + 65_536
+        );
     }
 }

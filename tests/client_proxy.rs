@@ -456,7 +456,6 @@ async fn start_origin() -> Server {
 
 fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
     AcceleratorConfig {
-        origin: format!("http://{origin}").parse().unwrap(),
         via_name: HeaderValue::from_static("accel-test"),
         encoder: EncoderOptions {
             zstd_level: 3,
@@ -465,20 +464,11 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
             window_bytes: 16 << 10,
             ..EncoderOptions::default()
         },
-        adapt_entropy_coding: true,
-        max_encode_len: 1 << 30,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
-        basis_store_private: false,
-        queue: None,
-        queue_state: None,
-        max_encoders: 0,
-        spool_dir: std::env::temp_dir(),
-        max_spool: rproxy::accelerator::DEFAULT_MAX_SPOOL,
-        transfer_memory: rproxy::transfer_memory::DEFAULT_ACCELERATOR_MEMORY,
+        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
     }
 }
 

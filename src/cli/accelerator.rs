@@ -1,57 +1,61 @@
-//! `rproxy accelerator`: flags → [`AcceleratorConfig`], then serve.
+//! `rproxy accelerator`: file and flags → [`AcceleratorSettings`] →
+//! [`AcceleratorConfig`](crate::accelerator::AcceleratorConfig), then
+//! serve.
 
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use http::HeaderValue;
 
 use super::UsageError;
-use super::auth::AuthArgs;
+use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
-use crate::accelerator::{Accelerator, AcceleratorConfig};
+use crate::accelerator::Accelerator;
 use crate::auth::AuthGate;
-use crate::hsync::EncoderOptions;
+use crate::config::units::{Size, parse_duration};
+use crate::config::{self, AcceleratorSettings, override_with_flags};
 use crate::inetd::Stdio;
-use crate::queue::QueueConfig;
 
-/// Flags of `rproxy accelerator`.
+/// Flags of `rproxy accelerator`. Each one given overrides its key in the
+/// `--config` file; the defaults are [`AcceleratorSettings`]'s.
 #[derive(Debug, Args)]
 pub struct AcceleratorArgs {
+    /// TOML file with the settings (keys named as the flags; see
+    /// examples/accelerator.toml); flags given override it.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub listen: SocketAddr,
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// The origin web server, `http://host[:port]`.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    pub origin: String,
+    #[arg(long)]
+    pub origin: Option<String>,
     /// Our name in Via (letters, digits, '.', ':', '_', '-'); default: the
     /// listen address.
     #[arg(long)]
     pub via_name: Option<String>,
-    /// Largest origin body to encode (bytes); larger ones pass through.
-    #[arg(long, default_value_t = 1 << 30)]
-    pub max_encode_len: u64,
+    /// Largest origin body to encode (64K, 256M, 1G or bytes); larger ones
+    /// pass through.
+    #[arg(long, value_name = "SIZE")]
+    pub max_encode_len: Option<Size>,
     /// zstd level for the literals of each body's first MiBs (2 MiB of
     /// zstd work without a kept basis body; with one, the basis level of
     /// 12 applies). Level 19 sends jquery.js in 0.88x of gzip -9 at about
     /// 1.5 MB/s of one core; 15 in 0.93x about five times as fast.
-    #[arg(long, default_value_t = EncoderOptions::default().zstd_level, value_name = "LEVEL",
-          allow_negative_numbers = true,
+    #[arg(long, value_name = "LEVEL", allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(1..=19))]
-    pub level: i32,
+    pub level: Option<i32>,
     /// zstd level for the literals of large bodies, past the first MiBs
     /// (which get the high levels). A window that compresses no better
     /// than half sends the next at level 1 (or this one, if lower).
     /// Negative levels (zstd's fast ones) leave literals without entropy
     /// coding always; by default the accelerator does so only while the
     /// link is faster than the coding (see --no-adapt).
-    #[arg(long, default_value_t = EncoderOptions::default().fast_zstd_level, value_name = "LEVEL",
-          allow_negative_numbers = true,
+    #[arg(long, value_name = "LEVEL", allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(-7..=19))]
-    pub bulk_level: i32,
+    pub bulk_level: Option<i32>,
     /// Entropy-code large bodies' literals always. By default, past the
     /// first 8 MiB on the wire, the accelerator drops entropy coding (zstd
     /// level -1) while the link takes bytes faster than it can code them,
@@ -60,15 +64,15 @@ pub struct AcceleratorArgs {
     /// at 1.00x instead of 0.75x, and about a quarter faster.
     #[arg(long)]
     pub no_adapt: bool,
-    /// Largest basis signature accepted from a client (bytes, decoded);
-    /// advertised in Hsync-Accept.
-    #[arg(long, default_value_t = 24 << 10)]
-    pub max_signature: usize,
+    /// Largest basis signature accepted from a client (decoded; 24K,
+    /// 4608 or any size); advertised in Hsync-Accept.
+    #[arg(long, value_name = "SIZE")]
+    pub max_signature: Option<Size>,
     /// Bodies encoded at once (0: one per core). More wait for a turn, one
     /// per chunk of the origin body, so that large bodies coded together
     /// leave the CPU to cheap requests too.
-    #[arg(long, default_value_t = 0)]
-    pub max_encoders: usize,
+    #[arg(long, value_name = "N")]
+    pub max_encoders: Option<usize>,
     /// Directory where a coded body is parked, in an unlinked temp file,
     /// for a client that took nothing for 100 ms: the encoder then runs
     /// on at the origin's pace and frees its state, and the client costs
@@ -80,30 +84,40 @@ pub struct AcceleratorArgs {
     /// 1G...); past it the encoder waits for the client. 0 turns parking
     /// off: the encoder waits, holding its memory, as soon as the client
     /// does not read.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = super::client::parse_size)]
-    pub max_spool: u64,
+    #[arg(long, value_name = "SIZE")]
+    pub max_spool: Option<Size>,
+    /// Disk that all parked bodies take together (64K, 512M, 4G...): a
+    /// bound on what clients that stop reading can make the accelerator
+    /// write (on a `/tmp` that is a tmpfs, it is memory). Past it, no
+    /// body is parked: its encoder waits for the client, within its share
+    /// of --transfer-memory, and a parked body whose file can grow no
+    /// more waits for its client at the length it has.
+    #[arg(long, value_name = "SIZE")]
+    pub max_spool_total: Option<Size>,
     /// Memory that coded responses being streamed hold at once (64K, 256M,
     /// 1G...; 0: no bound). Each takes about six coding windows (6 MiB)
     /// while it runs, less for a body announced smaller; past this, a
     /// coded response waits for its turn, holding no thread and reading
     /// nothing from the origin, so bursts and readers that stop reading
     /// cannot take more than this (plus a few hundred KiB per connection).
-    #[arg(long, value_name = "SIZE", default_value = "128M", value_parser = super::client::parse_size)]
-    pub transfer_memory: u64,
-    /// Seconds to connect to the origin.
-    #[arg(long, default_value_t = 4)]
-    pub connect_timeout: u64,
-    /// Seconds for the origin's response head (504 after), and for the
-    /// whole of a coded body announced at most 64 KiB long.
-    #[arg(long, default_value_t = 30)]
-    pub origin_timeout: u64,
+    #[arg(long, value_name = "SIZE")]
+    pub transfer_memory: Option<Size>,
+    /// Time to connect to the origin: 30s, 5m, 100ms or seconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Option<Duration>,
+    /// Time for the origin's response head (504 after), and for the whole
+    /// of a coded body announced at most 64 KiB long: 30s, 5m, 100ms or
+    /// seconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub origin_timeout: Option<Duration>,
     /// Memory for bodies served, kept so that a client naming one as its
-    /// basis gets a delta against the body itself (bytes; 0 turns it off).
-    #[arg(long, default_value_t = 256 << 20)]
-    pub basis_store: usize,
-    /// Largest body kept there (bytes).
-    #[arg(long, default_value_t = 8 << 20)]
-    pub max_stored_body: usize,
+    /// basis gets a delta against the body itself (64K, 256M, 1G or bytes;
+    /// 0 turns it off).
+    #[arg(long, value_name = "SIZE")]
+    pub basis_store: Option<Size>,
+    /// Largest body kept there (64K, 8M or bytes).
+    #[arg(long, value_name = "SIZE")]
+    pub max_stored_body: Option<Size>,
     /// Dangerous: keep every coded body in the basis store, including
     /// Cache-Control private and no-store responses, those that set a
     /// cookie and answers to requests with Authorization or Cookie. Any
@@ -123,11 +137,11 @@ pub struct AcceleratorArgs {
     /// a fair queue (PARQ 1.0.a for `X-Queue: 1.0` clients, Active
     /// Queueing for `X-Queue: 0.1`, by address for the rest) and get 503
     /// with their position and Retry-After. 0: no limit.
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub slots: u32,
+    #[arg(long, value_name = "N")]
+    pub slots: Option<u32>,
     /// Most requests waiting for a slot; past it, a plain 503.
-    #[arg(long, default_value_t = 1000, value_name = "N")]
-    pub queue_max: u32,
+    #[arg(long, value_name = "N")]
+    pub queue_max: Option<u32>,
     /// Most of those requests one client address may hold (a PARQ request
     /// for a URL the address already waits for reuses its place); past it,
     /// a plain 503. Generous by default, since a client proxy queues for
@@ -135,12 +149,13 @@ pub struct AcceleratorArgs {
     /// --queue-max]
     #[arg(long, value_name = "N")]
     pub queue_per_address: Option<u32>,
-    /// Seconds a free slot still waits for a queued client after the time
-    /// it was told to come back (Retry-After, pollMin) or a QUEUE callback;
-    /// then the next client in line that is due takes it, and the late one
-    /// keeps its place and gets the next free slot when it is back.
-    #[arg(long, default_value_t = 10, value_name = "SECS")]
-    pub queue_hold_grace: u64,
+    /// Time a free slot still waits for a queued client after the time it
+    /// was told to come back (Retry-After, pollMin) or a QUEUE callback
+    /// (30s, 5m, 100ms or seconds); then the next client in line that is
+    /// due takes it, and the late one keeps its place and gets the next
+    /// free slot when it is back.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub queue_hold_grace: Option<Duration>,
     /// File the queue is saved to every second and reloaded from at
     /// start-up, so places survive a restart of up to 300 s.
     #[arg(long, value_name = "FILE")]
@@ -160,85 +175,46 @@ pub struct AcceleratorArgs {
     pub limits: LimitArgs,
 }
 
-/// Checks a Via pseudonym: a header value that cannot carry CR/LF or
-/// separators (P-24).
-pub(super) fn via_name(name: Option<&str>, listen: SocketAddr) -> Result<HeaderValue, UsageError> {
-    let name = name.map_or_else(|| listen.to_string(), str::to_owned);
-    let valid = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".:_-[]".contains(&b));
-    if !valid {
-        return Err(UsageError(format!(
-            "--via-name {name:?}: use letters, digits, '.', ':', '_' or '-' (at most 255)"
-        )));
+impl AcceleratorArgs {
+    /// The settings: the `--config` file's (or the defaults), with each
+    /// flag given on top.
+    ///
+    /// # Errors
+    /// A file that cannot be read or parsed ([`UsageError`], naming the
+    /// line).
+    pub fn settings(&self) -> Result<AcceleratorSettings, UsageError> {
+        let mut settings = match &self.config_file {
+            Some(path) => config::load(path)?,
+            None => AcceleratorSettings::default(),
+        };
+        override_with_flags!(settings, self;
+            plain: listen, origin, max_encode_len, level, bulk_level, max_signature,
+                max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
+                max_stored_body, slots, queue_max, queue_hold_grace;
+            optional: via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key;
+            switches: no_adapt, basis_store_private, inetd);
+        self.auth.apply(&mut settings.auth);
+        self.limits.apply(&mut settings.limits);
+        Ok(settings)
     }
-    Ok(HeaderValue::from_str(&name).expect("checked above"))
 }
 
 /// Runs the accelerator until the process is stopped.
 ///
-impl AcceleratorArgs {
-    /// The accelerator's settings, for one listening on `address`.
-    fn config(&self, address: SocketAddr) -> Result<AcceleratorConfig, UsageError> {
-        Ok(AcceleratorConfig {
-            origin: self
-                .origin
-                .parse()
-                .map_err(|_| UsageError(format!("--origin {}: not a URL", self.origin)))?,
-            via_name: via_name(self.via_name.as_deref(), address)?,
-            encoder: self.encoder_options(),
-            adapt_entropy_coding: !self.no_adapt,
-            max_encode_len: self.max_encode_len,
-            max_signature_bytes: self.max_signature,
-            connect_timeout: Duration::from_secs(self.connect_timeout),
-            origin_timeout: Duration::from_secs(self.origin_timeout),
-            basis_store_bytes: self.basis_store,
-            max_stored_body: self.max_stored_body,
-            basis_store_private: self.basis_store_private,
-            queue: NonZeroU32::new(self.slots).map(|slots| {
-                let mut queue = QueueConfig::new(slots, self.queue_max);
-                if let Some(per_address) = self.queue_per_address {
-                    queue.per_address_max = per_address;
-                }
-                queue.slot_hold_grace = Duration::from_secs(self.queue_hold_grace);
-                queue
-            }),
-            queue_state: self.queue_state.clone(),
-            max_encoders: self.max_encoders,
-            spool_dir: self.spool_dir.clone().unwrap_or_else(std::env::temp_dir),
-            max_spool: self.max_spool,
-            transfer_memory: self.transfer_memory,
-        })
-    }
-
-    /// The encoder's settings: the defaults, with `--level` and
-    /// `--bulk-level`.
-    fn encoder_options(&self) -> EncoderOptions {
-        let defaults = EncoderOptions::default();
-        EncoderOptions {
-            zstd_level: self.level,
-            fast_zstd_level: self.bulk_level,
-            entropy_zstd_level: defaults.entropy_zstd_level.min(self.bulk_level),
-            ..defaults
-        }
-    }
-}
-
 /// # Errors
-/// A bad flag ([`UsageError`]) or a listener that cannot bind.
+/// A bad flag or file ([`UsageError`]) or a listener that cannot bind.
 pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
-    let stdio = take_stdio(args.inetd)?;
+    let settings = args.settings()?;
+    let stdio = take_stdio(settings.inetd)?;
     let address = stdio
         .as_ref()
         .and_then(Stdio::local_addr)
-        .unwrap_or(args.listen);
-    let config = args.config(address)?;
-    let limits = args.limits.limits();
+        .unwrap_or(settings.listen);
+    let config = settings.to_config(address)?;
+    let limits = settings.limits.to_limits()?;
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
-    let accelerator = AuthGate::new(accelerator, args.auth.authenticator()?);
-    let tls = match (&args.tls_cert, &args.tls_key) {
+    let accelerator = AuthGate::new(accelerator, authenticator(&settings.auth)?);
+    let tls = match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => Some(
             crate::tls::server_config(cert, key)
                 .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?,
@@ -246,7 +222,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         _ => None,
     };
     if let Some(stdio) = stdio {
-        if args.slots > 0 {
+        if settings.slots > 0 {
             return Err(UsageError(
                 "--slots needs the listener: each inetd process serves one connection".into(),
             )
@@ -260,12 +236,12 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         return serve_one(stdio, accelerator, limits);
     }
     serve_listener(
-        args.listen,
+        settings.listen,
         accelerator,
         limits,
         tls.clone(),
         |address, accelerator| {
-            tracing::info!(listen = %address, origin = %args.origin, tls = tls.is_some(), "accelerator ready");
+            tracing::info!(listen = %address, origin = %settings.origin, tls = tls.is_some(), "accelerator ready");
             if let Some(slots) = accelerator.role().slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }
@@ -276,6 +252,19 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::accelerator::AcceleratorConfig;
+    use crate::hsync::EncoderOptions;
+
+    /// The flags on top of the defaults, as the tests below ask for them.
+    impl AcceleratorArgs {
+        fn encoder_options(&self) -> EncoderOptions {
+            self.settings().unwrap().encoder_options()
+        }
+
+        fn config(&self, address: SocketAddr) -> Result<AcceleratorConfig, UsageError> {
+            self.settings()?.to_config(address)
+        }
+    }
 
     fn args(extra: &[&str]) -> Result<AcceleratorArgs, clap::Error> {
         use clap::Parser;
@@ -332,7 +321,7 @@ mod tests {
         let config = |extra: &[&str]| args(extra).unwrap().config(address).unwrap();
         let default = config(&[]);
         assert_eq!(default.spool_dir, std::env::temp_dir());
-        assert_eq!(default.max_spool, crate::accelerator::DEFAULT_MAX_SPOOL);
+        assert_eq!(default.max_spool, 1 << 30);
         let set = config(&["--spool-dir", "/var/spool/rproxy", "--max-spool", "64M"]);
         assert_eq!(set.spool_dir, PathBuf::from("/var/spool/rproxy"));
         assert_eq!(set.max_spool, 64 << 20);

@@ -2,7 +2,6 @@
 //! roles share, and `rproxy passwd`, which writes that file.
 
 use std::io::{BufRead, IsTerminal};
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,9 +9,12 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::UsageError;
-use crate::auth::{AuthFile, Authenticator, CheckLimits};
+use crate::auth::{AuthFile, Authenticator};
+use crate::config::units::parse_duration;
+use crate::config::{AuthSettings, override_with_flags};
 
-/// The authentication flags of both proxies.
+/// The authentication flags of both proxies (`[auth]` in the file); their
+/// defaults are [`AuthSettings`]'s.
 #[derive(Debug, Args)]
 pub struct AuthArgs {
     /// Users file (written by `rproxy passwd`): every request must then
@@ -20,85 +22,72 @@ pub struct AuthArgs {
     #[arg(long, value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
     /// The realm named in the 407 challenge.
-    #[arg(long, default_value = "rproxy")]
-    pub realm: String,
+    #[arg(long)]
+    pub realm: Option<String>,
     /// Passwords checked at once. A check is an argon2id hash holding
     /// 19 MiB (with rproxy passwd's parameters) for tens of milliseconds,
     /// so this bounds their memory at N × 19 MiB (38 MiB by default).
     /// A credential that passed is remembered for five minutes and needs
     /// no check.
-    #[arg(long, default_value_t = CheckLimits::DEFAULT.max_checks.get(), value_name = "N")]
-    pub max_password_checks: usize,
-    /// Seconds a password check waits for its turn when
+    #[arg(long, value_name = "N")]
+    pub max_password_checks: Option<usize>,
+    /// Time a password check waits for its turn when
     /// --max-password-checks are running, before the request gets 429 with
-    /// Retry-After (0: at once). Waiting costs no thread and no hash memory.
-    #[arg(long, default_value_t = CheckLimits::DEFAULT.check_wait.as_secs(), value_name = "SECS")]
-    pub password_check_wait: u64,
+    /// Retry-After (0: at once): 30s, 5m, 100ms or seconds. Waiting costs
+    /// no thread and no hash memory.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub password_check_wait: Option<Duration>,
     /// Failed logins per address and minute; past them the address gets
     /// 429 without a password check until the minute is over. A check
     /// counts as failed until it passes, so a burst gets no more than N
     /// checks. Credentials that passed in the last five minutes still get
     /// through from that address.
-    #[arg(long, default_value_t = CheckLimits::DEFAULT.max_failures, value_name = "N")]
-    pub max_login_failures: u32,
+    #[arg(long, value_name = "N")]
+    pub max_login_failures: Option<u32>,
 }
 
 impl AuthArgs {
-    /// The bounds on password checks the flags ask for.
-    ///
-    /// # Errors
-    /// A zero --max-password-checks or --max-login-failures.
-    pub fn check_limits(&self) -> Result<CheckLimits, UsageError> {
-        let max_checks = NonZeroUsize::new(self.max_password_checks).ok_or_else(|| {
-            UsageError(
-                "--max-password-checks 0: no password could ever be checked; use 1 or more".into(),
-            )
-        })?;
-        if self.max_login_failures == 0 {
-            return Err(UsageError(
-                "--max-login-failures 0: nobody could ever log in; use 1 or more".into(),
-            ));
-        }
-        Ok(CheckLimits {
-            max_checks,
-            check_wait: Duration::from_secs(self.password_check_wait),
-            max_failures: self.max_login_failures,
-        })
+    /// Sets the authentication settings given as flags.
+    pub fn apply(&self, settings: &mut AuthSettings) {
+        override_with_flags!(settings, self;
+            plain: realm, max_password_checks, password_check_wait, max_login_failures;
+            optional: auth_file;
+            switches: );
     }
+}
 
-    /// The authenticator, when a users file is given; warns when others
-    /// may read it.
-    ///
-    /// # Errors
-    /// An unreadable or unparsable file (naming the line), a bad realm or
-    /// bad check limits.
-    pub fn authenticator(&self) -> Result<Option<Authenticator>, UsageError> {
-        let Some(path) = &self.auth_file else {
-            return Ok(None);
-        };
-        let limits = self.check_limits()?;
-        let (file, warning) =
-            AuthFile::load(path).map_err(|e| UsageError(format!("--auth-file {e}")))?;
-        if let Some(warning) = warning {
-            tracing::warn!("{warning}");
-        }
-        if file.users().next().is_none() {
-            tracing::warn!(
-                "{}: no users; every request will get 407 (add one with rproxy passwd add)",
-                path.display()
-            );
-        }
-        let authenticator =
-            Authenticator::with_limits(&file, &self.realm, limits).map_err(UsageError)?;
-        tracing::info!(
-            max_checks = limits.max_checks.get(),
-            max_memory_mib = authenticator.max_check_memory() >> 20,
-            wait_secs = limits.check_wait.as_secs(),
-            max_failures_per_minute = limits.max_failures,
-            "password checks bounded"
-        );
-        Ok(Some(authenticator))
+/// The authenticator, when a users file is given; warns when others may
+/// read it.
+///
+/// # Errors
+/// An unreadable or unparsable file (naming the line), a bad realm or bad
+/// check limits.
+pub fn authenticator(settings: &AuthSettings) -> Result<Option<Authenticator>, UsageError> {
+    let Some(path) = &settings.auth_file else {
+        return Ok(None);
+    };
+    let limits = settings.check_limits()?;
+    let (file, warning) =
+        AuthFile::load(path).map_err(|e| UsageError(format!("--auth-file {e}")))?;
+    if let Some(warning) = warning {
+        tracing::warn!("{warning}");
     }
+    if file.users().next().is_none() {
+        tracing::warn!(
+            "{}: no users; every request will get 407 (add one with rproxy passwd add)",
+            path.display()
+        );
+    }
+    let authenticator =
+        Authenticator::with_limits(&file, &settings.realm, limits).map_err(UsageError)?;
+    tracing::info!(
+        max_checks = limits.max_checks.get(),
+        max_memory_mib = authenticator.max_check_memory() >> 20,
+        wait_secs = limits.check_wait.as_secs(),
+        max_failures_per_minute = limits.max_failures,
+        "password checks bounded"
+    );
+    Ok(Some(authenticator))
 }
 
 /// `rproxy passwd`: manage a users file.
@@ -196,15 +185,18 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::auth::CheckLimits;
     use crate::cli::{Cli, Command};
 
-    fn auth_args(role: &str, extra: &[&str]) -> AuthArgs {
+    fn auth_args(role: &str, extra: &[&str]) -> AuthSettings {
         let cli = Cli::try_parse_from(["rproxy", role].iter().chain(extra).copied()).unwrap();
+        let mut settings = AuthSettings::default();
         match cli.command {
-            Command::Accelerator(args) => args.auth,
-            Command::Client(args) => args.auth,
+            Command::Accelerator(args) => args.auth.apply(&mut settings),
+            Command::Client(args) => args.auth.apply(&mut settings),
             _ => unreachable!("a role with --auth-file"),
         }
+        settings
     }
 
     #[test]

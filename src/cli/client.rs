@@ -1,49 +1,56 @@
-//! `rproxy client`: flags → [`ClientConfig`], open the cache, then serve.
+//! `rproxy client`: file and flags → [`ClientSettings`] →
+//! [`ClientConfig`](crate::client_proxy::ClientConfig), open the cache,
+//! then serve.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use http::HeaderValue;
 
 use super::UsageError;
-use super::accelerator::via_name;
-use super::auth::AuthArgs;
+use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
-use crate::auth::{AuthGate, basic_credentials};
-use crate::cache::{CacheScope, CacheStore};
-use crate::client_proxy::queue_wait::QueueWaitConfig;
-use crate::client_proxy::{ClientConfig, ClientProxy};
+use crate::auth::AuthGate;
+use crate::cache::CacheStore;
+use crate::client_proxy::ClientProxy;
+use crate::config::units::{Size, parse_duration};
+use crate::config::{self, ClientSettings, override_with_flags};
 use crate::inetd::Stdio;
 
-/// Flags of `rproxy client`.
+pub use crate::config::UPSTREAM_PASSWORD_ENV;
+
+/// Flags of `rproxy client`. Each one given overrides its key in the
+/// `--config` file; the defaults are [`ClientSettings`]'s.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
+    /// TOML file with the settings (keys named as the flags; see
+    /// examples/client.toml); flags given override it.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
     /// Address to listen on. User agents use it as their HTTP proxy
     /// (`curl -x`, `http_proxy=`), or as the site itself (gateway).
-    #[arg(long, default_value = "127.0.0.1:8082")]
-    pub listen: SocketAddr,
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// The upstream, `http://host[:port]` or `https://host[:port]`: the
     /// accelerator (any HTTP server works too; then this is an ordinary
     /// caching proxy). Over https, HTTP/2 when the upstream offers it.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    pub upstream: String,
+    #[arg(long)]
+    pub upstream: Option<String>,
     /// Cache directory (created if missing; safe to delete).
-    #[arg(long, default_value = "cache/client")]
-    pub cache: PathBuf,
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
     /// Cache size budget: bytes, or with a K, M or G suffix. Least recently
     /// used entries are evicted to stay within it.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub cache_size: u64,
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<Size>,
     /// Memory for small entries served often (each at most a sixteenth of
     /// it), so that hits on them touch no file: bytes, or with a K, M or G
     /// suffix; 0 turns it off.
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
-    pub memory_cache: u64,
+    #[arg(long, value_name = "SIZE")]
+    pub memory_cache: Option<Size>,
     /// Memory that relays of large bodies hold at once: bytes, or with a
     /// K, M or G suffix; 0: no bound. An hsync body being rebuilt takes
     /// about six of the accelerator's coding windows (6 MiB) while it
@@ -51,8 +58,15 @@ pub struct ClientArgs {
     /// waits for its turn before reading more from upstream, holding no
     /// thread, so bursts and readers that stop reading cannot take more
     /// than this (plus a few hundred KiB per connection).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
-    pub transfer_memory: u64,
+    #[arg(long, value_name = "SIZE")]
+    pub transfer_memory: Option<Size>,
+    /// Disk that bodies parked for user agents that stopped reading take
+    /// together, in the cache directory's tmp/ (64K, 512M, 4G...): a bound
+    /// on what such user agents can make the proxy write. Past it, a relay
+    /// waits for its user agent in memory, within its share of
+    /// --transfer-memory.
+    #[arg(long, value_name = "SIZE")]
+    pub max_spool_total: Option<Size>,
     /// The cache serves one user only: responses marked private, or to
     /// requests with credentials, are stored and used as bases.
     #[arg(long)]
@@ -62,26 +76,28 @@ pub struct ClientArgs {
     #[arg(long)]
     pub via_name: Option<String>,
     /// Basis signature bytes sent while the upstream's Hsync-Accept is not
-    /// known yet (decoded; 4608 is 6 KiB of header).
-    #[arg(long, default_value_t = 4608)]
-    pub signature_bytes: usize,
+    /// known yet (decoded; 4608 is 6 KiB of header): bytes, or with a K,
+    /// M or G suffix.
+    #[arg(long, value_name = "SIZE")]
+    pub signature_bytes: Option<Size>,
     /// Basis signature bytes never exceeded, whatever the upstream
-    /// advertises.
-    #[arg(long, default_value_t = 24 << 10)]
-    pub max_signature: usize,
+    /// advertises: bytes, or with a K, M or G suffix.
+    #[arg(long, value_name = "SIZE")]
+    pub max_signature: Option<Size>,
     /// Largest body rebuilt from a delta: bytes, or with a K, M or G suffix.
-    #[arg(long, default_value = "4G", value_parser = parse_size)]
-    pub max_object: u64,
-    /// Seconds to connect upstream.
-    #[arg(long, default_value_t = 4)]
-    pub connect_timeout: u64,
-    /// Seconds for the upstream's response head (504 after).
-    #[arg(long, default_value_t = 30)]
-    pub upstream_timeout: u64,
-    /// Seconds a request waits for an identical one already in flight
-    /// before fetching on its own.
-    #[arg(long, default_value_t = 5)]
-    pub lock_timeout: u64,
+    #[arg(long, value_name = "SIZE")]
+    pub max_object: Option<Size>,
+    /// Time to connect upstream: 30s, 5m, 100ms or seconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Option<Duration>,
+    /// Time for the upstream's response head (504 after): 30s, 5m, 100ms
+    /// or seconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub upstream_timeout: Option<Duration>,
+    /// Time a request waits for an identical one already in flight before
+    /// fetching on its own: 30s, 5m, 100ms or seconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub lock_timeout: Option<Duration>,
     /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
     /// socket unit with Accept=yes start it, and exit when the peer is
     /// done. --listen is not used (but names us in Via by default, unless
@@ -104,20 +120,21 @@ pub struct ClientArgs {
     /// RPROXY_UPSTREAM_PASSWORD.
     #[arg(long, value_name = "USER")]
     pub upstream_user: Option<String>,
-    /// Seconds a request may wait in the upstream's queue for an upload
-    /// slot (the accelerator's --slots); then the upstream's 503 and
-    /// Retry-After go to the user agent. A request whose user agent waits
-    /// on its connection (no waiting page) gives up 10 s before
-    /// --idle-timeout at the latest, which would close the connection.
-    #[arg(long, default_value_t = 300, value_name = "SECS")]
-    pub queue_wait_max: u64,
-    /// Seconds a browser's page load (a navigation) waits in the
-    /// upstream's queue before it gets a page showing its position, length
-    /// and ETA that reloads itself every 5 s; the wait goes on meanwhile
-    /// and the reload gets the answer. At or past --queue-wait-max: no
-    /// page.
-    #[arg(long, default_value_t = 3, value_name = "SECS")]
-    pub queue_page_after: u64,
+    /// Time a request may wait in the upstream's queue for an upload slot
+    /// (the accelerator's --slots): 30s, 5m, 100ms or seconds; then the
+    /// upstream's 503 and Retry-After go to the user agent. A request whose
+    /// user agent waits on its connection (no waiting page) gives up 10 s
+    /// before --idle-timeout at the latest, which would close the
+    /// connection.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub queue_wait_max: Option<Duration>,
+    /// Time a browser's page load (a navigation) waits in the upstream's
+    /// queue before it gets a page showing its position, length and ETA
+    /// that reloads itself every 5 s (30s, 5m, 100ms or seconds); the wait
+    /// goes on meanwhile and the reload gets the answer. At or past
+    /// --queue-wait-max: no page.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub queue_page_after: Option<Duration>,
     /// Listen on this address for the accelerator's QUEUE callbacks
     /// (PARQ), and tell the accelerator where it is (X-Node): a callback
     /// makes a waiting request come back at once instead of losing its
@@ -139,160 +156,29 @@ pub struct ClientArgs {
     pub upstream_password_file: Option<PathBuf>,
 }
 
-/// How long before --idle-timeout a request whose user agent waits on its
-/// connection gives up waiting in the upstream's queue, so that the
-/// upstream's answer still reaches it.
-const HELD_WAIT_MARGIN: Duration = Duration::from_secs(10);
-
-/// The environment variable holding the upstream password.
-pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
-
-/// Parses `1234`, `64K`, `512M`, `1G` (binary multiples).
-pub(super) fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&text[..i], 10),
-        Some((i, 'm' | 'M')) => (&text[..i], 20),
-        Some((i, 'g' | 'G')) => (&text[..i], 30),
-        _ => (text, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (like 1048576, 512M or 1G)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text} is too large"))
-}
-
 impl ClientArgs {
-    /// The validated configuration, for serving on `address` (the listen
-    /// address, or under inetd the socket's own).
+    /// The settings: the `--config` file's (or the defaults), with each
+    /// flag given on top.
     ///
     /// # Errors
-    /// A [`UsageError`] saying which flag is wrong.
-    pub fn config(&self, address: SocketAddr) -> Result<ClientConfig, UsageError> {
-        if !address.ip().is_loopback() && !self.allow_open && self.auth.auth_file.is_none() {
-            return Err(UsageError(format!(
-                "{address}: not a loopback address, and nobody has to authenticate; \
-                 give --auth-file (see rproxy passwd), or --allow-open to run an open proxy there"
-            )));
-        }
-        // No byte moves on a user agent's connection while its request
-        // waits: the idle timeout would close it.
-        let held_max = self
-            .limits
-            .idle_timeout
-            .saturating_sub(HELD_WAIT_MARGIN.as_secs())
-            .min(self.queue_wait_max);
-        if self.queue_page_after >= held_max && self.queue_page_after < self.queue_wait_max {
-            return Err(UsageError(format!(
-                "--queue-page-after {}: a navigation waiting that long is cut by --idle-timeout {} \
-                 first (less {} s); lower the one or raise the other",
-                self.queue_page_after,
-                self.limits.idle_timeout,
-                HELD_WAIT_MARGIN.as_secs()
-            )));
-        }
-        Ok(ClientConfig {
-            upstream: self
-                .upstream
-                .parse()
-                .map_err(|_| UsageError(format!("--upstream {}: not a URL", self.upstream)))?,
-            via_name: via_name(self.via_name.as_deref(), address)?,
-            scope: if self.private {
-                CacheScope::Private
-            } else {
-                CacheScope::Shared
-            },
-            default_signature_bytes: self.signature_bytes.min(self.max_signature),
-            max_signature_bytes: self.max_signature,
-            connect_timeout: Duration::from_secs(self.connect_timeout),
-            upstream_timeout: Duration::from_secs(self.upstream_timeout),
-            lock_timeout: Duration::from_secs(self.lock_timeout),
-            max_object_bytes: self.max_object,
-            memory_cache_bytes: usize::try_from(self.memory_cache).map_err(|_| {
-                UsageError(format!("--memory-cache {}: too large", self.memory_cache))
-            })?,
-            upstream_credentials: self.upstream_credentials()?,
-            upstream_tls: self.upstream_tls()?,
-            queue: QueueWaitConfig {
-                wait_max: Duration::from_secs(self.queue_wait_max),
-                held_max: Duration::from_secs(held_max),
-                page_after: Duration::from_secs(self.queue_page_after),
-                node: self.queue_node()?,
-            },
-            transfer_memory: self.transfer_memory,
-        })
-    }
-
-    /// Where the accelerator reaches our QUEUE callback listener. A port 0
-    /// is filled in once the listener is bound ([`run`]).
-    fn queue_node(&self) -> Result<Option<SocketAddr>, UsageError> {
-        let Some(listen) = self.queue_callback else {
-            return Ok(None);
+    /// A file that cannot be read or parsed ([`UsageError`], naming the
+    /// line).
+    pub fn settings(&self) -> Result<ClientSettings, UsageError> {
+        let mut settings = match &self.config_file {
+            Some(path) => config::load(path)?,
+            None => ClientSettings::default(),
         };
-        if self.inetd {
-            return Err(UsageError(
-                "--queue-callback needs the listener: each inetd process serves one connection"
-                    .into(),
-            ));
-        }
-        let node = self.queue_node.unwrap_or(listen);
-        if node.ip().is_unspecified() {
-            return Err(UsageError(format!(
-                "--queue-callback {listen}: the accelerator cannot call back to {}; \
-                 give --queue-node with the address it reaches us on",
-                node.ip()
-            )));
-        }
-        if self.queue_node.is_some() && node.port() == 0 {
-            return Err(UsageError(format!("--queue-node {node}: needs a port")));
-        }
-        Ok(Some(node))
-    }
-
-    /// TLS for an https:// upstream.
-    fn upstream_tls(&self) -> Result<Option<Arc<rustls::ClientConfig>>, UsageError> {
-        if !self.upstream.starts_with("https://") {
-            if self.upstream_ca.is_some() {
-                return Err(UsageError(
-                    "--upstream-ca: the upstream is not https://".into(),
-                ));
-            }
-            return Ok(None);
-        }
-        crate::tls::client_config(self.upstream_ca.as_deref())
-            .map(Some)
-            .map_err(|e| UsageError(format!("--upstream-ca: {e}")))
-    }
-
-    /// `Proxy-Authorization` for the upstream, from --upstream-user and
-    /// the password file or environment.
-    fn upstream_credentials(&self) -> Result<Option<HeaderValue>, UsageError> {
-        let Some(user) = &self.upstream_user else {
-            return Ok(None);
-        };
-        if user.is_empty() || user.contains(':') {
-            return Err(UsageError(format!(
-                "--upstream-user {user:?}: a user name has no ':'"
-            )));
-        }
-        let password = match &self.upstream_password_file {
-            Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| {
-                    UsageError(format!("--upstream-password-file {}: {e}", path.display()))
-                })?
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
-            None => std::env::var(UPSTREAM_PASSWORD_ENV).map_err(|_| {
-                UsageError(format!(
-                    "--upstream-user {user}: no password; give --upstream-password-file \
-                     or set {UPSTREAM_PASSWORD_ENV}"
-                ))
-            })?,
-        };
-        Ok(Some(basic_credentials(user, &password)))
+        override_with_flags!(settings, self;
+            plain: listen, upstream, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
+                signature_bytes,
+                max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
+                queue_wait_max, queue_page_after;
+            optional: via_name, upstream_user, queue_callback, queue_node, upstream_ca,
+                upstream_password_file;
+            switches: private, inetd, allow_open);
+        self.auth.apply(&mut settings.auth);
+        self.limits.apply(&mut settings.limits);
+        Ok(settings)
     }
 }
 
@@ -302,35 +188,36 @@ impl ClientArgs {
 /// A bad flag ([`UsageError`]), a cache directory that cannot be opened or
 /// a listener that cannot bind.
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
-    let stdio = take_stdio(args.inetd)?;
+    let settings = args.settings()?;
+    let stdio = take_stdio(settings.inetd)?;
     let address = stdio
         .as_ref()
         .and_then(Stdio::local_addr)
-        .unwrap_or(args.listen);
-    let mut config = args.config(address)?;
-    let callbacks = match args.queue_callback {
+        .unwrap_or(settings.listen);
+    let mut config = settings.to_config(address)?;
+    let callbacks = match settings.queue_callback {
         Some(listen) => {
             let listener = std::net::TcpListener::bind(listen)
                 .with_context(|| format!("--queue-callback: cannot listen on {listen}"))?;
             listener.set_nonblocking(true)?;
-            if args.queue_node.is_none() {
+            if settings.queue_node.is_none() {
                 config.queue.node = Some(listener.local_addr()?);
             }
             Some(listener)
         }
         None => None,
     };
-    let auth = args.auth.authenticator()?;
-    let store = CacheStore::open(&args.cache, args.cache_size)
-        .with_context(|| format!("cannot open the cache in {}", args.cache.display()))?;
+    let auth = authenticator(&settings.auth)?;
+    let store = CacheStore::open(&settings.cache, settings.cache_size.0)
+        .with_context(|| format!("cannot open the cache in {}", settings.cache.display()))?;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
     let proxy = AuthGate::new(proxy, auth);
-    let limits = args.limits.limits();
+    let limits = settings.limits.to_limits()?;
     if let Some(stdio) = stdio {
         return serve_one(stdio, proxy, limits);
     }
-    serve_listener(args.listen, proxy, limits, None, |address, proxy| {
-        tracing::info!(listen = %address, upstream = %args.upstream, cache = %args.cache.display(), "client proxy ready");
+    serve_listener(settings.listen, proxy, limits, None, |address, proxy| {
+        tracing::info!(listen = %address, upstream = %settings.upstream, cache = %settings.cache.display(), "client proxy ready");
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {
@@ -347,6 +234,15 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::basic_credentials;
+    use crate::client_proxy::ClientConfig;
+
+    /// The flags on top of the defaults, as the tests below ask for them.
+    impl ClientArgs {
+        fn config(&self, address: SocketAddr) -> Result<ClientConfig, UsageError> {
+            self.settings()?.to_config(address)
+        }
+    }
 
     fn args(extra: &[&str]) -> ClientArgs {
         use clap::Parser;
@@ -450,16 +346,5 @@ mod tests {
                 .is_err(),
             "--queue-node needs --queue-callback"
         );
-    }
-
-    #[test]
-    fn sizes_take_binary_suffixes() {
-        assert_eq!(parse_size("1234"), Ok(1234));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("512m"), Ok(512 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert!(parse_size("1T").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("99999999999G").is_err());
     }
 }

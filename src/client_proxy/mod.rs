@@ -57,8 +57,9 @@ use crate::http::{
 use crate::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
-use crate::upstream_guard::ExchangeCheck;
+use crate::spool::SpoolDisk;
 use crate::transfer_memory::TransferMemory;
+use crate::upstream_guard::ExchangeCheck;
 use cached_body::CachedBody;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
@@ -111,6 +112,10 @@ pub struct ClientConfig {
     /// bound); past it, a relay waits before reading more of its body
     /// (see [`crate::transfer_memory`]).
     pub transfer_memory: u64,
+    /// Disk that the bodies spooled for user agents that stopped reading
+    /// take together, in the cache's `tmp/` (bytes); past it, a relay
+    /// waits for its user agent in memory.
+    pub max_spool_total: u64,
 }
 
 /// Why the configuration cannot be used.
@@ -300,6 +305,8 @@ pub struct ClientProxy {
     waits: Arc<QueueWaits>,
     /// What relays of large bodies hold at once.
     memory: TransferMemory,
+    /// What the bodies spooled for stalled user agents take on disk.
+    spool_disk: SpoolDisk,
 }
 
 impl ClientProxy {
@@ -334,6 +341,7 @@ impl ClientProxy {
         });
         Ok(ClientProxy {
             memory: TransferMemory::new(config.transfer_memory),
+            spool_disk: SpoolDisk::new(config.max_spool_total),
             upstream,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
@@ -986,6 +994,7 @@ impl ClientProxy {
                 origin_digests,
                 framing: rparts.extensions.get::<ExchangeCheck>().cloned(),
                 spool_dir: Some(self.store.root().join("tmp")),
+                spool_disk: self.spool_disk.clone(),
                 memory: self.memory.clone(),
             },
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),

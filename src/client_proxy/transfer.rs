@@ -42,7 +42,7 @@ use crate::hsync::{
     SignatureParams, choose_block_size,
 };
 use crate::server::{BodyError, ProxyBody};
-use crate::spool::{BodyFeed, BodyItem, Spool};
+use crate::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
 use crate::transfer_memory::{self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost};
 use crate::upstream_guard::ExchangeCheck;
 
@@ -214,6 +214,8 @@ pub struct Relay {
     /// Where the body is parked when the user agent stops reading (see
     /// [`crate::spool`]); `None` keeps it waiting in memory.
     pub spool_dir: Option<std::path::PathBuf>,
+    /// What all spools take together.
+    pub spool_disk: SpoolDisk,
     /// The budget a large body takes its share of before the relay's
     /// state grows (see [`crate::transfer_memory`]).
     pub memory: TransferMemory,
@@ -226,7 +228,9 @@ impl Relay {
         match &self.coding {
             // The accelerator's windows, as it codes by default (a
             // larger window costs more than the share says).
-            Coding::Hsync { .. } => coded_transfer_cost(EncoderOptions::default().window_bytes, None),
+            Coding::Hsync { .. } => {
+                coded_transfer_cost(EncoderOptions::default().window_bytes, None)
+            }
             Coding::Plain { expected_len } => {
                 let in_flight = ((CHANNEL_DEPTH + AGENT_DEPTH) * SEND_SLICE) as u64;
                 expected_len.map_or(in_flight, |len| len.min(in_flight))
@@ -406,6 +410,7 @@ pub async fn relay(
     tokio::spawn(async move {
         let mut driver = Driver {
             spool_dir: relay.spool_dir.clone(),
+            spool_disk: relay.spool_disk.clone(),
             memory: holder,
             worker: Box::new(Worker::new(relay)),
             to_agent: Some(to_agent),
@@ -548,6 +553,7 @@ struct Driver {
     /// The body parked on disk for a user agent that stopped reading.
     spool: Option<Spool>,
     spool_dir: Option<std::path::PathBuf>,
+    spool_disk: SpoolDisk,
     /// This relay's share of the transfer memory.
     memory: ShareHolder,
 }
@@ -701,7 +707,6 @@ impl Driver {
                         continue;
                     }
                     self.worker.release_scratch();
-                    self.memory.release();
                     sender.reserve().await
                 }
             };
@@ -731,7 +736,7 @@ impl Driver {
         let Some(dir) = &self.spool_dir else {
             return false;
         };
-        match Spool::create(dir, MAX_SPOOL) {
+        match Spool::create(dir, MAX_SPOOL, &self.spool_disk) {
             Ok(spool) => {
                 tracing::debug!(dir = %dir.display(), "the user agent stopped reading; spooling its body");
                 let queued = spool.take_over(&self.feed);
@@ -744,7 +749,11 @@ impl Driver {
                 true
             }
             Err(error) => {
-                tracing::warn!(dir = %dir.display(), %error, "cannot spool for a stalled user agent; waiting in memory");
+                if error.kind() == std::io::ErrorKind::StorageFull {
+                    tracing::debug!(%error, "not spooling for a stalled user agent; waiting in memory");
+                } else {
+                    tracing::warn!(dir = %dir.display(), %error, "cannot spool for a stalled user agent; waiting in memory");
+                }
                 self.spool_dir = None;
                 false
             }

@@ -4,27 +4,19 @@
 use std::time::Duration;
 
 use http::HeaderValue;
-use rproxy::cache::CacheScope;
 use rproxy::client_proxy::ClientConfig;
 
-/// The client proxy settings the tests start from (`upstream` is a URL);
-/// each test sets what it is about with `..client_config(url)`.
+/// The client proxy settings the tests start from (`upstream` is a URL):
+/// `rproxy client`'s defaults with shorter timeouts and a smaller memory
+/// cache; each test sets what it is about with `..client_config(url)`.
 pub fn client_config(upstream: &str) -> ClientConfig {
     ClientConfig {
-        upstream: upstream.parse().unwrap(),
         via_name: HeaderValue::from_static("client-test"),
-        scope: CacheScope::Shared,
-        default_signature_bytes: 4608,
-        max_signature_bytes: 24 << 10,
         connect_timeout: Duration::from_secs(2),
         upstream_timeout: Duration::from_secs(5),
-        lock_timeout: Duration::from_secs(5),
         max_object_bytes: 1 << 30,
         memory_cache_bytes: 16 << 20,
-        upstream_credentials: None,
-        upstream_tls: None,
-        queue: Default::default(),
-        transfer_memory: rproxy::transfer_memory::DEFAULT_CLIENT_MEMORY,
+        ..ClientConfig::for_upstream(upstream.parse().unwrap())
     }
 }
 

@@ -1,0 +1,144 @@
+//! The settings both roles share, each role's file holding them in a table
+//! of its own: connection limits (`[limits]`) and proxy authentication
+//! (`[auth]`). Their defaults are the connection layer's
+//! ([`ConnectionLimits::default`]) and the password checks'
+//! ([`CheckLimits::DEFAULT`]), spelled there once.
+//!
+//! Main types: [`LimitSettings`], [`AuthSettings`].
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::UsageError;
+use super::units::{self, Size};
+use crate::auth::CheckLimits;
+use crate::server::ConnectionLimits;
+
+/// Limits on what a client may send and hold (`[limits]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LimitSettings {
+    /// Time to send a whole request head; also how long an idle
+    /// keep-alive connection stays open.
+    #[serde(with = "units::duration")]
+    pub header_read_timeout: Duration,
+    /// Time a connection with a request under way may go without a byte
+    /// moving either way.
+    #[serde(with = "units::duration")]
+    pub idle_timeout: Duration,
+    /// Largest request head, request line included.
+    pub max_head: Size,
+    /// Most header fields in a request.
+    pub max_headers: usize,
+    /// Longest request target.
+    pub max_target: Size,
+    /// Most proxies a request may have passed, counted in Via.
+    pub max_hops: usize,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Requests served at once on one HTTP/2 connection (at least 1).
+    pub max_streams: u32,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        let limits = ConnectionLimits::default();
+        LimitSettings {
+            header_read_timeout: limits.header_read_timeout,
+            idle_timeout: limits.idle_timeout,
+            max_head: Size(limits.max_head_bytes as u64),
+            max_headers: limits.max_headers,
+            max_target: Size(limits.max_target_bytes as u64),
+            max_hops: limits.max_hops,
+            max_connections: limits.max_connections,
+            max_streams: limits.max_streams,
+        }
+    }
+}
+
+impl LimitSettings {
+    /// The limits for the connection layer.
+    ///
+    /// # Errors
+    /// A `max-streams` of 0.
+    pub fn to_limits(&self) -> Result<ConnectionLimits, UsageError> {
+        if self.max_streams == 0 {
+            return Err(UsageError(
+                "--max-streams 0: no request could be served; use 1 or more".into(),
+            ));
+        }
+        Ok(ConnectionLimits {
+            header_read_timeout: self.header_read_timeout,
+            max_head_bytes: saturating_usize(self.max_head),
+            max_headers: self.max_headers,
+            max_target_bytes: saturating_usize(self.max_target),
+            idle_timeout: self.idle_timeout,
+            max_hops: self.max_hops,
+            max_connections: self.max_connections,
+            max_streams: self.max_streams,
+        })
+    }
+}
+
+/// Proxy authentication (`[auth]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AuthSettings {
+    /// Users file (`rproxy passwd`); none: no authentication.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_file: Option<PathBuf>,
+    /// The realm named in the 407 challenge.
+    pub realm: String,
+    /// Passwords checked at once.
+    pub max_password_checks: usize,
+    /// Time a password check waits for its turn before a 429.
+    #[serde(with = "units::duration")]
+    pub password_check_wait: Duration,
+    /// Failed logins per address and minute.
+    pub max_login_failures: u32,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        AuthSettings {
+            auth_file: None,
+            realm: "rproxy".into(),
+            max_password_checks: CheckLimits::DEFAULT.max_checks.get(),
+            password_check_wait: CheckLimits::DEFAULT.check_wait,
+            max_login_failures: CheckLimits::DEFAULT.max_failures,
+        }
+    }
+}
+
+impl AuthSettings {
+    /// The bounds on password checks.
+    ///
+    /// # Errors
+    /// A zero `max-password-checks` or `max-login-failures`.
+    pub fn check_limits(&self) -> Result<CheckLimits, UsageError> {
+        let max_checks = NonZeroUsize::new(self.max_password_checks).ok_or_else(|| {
+            UsageError(
+                "--max-password-checks 0: no password could ever be checked; use 1 or more".into(),
+            )
+        })?;
+        if self.max_login_failures == 0 {
+            return Err(UsageError(
+                "--max-login-failures 0: nobody could ever log in; use 1 or more".into(),
+            ));
+        }
+        Ok(CheckLimits {
+            max_checks,
+            check_wait: self.password_check_wait,
+            max_failures: self.max_login_failures,
+        })
+    }
+}
+
+/// A byte budget as a `usize`; past what the machine addresses it is no
+/// bound anyway.
+pub(super) fn saturating_usize(size: Size) -> usize {
+    usize::try_from(size.0).unwrap_or(usize::MAX)
+}
