@@ -1629,3 +1629,55 @@ async fn l_13_a_spooled_stream_whose_origin_fails_ends_with_an_error() {
     assert!(ended.is_err(), "a cut origin body ended the stream cleanly");
     assert!(received > 4 << 20, "only {received} bytes before the error");
 }
+
+/// L-13: a reader that never reads again holds its connection, and what
+/// is parked for it, only until the idle timeout: no byte moving either
+/// way for that long closes the connection (and the spool with it).
+#[tokio::test]
+async fn l_13_a_reader_that_never_reads_is_closed_at_the_idle_timeout() {
+    let origin = start_origin().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let accel = listener.local_addr().unwrap();
+    let accelerator = Arc::new(Accelerator::new(config(origin.addr)).unwrap());
+    let limits = ConnectionLimits {
+        idle_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    tokio::spawn(serve(listener, accelerator, limits, std::future::pending()));
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let mut stream = socket.connect(accel).await.unwrap();
+    stream
+        .write_all(b"GET /random8.txt HTTP/1.1\r\nHost: origin.test\r\nAccept-Encoding: hsync\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = vec![0; 4096];
+    let n = stream.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    // Stalled: nothing read for well past the timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // What the sockets hold drains, then the connection is over (a
+    // clean close or a reset), far short of the 8 MiB body.
+    let mut tail = head[..n].to_vec();
+    let mut buf = vec![0; 1 << 16];
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    tail.drain(..tail.len().saturating_sub(5));
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stalled connection stayed open past its idle timeout"
+    );
+    assert!(
+        !tail.ends_with(b"0\r\n\r\n"),
+        "the chunked body ended cleanly: it was not cut"
+    );
+}
