@@ -14,8 +14,9 @@
 //! user's later requests cost a hash lookup. An unknown user costs the
 //! same hash as a known one with a wrong password (one timing class).
 //! Failures are counted per peer address in a table whose entries expire
-//! after a minute (seed 003): past ten, the peer gets 429 with Retry-After,
-//! without a password check, until the minute is over.
+//! a minute after the address's first check (seed 003): past ten, the peer
+//! gets 429 without a password check until that minute is over, and
+//! Retry-After says how many seconds are left of it.
 //!
 //! What the checks may cost, and in which order a request meets the limits
 //! (remembered credentials first, then the failure count, then a turn for
@@ -28,6 +29,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::cell::RefCell;
 
@@ -46,7 +48,9 @@ use crate::server::{Handler, Peer, ProxyBody, text_response};
 
 mod budget;
 
-use budget::{BUSY_RETRY, Budget, FAILURE_WINDOW, NoCheck};
+#[cfg(test)]
+use budget::FAILURE_WINDOW;
+use budget::{BUSY_RETRY, Budget, NoCheck};
 pub use budget::{CheckLimits, CheckStats};
 
 /// Longest `Proxy-Authorization` value looked at.
@@ -216,7 +220,8 @@ impl AuthFile {
 pub enum Refusal {
     /// 407: no, malformed or wrong credentials.
     Unauthorized,
-    /// 429: too many failures from this peer; retry after the seconds.
+    /// 429: too many failures from this peer; retry after the seconds,
+    /// which are what is left of its window, rounded up.
     Throttled(u64),
     /// 429: all password checks are taken and none came free in time;
     /// retry after the seconds.
@@ -414,9 +419,17 @@ fn verify_in_kept_memory(password: &str, hash: &PasswordHash<'_>) -> bool {
 
 fn refusal(no_check: NoCheck) -> Refusal {
     match no_check {
-        NoCheck::Throttled => Refusal::Throttled(FAILURE_WINDOW.as_secs()),
-        NoCheck::Busy => Refusal::Busy(BUSY_RETRY.as_secs()),
+        NoCheck::Throttled { retry_after } => Refusal::Throttled(whole_seconds(retry_after)),
+        NoCheck::Busy => Refusal::Busy(whole_seconds(BUSY_RETRY)),
     }
+}
+
+/// `wait` in whole seconds for Retry-After: rounded up, so a client that
+/// obeys it does not come back a moment too early, and at least 1, since
+/// 0 would invite an immediate retry.
+fn whole_seconds(wait: Duration) -> u64 {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    seconds.max(1)
 }
 
 /// `Basic base64(user:password)` → (user, password); `None` for anything
@@ -533,8 +546,6 @@ pub fn basic_credentials(user: &str, password: &str) -> HeaderValue {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn file_with(users: &[(&str, &str)]) -> AuthFile {
@@ -656,6 +667,45 @@ mod tests {
         assert_eq!(auth.check(&right, other).await, Ok("alice".to_owned()));
         tokio::time::advance(FAILURE_WINDOW + Duration::from_secs(1)).await;
         assert_eq!(auth.check(&right, guesser).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_10_retry_after_is_what_is_left_of_the_window_rounded_up() {
+        let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
+        let guesser = Some(IpAddr::from([192, 0, 2, 1]));
+        let right = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
+        for _ in 0..CheckLimits::DEFAULT.max_failures {
+            // Malformed: a failure without a hash, so the clock stays put.
+            let verdict = auth.check(&headers("Basic !!!"), guesser).await;
+            assert_eq!(verdict, Err(Refusal::Unauthorized));
+        }
+        assert_eq!(
+            auth.check(&right, guesser).await,
+            Err(Refusal::Throttled(60))
+        );
+        tokio::time::advance(Duration::from_millis(44_250)).await;
+        assert_eq!(
+            auth.check(&right, guesser).await,
+            Err(Refusal::Throttled(16))
+        );
+        tokio::time::advance(Duration::from_millis(15_749)).await;
+        assert_eq!(
+            auth.check(&right, guesser).await,
+            Err(Refusal::Throttled(1))
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(auth.check(&right, guesser).await, Ok("alice".to_owned()));
+    }
+
+    #[test]
+    fn a_10_retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
+        let ms = Duration::from_millis;
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_nanos(1)), 1);
+        assert_eq!(whole_seconds(ms(1000)), 1);
+        assert_eq!(whole_seconds(ms(1001)), 2);
+        assert_eq!(whole_seconds(ms(59_999)), 60);
+        assert_eq!(whole_seconds(FAILURE_WINDOW), 60);
     }
 
     #[tokio::test]

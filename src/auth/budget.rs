@@ -29,7 +29,11 @@
 //!   honest client pays no hash. The memory holds a keyed blake3 of the
 //!   exact header value, keyed at random per process, never the password;
 //!   it is an [`ExpiringMap`] with a cap on entries, so it is bounded in
-//!   time and in size.
+//!   time and in size;
+//! - the failure counts are an [`ExpiringMap`] too, each address's count
+//!   living for the minute that began with its first check. A throttled
+//!   address is told to retry when its minute is over, not a whole minute
+//!   from now.
 //!
 //! Deliberately left out: the users file and the hash itself (the parent
 //! module decides what is checked and how), and the clock: every method
@@ -113,8 +117,12 @@ pub struct CheckStats {
 /// Why a check was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NoCheck {
-    /// The address has used up its failures for the window.
-    Throttled,
+    /// The address has used up its failures for the window, which ends
+    /// after `retry_after`.
+    Throttled {
+        /// Until the address's window ends; never zero.
+        retry_after: Duration,
+    },
     /// No turn came within the wait.
     Busy,
 }
@@ -245,8 +253,8 @@ impl Budget {
     }
 
     /// Counts a failure for `peer` before its check runs, or says that it
-    /// has none left this window. Without an address (inetd on a pipe)
-    /// nothing is counted.
+    /// has none left this window and when the window ends. Without an
+    /// address (inetd on a pipe) nothing is counted.
     pub(super) fn reserve_failure(
         &self,
         peer: Option<IpAddr>,
@@ -259,7 +267,10 @@ impl Budget {
         let count = failures.get_or_insert_with(peer, now, || 0);
         if *count >= self.limits.max_failures {
             self.gauge.throttled.fetch_add(1, Ordering::Relaxed);
-            return Err(NoCheck::Throttled);
+            let retry_after = failures
+                .time_left(&peer, now)
+                .expect("the entry was live just now");
+            return Err(NoCheck::Throttled { retry_after });
         }
         *count += 1;
         Ok(())
@@ -343,10 +354,16 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
         }
-        assert_eq!(budget.reserve_failure(peer, t0), Err(NoCheck::Throttled));
+        assert!(matches!(
+            budget.reserve_failure(peer, t0),
+            Err(NoCheck::Throttled { .. })
+        ));
         budget.give_back(peer, t0);
         assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
-        assert_eq!(budget.reserve_failure(peer, t0), Err(NoCheck::Throttled));
+        assert!(matches!(
+            budget.reserve_failure(peer, t0),
+            Err(NoCheck::Throttled { .. })
+        ));
         // Other addresses and no address are not affected.
         assert_eq!(
             budget.reserve_failure(Some([192, 0, 2, 2].into()), t0),
@@ -356,6 +373,32 @@ mod tests {
         // The window is over.
         assert_eq!(budget.reserve_failure(peer, t0 + FAILURE_WINDOW), Ok(()));
         assert_eq!(budget.stats().throttled, 2);
+    }
+
+    #[test]
+    fn a_10_a_throttled_address_is_told_when_its_window_ends() {
+        let budget = Budget::new(limits(2, Duration::ZERO)).unwrap();
+        let peer = Some(IpAddr::from([192, 0, 2, 1]));
+        let t0 = Instant::now();
+        assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
+        let later = t0 + Duration::from_millis(44_250);
+        for _ in 1..10 {
+            assert_eq!(budget.reserve_failure(peer, later), Ok(()));
+        }
+        // The window began with the first failure, not the last.
+        let left = FAILURE_WINDOW - Duration::from_millis(44_250);
+        assert_eq!(
+            budget.reserve_failure(peer, later),
+            Err(NoCheck::Throttled { retry_after: left })
+        );
+        let last_moment = t0 + FAILURE_WINDOW - Duration::from_millis(1);
+        assert_eq!(
+            budget.reserve_failure(peer, last_moment),
+            Err(NoCheck::Throttled {
+                retry_after: Duration::from_millis(1)
+            })
+        );
+        assert_eq!(budget.reserve_failure(peer, t0 + FAILURE_WINDOW), Ok(()));
     }
 
     #[test]
