@@ -51,7 +51,7 @@ mod budget;
 #[cfg(test)]
 use budget::FAILURE_WINDOW;
 use budget::{BUSY_RETRY, Budget, NoCheck};
-pub use budget::{CheckLimits, CheckStats};
+pub use budget::{CheckLimits, CheckStats, FAILURE_ENTRY_BYTES};
 
 /// Longest `Proxy-Authorization` value looked at.
 const MAX_CREDENTIALS: usize = 4096;
@@ -776,6 +776,40 @@ mod tests {
         }
         // Still remembered, and still only for alice.
         assert_eq!(auth.check(&alice, None).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn a_10_a_spray_from_many_addresses_locks_out_no_user() {
+        let users = file_with(&[("alice", "wonderland"), ("bob", "builder")]);
+        let limits = CheckLimits {
+            max_failure_addresses: std::num::NonZeroUsize::new(8).unwrap(),
+            ..CheckLimits::DEFAULT
+        };
+        let auth = Authenticator::with_limits(&users, "rproxy", limits).unwrap();
+        let home = Some(IpAddr::from([192, 0, 2, 1]));
+        let alice = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
+        assert_eq!(auth.check(&alice, home).await, Ok("alice".to_owned()));
+        // Malformed guesses from a /64, ten per address: each address is
+        // locked, and the table is full many times over.
+        let guess = headers("Basic !!!");
+        for n in 0..200u16 {
+            let sprayed = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 1, n]));
+            for _ in 0..10 {
+                assert_eq!(
+                    auth.check(&guess, sprayed).await,
+                    Err(Refusal::Unauthorized)
+                );
+            }
+            let verdict = auth.check(&guess, sprayed).await;
+            assert!(matches!(verdict, Err(Refusal::Throttled(_))), "{n}");
+        }
+        assert!(auth.stats().forgotten_addresses >= 200 - 8);
+        // Alice, verified, passes; bob, never seen, gets his check from a
+        // new address and passes too.
+        assert_eq!(auth.check(&alice, home).await, Ok("alice".to_owned()));
+        let bob = headers(basic_credentials("bob", "builder").to_str().unwrap());
+        let elsewhere = Some(IpAddr::from([198, 51, 100, 7]));
+        assert_eq!(auth.check(&bob, elsewhere).await, Ok("bob".to_owned()));
     }
 
     #[tokio::test]

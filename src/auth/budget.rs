@@ -31,9 +31,11 @@
 //!   it is an [`ExpiringMap`] with a cap on entries, so it is bounded in
 //!   time and in size;
 //! - the failure counts are an [`ExpiringMap`] too, each address's count
-//!   living for the minute that began with its first check. A throttled
-//!   address is told to retry when its minute is over, not a whole minute
-//!   from now.
+//!   living for the minute that began with its first check, and capped at
+//!   [`CheckLimits::max_failure_addresses`] (at most 320 bytes each), since
+//!   a client with a block of IPv6 addresses could otherwise add entries
+//!   faster than they expire. A throttled address is told to retry when
+//!   its minute is over, not a whole minute from now.
 //!
 //! Deliberately left out: the users file and the hash itself (the parent
 //! module decides what is checked and how), and the clock: every method
@@ -80,16 +82,37 @@ pub struct CheckLimits {
     /// Failed (or still running) checks an address may have per minute;
     /// past them it gets 429 without a hash until the minute is over.
     pub max_failures: u32,
+    /// Addresses whose failures are counted at once, each costing about
+    /// [`FAILURE_ENTRY_BYTES`]. When all are taken, the address whose
+    /// minute ends first is forgotten to make room (see
+    /// `Budget::reserve_failure` for why).
+    pub max_failure_addresses: NonZeroUsize,
 }
+
+/// The most one address in the failure table costs, in bytes, rounded up:
+/// its hash-table slot (57 bytes in a table that doubles to twice the cap
+/// once entries churn, and briefly holds both sizes while it does), its
+/// entry in the expiry order's B-tree nodes, and allocator overhead.
+/// Measured by counting allocations while 300,000 addresses passed
+/// through a table capped at 100,000: 229 bytes an address held, 304 at
+/// the peak.
+pub const FAILURE_ENTRY_BYTES: u64 = 320;
 
 impl CheckLimits {
     /// The defaults, for the flags and for [`Default`]: two hashes at
-    /// once (38 MiB), a two-second wait, ten failures a minute.
+    /// once (38 MiB), a two-second wait, ten failures a minute,
+    /// counted for up to 100,000 addresses (at most 32 MB).
     pub const DEFAULT: CheckLimits = CheckLimits {
         max_checks: NonZeroUsize::new(2).expect("not zero"),
         check_wait: Duration::from_secs(2),
         max_failures: 10,
+        max_failure_addresses: NonZeroUsize::new(100_000).expect("not zero"),
     };
+
+    /// The most memory the failure table can take, in bytes.
+    pub fn max_failure_table_memory(&self) -> u64 {
+        self.max_failure_addresses.get() as u64 * FAILURE_ENTRY_BYTES
+    }
 }
 
 impl Default for CheckLimits {
@@ -112,6 +135,9 @@ pub struct CheckStats {
     /// Checks refused with 429 because their address had used up its
     /// failures.
     pub throttled: u64,
+    /// Addresses whose failures were forgotten before their minute was
+    /// over, because [`CheckLimits::max_failure_addresses`] were counted.
+    pub forgotten_addresses: u64,
 }
 
 /// Why a check was not run.
@@ -215,7 +241,10 @@ impl Budget {
             gauge: Arc::default(),
             key,
             verified: Mutex::new(ExpiringMap::with_max_entries(VERIFIED_FOR, MAX_VERIFIED)),
-            failures: Mutex::new(ExpiringMap::new(FAILURE_WINDOW)),
+            failures: Mutex::new(ExpiringMap::with_max_entries(
+                FAILURE_WINDOW,
+                limits.max_failure_addresses,
+            )),
         })
     }
 
@@ -231,6 +260,7 @@ impl Budget {
             peak_running: gauge.peak_running.load(Ordering::Acquire),
             busy: gauge.busy.load(Ordering::Relaxed),
             throttled: gauge.throttled.load(Ordering::Relaxed),
+            forgotten_addresses: lock(&self.failures).evictions(),
         }
     }
 
@@ -255,6 +285,17 @@ impl Budget {
     /// Counts a failure for `peer` before its check runs, or says that it
     /// has none left this window and when the window ends. Without an
     /// address (inetd on a pipe) nothing is counted.
+    ///
+    /// A new address when [`CheckLimits::max_failure_addresses`] are
+    /// counted makes the table forget the address whose window ends first.
+    /// Forgetting a count can lock nobody out, which refusing new
+    /// addresses while full would: whoever fills the table could keep
+    /// every client not yet remembered from logging in. And it is no way
+    /// to win guesses: to push out one address before its window ends
+    /// takes `max_failure_addresses` new addresses within that window,
+    /// each with its own `max_failures`, far more than the one address
+    /// gets back. Such a client is bounded by the turns to hash, as any
+    /// client with many addresses is.
     pub(super) fn reserve_failure(
         &self,
         peer: Option<IpAddr>,
@@ -342,7 +383,7 @@ mod tests {
         CheckLimits {
             max_checks: NonZeroUsize::new(max_checks).unwrap(),
             check_wait,
-            max_failures: 10,
+            ..CheckLimits::DEFAULT
         }
     }
 
@@ -399,6 +440,46 @@ mod tests {
             })
         );
         assert_eq!(budget.reserve_failure(peer, t0 + FAILURE_WINDOW), Ok(()));
+    }
+
+    #[test]
+    fn a_10_a_full_failure_table_forgets_the_address_whose_window_ends_first() {
+        let budget = Budget::new(CheckLimits {
+            max_failure_addresses: NonZeroUsize::new(3).unwrap(),
+            ..limits(2, Duration::ZERO)
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        let [first, locked, other] = [1, 2, 3].map(|n| Some(IpAddr::from([192, 0, 2, n])));
+        assert_eq!(budget.reserve_failure(first, t0), Ok(()));
+        for _ in 0..10 {
+            assert_eq!(budget.reserve_failure(locked, t0 + second), Ok(()));
+        }
+        assert_eq!(budget.reserve_failure(other, t0 + second), Ok(()));
+        // Full: a new address pushes out the one whose minute ends first,
+        // and still gets its check.
+        let newcomer = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]));
+        assert_eq!(budget.reserve_failure(newcomer, t0 + 2 * second), Ok(()));
+        assert_eq!(budget.stats().forgotten_addresses, 1);
+        assert_eq!(lock(&budget.failures).len(), 3);
+        // The locked address is still locked.
+        assert!(matches!(
+            budget.reserve_failure(locked, t0 + 2 * second),
+            Err(NoCheck::Throttled { .. })
+        ));
+
+        // A spray from a /64, one check per address, never holds more
+        // than the cap.
+        for n in 0..1000u16 {
+            let sprayed = IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, n]);
+            assert_eq!(
+                budget.reserve_failure(Some(sprayed), t0 + 3 * second),
+                Ok(())
+            );
+            assert!(lock(&budget.failures).len() <= 3);
+        }
+        assert_eq!(budget.stats().forgotten_addresses, 1 + 1000);
     }
 
     #[test]

@@ -41,13 +41,21 @@ pub struct AuthArgs {
     /// through from that address.
     #[arg(long, default_value_t = CheckLimits::DEFAULT.max_failures, value_name = "N")]
     pub max_login_failures: u32,
+    /// Addresses whose failed logins are counted at once: memory for
+    /// them is at most N × 320 bytes (32 MB at the default; about 230
+    /// bytes each once grown). When all are taken, the address whose minute
+    /// ends first is forgotten, so many addresses (an IPv6 block) can
+    /// neither grow the table nor keep new clients from logging in.
+    #[arg(long, default_value_t = CheckLimits::DEFAULT.max_failure_addresses.get(), value_name = "N")]
+    pub max_login_failure_addresses: usize,
 }
 
 impl AuthArgs {
     /// The bounds on password checks the flags ask for.
     ///
     /// # Errors
-    /// A zero --max-password-checks or --max-login-failures.
+    /// A zero --max-password-checks, --max-login-failures or
+    /// --max-login-failure-addresses.
     pub fn check_limits(&self) -> Result<CheckLimits, UsageError> {
         let max_checks = NonZeroUsize::new(self.max_password_checks).ok_or_else(|| {
             UsageError(
@@ -59,10 +67,18 @@ impl AuthArgs {
                 "--max-login-failures 0: nobody could ever log in; use 1 or more".into(),
             ));
         }
+        let max_failure_addresses = NonZeroUsize::new(self.max_login_failure_addresses)
+            .ok_or_else(|| {
+                UsageError(
+                    "--max-login-failure-addresses 0: no failure could be counted; use 1 or more"
+                        .into(),
+                )
+            })?;
         Ok(CheckLimits {
             max_checks,
             check_wait: Duration::from_secs(self.password_check_wait),
             max_failures: self.max_login_failures,
+            max_failure_addresses,
         })
     }
 
@@ -95,6 +111,8 @@ impl AuthArgs {
             max_memory_mib = authenticator.max_check_memory() >> 20,
             wait_secs = limits.check_wait.as_secs(),
             max_failures_per_minute = limits.max_failures,
+            max_failure_addresses = limits.max_failure_addresses.get(),
+            failure_table_max_mib = limits.max_failure_table_memory() >> 20,
             "password checks bounded"
         );
         Ok(Some(authenticator))
@@ -221,13 +239,20 @@ mod tests {
                     "0",
                     "--max-login-failures",
                     "3",
+                    "--max-login-failure-addresses",
+                    "5000",
                 ],
             );
             let limits = set.check_limits().unwrap();
             assert_eq!(limits.max_checks.get(), 4);
             assert_eq!(limits.check_wait, Duration::ZERO);
             assert_eq!(limits.max_failures, 3);
-            for zero in ["--max-password-checks", "--max-login-failures"] {
+            assert_eq!(limits.max_failure_addresses.get(), 5000);
+            for zero in [
+                "--max-password-checks",
+                "--max-login-failures",
+                "--max-login-failure-addresses",
+            ] {
                 let error = auth_args(role, &[zero, "0"]).check_limits().unwrap_err();
                 assert!(error.0.contains("use 1 or more"), "{role} {zero}: {error}");
             }
