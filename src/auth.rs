@@ -14,9 +14,9 @@
 //! user's later requests cost a hash lookup. An unknown user costs the
 //! same hash as a known one with a wrong password (one timing class).
 //! Failures are counted per peer address in a table whose entries expire
-//! a minute after the address's first check (seed 003): past ten, the peer
-//! gets 429 without a password check until that minute is over, and
-//! Retry-After says how many seconds are left of it.
+//! (seed 003), over a sliding minute: a peer with ten failures in the last
+//! 60 seconds gets 429 without a password check until the oldest of them
+//! is 60 seconds old, and Retry-After says how many seconds that is.
 //!
 //! What the checks may cost, and in which order a request meets the limits
 //! (remembered credentials first, then the failure count, then a turn for
@@ -51,7 +51,7 @@ mod budget;
 #[cfg(test)]
 use budget::FAILURE_WINDOW;
 use budget::{BUSY_RETRY, Budget, NoCheck};
-pub use budget::{CheckLimits, CheckStats, FAILURE_ENTRY_BYTES};
+pub use budget::{CheckLimits, CheckStats, FAILURE_ENTRY_BYTES, FAILURE_TIME_BYTES};
 
 /// Longest `Proxy-Authorization` value looked at.
 const MAX_CREDENTIALS: usize = 4096;
@@ -221,7 +221,8 @@ pub enum Refusal {
     /// 407: no, malformed or wrong credentials.
     Unauthorized,
     /// 429: too many failures from this peer; retry after the seconds,
-    /// which are what is left of its window, rounded up.
+    /// until the oldest of its failures in the window leaves it, rounded
+    /// up.
     Throttled(u64),
     /// 429: all password checks are taken and none came free in time;
     /// retry after the seconds.
@@ -344,8 +345,9 @@ impl Authenticator {
         if let Some(user) = self.budget.recall(value, Instant::now()) {
             return Ok(user);
         }
+        let reserved_at = Instant::now();
         self.budget
-            .reserve_failure(peer, Instant::now())
+            .reserve_failure(peer, reserved_at)
             .map_err(refusal)?;
         // Malformed credentials keep their reserved failure: they are a
         // guess too, if a cheap one.
@@ -358,15 +360,14 @@ impl Authenticator {
             .await;
         match verdict {
             Ok(true) if known => {
-                let now = Instant::now();
-                self.budget.give_back(peer, now);
-                self.budget.remember(value, user.clone(), now);
+                self.budget.give_back(peer, reserved_at);
+                self.budget.remember(value, user.clone(), Instant::now());
                 Ok(user)
             }
             Ok(_) => Err(Refusal::Unauthorized),
             Err(no_check) => {
                 // No hash ran: this was not a guess.
-                self.budget.give_back(peer, Instant::now());
+                self.budget.give_back(peer, reserved_at);
                 Err(refusal(no_check))
             }
         }
@@ -695,6 +696,75 @@ mod tests {
         );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(auth.check(&right, guesser).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_10_no_more_than_n_guesses_in_any_minute_across_the_window_edge() {
+        let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
+        let guesser = Some(IpAddr::from([192, 0, 2, 1]));
+        let max = CheckLimits::DEFAULT.max_failures as usize;
+        // Malformed guesses: failures without a hash, so only `advance`
+        // moves the clock.
+        let guess = headers("Basic !!!");
+        let start = Instant::now();
+        // One guess, then the other nine just before the minute is over.
+        assert_eq!(
+            auth.check(&guess, guesser).await,
+            Err(Refusal::Unauthorized)
+        );
+        tokio::time::advance(Duration::from_secs(59)).await;
+        for _ in 1..max {
+            assert_eq!(
+                auth.check(&guess, guesser).await,
+                Err(Refusal::Unauthorized)
+            );
+        }
+        // A second later the first guess has left the minute, the nine
+        // have not: one more guess, then 429 until the nine leave it too,
+        // 59 s from now (a window fixed at the first guess would take ten).
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut checked = Vec::new();
+        for _ in 0..max {
+            if auth.check(&guess, guesser).await == Err(Refusal::Unauthorized) {
+                checked.push(Instant::now());
+            }
+        }
+        assert_eq!(checked.len(), 1, "guesses right after the edge");
+        assert_eq!(
+            auth.check(&guess, guesser).await,
+            Err(Refusal::Throttled(59))
+        );
+        // A guesser that tries every quarter second for five minutes, as
+        // soon as it may: in no 60-s span does it get more than ten.
+        let mut times = vec![start];
+        times.extend(std::iter::repeat_n(
+            start + Duration::from_secs(59),
+            max - 1,
+        ));
+        times.extend(checked);
+        for _ in 0..4 * 300 {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            while auth.check(&guess, guesser).await == Err(Refusal::Unauthorized) {
+                times.push(Instant::now());
+            }
+        }
+        for (i, &t) in times.iter().enumerate() {
+            let in_span = times[i..]
+                .iter()
+                .take_while(|&&later| later < t + FAILURE_WINDOW)
+                .count();
+            assert!(
+                in_span <= max,
+                "{in_span} guesses in the minute from {:?}",
+                t - start
+            );
+        }
+        // It did get its ten a minute, not fewer.
+        assert!(
+            times.len() >= 5 * max,
+            "{} guesses in six minutes",
+            times.len()
+        );
     }
 
     #[test]

@@ -34,18 +34,20 @@ pub struct AuthArgs {
     /// Retry-After (0: at once). Waiting costs no thread and no hash memory.
     #[arg(long, default_value_t = CheckLimits::DEFAULT.check_wait.as_secs(), value_name = "SECS")]
     pub password_check_wait: u64,
-    /// Failed logins per address and minute; past them the address gets
-    /// 429 without a password check until the minute is over. A check
-    /// counts as failed until it passes, so a burst gets no more than N
-    /// checks. Credentials that passed in the last five minutes still get
-    /// through from that address.
+    /// Failed logins per address in any 60 seconds: an address with N in
+    /// the last 60 seconds gets 429 without a password check until the
+    /// oldest of them is 60 seconds old (a sliding minute, so no 60-second
+    /// span holds more than N). A check counts as failed until it passes,
+    /// so a burst gets no more than N checks. Credentials that passed in
+    /// the last five minutes still get through from that address.
     #[arg(long, default_value_t = CheckLimits::DEFAULT.max_failures, value_name = "N")]
     pub max_login_failures: u32,
     /// Addresses whose failed logins are counted at once: memory for
-    /// them is at most N × 320 bytes (32 MB at the default; about 230
-    /// bytes each once grown). When all are taken, the address whose minute
-    /// ends first is forgotten, so many addresses (an IPv6 block) can
-    /// neither grow the table nor keep new clients from logging in.
+    /// them is at most N × (360 + 4 × --max-login-failures) bytes (40 MB
+    /// at the defaults; about 310 bytes each once grown). When all are
+    /// taken, the address whose last failure leaves the minute first is
+    /// forgotten, so many addresses (an IPv6 block) can neither grow the
+    /// table nor keep new clients from logging in.
     #[arg(long, default_value_t = CheckLimits::DEFAULT.max_failure_addresses.get(), value_name = "N")]
     pub max_login_failure_addresses: usize,
 }
