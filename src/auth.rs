@@ -14,8 +14,9 @@
 //! user's later requests cost a hash lookup. An unknown user costs the
 //! same hash as a known one with a wrong password (one timing class).
 //! Failures are counted per peer address in a table whose entries expire
-//! after a minute (seed 003): past ten, the peer gets 429 with Retry-After,
-//! without a password check, until the minute is over.
+//! (seed 003), over a sliding minute: a peer with ten failures in the last
+//! 60 seconds gets 429 without a password check until the oldest of them
+//! is 60 seconds old, and Retry-After says how many seconds that is.
 //!
 //! What the checks may cost, and in which order a request meets the limits
 //! (remembered credentials first, then the failure count, then a turn for
@@ -28,6 +29,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::cell::RefCell;
 
@@ -46,8 +48,10 @@ use crate::server::{Handler, Peer, ProxyBody, text_response};
 
 mod budget;
 
-use budget::{BUSY_RETRY, Budget, FAILURE_WINDOW, NoCheck};
-pub use budget::{CheckLimits, CheckStats};
+#[cfg(test)]
+use budget::FAILURE_WINDOW;
+use budget::{BUSY_RETRY, Budget, NoCheck};
+pub use budget::{CheckLimits, CheckStats, FAILURE_ENTRY_BYTES, FAILURE_TIME_BYTES};
 
 /// Longest `Proxy-Authorization` value looked at.
 const MAX_CREDENTIALS: usize = 4096;
@@ -216,7 +220,9 @@ impl AuthFile {
 pub enum Refusal {
     /// 407: no, malformed or wrong credentials.
     Unauthorized,
-    /// 429: too many failures from this peer; retry after the seconds.
+    /// 429: too many failures from this peer; retry after the seconds,
+    /// until the oldest of its failures in the window leaves it, rounded
+    /// up.
     Throttled(u64),
     /// 429: all password checks are taken and none came free in time;
     /// retry after the seconds.
@@ -339,8 +345,9 @@ impl Authenticator {
         if let Some(user) = self.budget.recall(value, Instant::now()) {
             return Ok(user);
         }
+        let reserved_at = Instant::now();
         self.budget
-            .reserve_failure(peer, Instant::now())
+            .reserve_failure(peer, reserved_at)
             .map_err(refusal)?;
         // Malformed credentials keep their reserved failure: they are a
         // guess too, if a cheap one.
@@ -353,15 +360,14 @@ impl Authenticator {
             .await;
         match verdict {
             Ok(true) if known => {
-                let now = Instant::now();
-                self.budget.give_back(peer, now);
-                self.budget.remember(value, user.clone(), now);
+                self.budget.give_back(peer, reserved_at);
+                self.budget.remember(value, user.clone(), Instant::now());
                 Ok(user)
             }
             Ok(_) => Err(Refusal::Unauthorized),
             Err(no_check) => {
                 // No hash ran: this was not a guess.
-                self.budget.give_back(peer, Instant::now());
+                self.budget.give_back(peer, reserved_at);
                 Err(refusal(no_check))
             }
         }
@@ -414,9 +420,17 @@ fn verify_in_kept_memory(password: &str, hash: &PasswordHash<'_>) -> bool {
 
 fn refusal(no_check: NoCheck) -> Refusal {
     match no_check {
-        NoCheck::Throttled => Refusal::Throttled(FAILURE_WINDOW.as_secs()),
-        NoCheck::Busy => Refusal::Busy(BUSY_RETRY.as_secs()),
+        NoCheck::Throttled { retry_after } => Refusal::Throttled(whole_seconds(retry_after)),
+        NoCheck::Busy => Refusal::Busy(whole_seconds(BUSY_RETRY)),
     }
+}
+
+/// `wait` in whole seconds for Retry-After: rounded up, so a client that
+/// obeys it does not come back a moment too early, and at least 1, since
+/// 0 would invite an immediate retry.
+fn whole_seconds(wait: Duration) -> u64 {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    seconds.max(1)
 }
 
 /// `Basic base64(user:password)` → (user, password); `None` for anything
@@ -533,8 +547,6 @@ pub fn basic_credentials(user: &str, password: &str) -> HeaderValue {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn file_with(users: &[(&str, &str)]) -> AuthFile {
@@ -658,6 +670,114 @@ mod tests {
         assert_eq!(auth.check(&right, guesser).await, Ok("alice".to_owned()));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_10_retry_after_is_what_is_left_of_the_window_rounded_up() {
+        let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
+        let guesser = Some(IpAddr::from([192, 0, 2, 1]));
+        let right = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
+        for _ in 0..CheckLimits::DEFAULT.max_failures {
+            // Malformed: a failure without a hash, so the clock stays put.
+            let verdict = auth.check(&headers("Basic !!!"), guesser).await;
+            assert_eq!(verdict, Err(Refusal::Unauthorized));
+        }
+        assert_eq!(
+            auth.check(&right, guesser).await,
+            Err(Refusal::Throttled(60))
+        );
+        tokio::time::advance(Duration::from_millis(44_250)).await;
+        assert_eq!(
+            auth.check(&right, guesser).await,
+            Err(Refusal::Throttled(16))
+        );
+        tokio::time::advance(Duration::from_millis(15_749)).await;
+        assert_eq!(
+            auth.check(&right, guesser).await,
+            Err(Refusal::Throttled(1))
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(auth.check(&right, guesser).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_10_no_more_than_n_guesses_in_any_minute_across_the_window_edge() {
+        let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
+        let guesser = Some(IpAddr::from([192, 0, 2, 1]));
+        let max = CheckLimits::DEFAULT.max_failures as usize;
+        // Malformed guesses: failures without a hash, so only `advance`
+        // moves the clock.
+        let guess = headers("Basic !!!");
+        let start = Instant::now();
+        // One guess, then the other nine just before the minute is over.
+        assert_eq!(
+            auth.check(&guess, guesser).await,
+            Err(Refusal::Unauthorized)
+        );
+        tokio::time::advance(Duration::from_secs(59)).await;
+        for _ in 1..max {
+            assert_eq!(
+                auth.check(&guess, guesser).await,
+                Err(Refusal::Unauthorized)
+            );
+        }
+        // A second later the first guess has left the minute, the nine
+        // have not: one more guess, then 429 until the nine leave it too,
+        // 59 s from now (a window fixed at the first guess would take ten).
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut checked = Vec::new();
+        for _ in 0..max {
+            if auth.check(&guess, guesser).await == Err(Refusal::Unauthorized) {
+                checked.push(Instant::now());
+            }
+        }
+        assert_eq!(checked.len(), 1, "guesses right after the edge");
+        assert_eq!(
+            auth.check(&guess, guesser).await,
+            Err(Refusal::Throttled(59))
+        );
+        // A guesser that tries every quarter second for five minutes, as
+        // soon as it may: in no 60-s span does it get more than ten.
+        let mut times = vec![start];
+        times.extend(std::iter::repeat_n(
+            start + Duration::from_secs(59),
+            max - 1,
+        ));
+        times.extend(checked);
+        for _ in 0..4 * 300 {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            while auth.check(&guess, guesser).await == Err(Refusal::Unauthorized) {
+                times.push(Instant::now());
+            }
+        }
+        for (i, &t) in times.iter().enumerate() {
+            let in_span = times[i..]
+                .iter()
+                .take_while(|&&later| later < t + FAILURE_WINDOW)
+                .count();
+            assert!(
+                in_span <= max,
+                "{in_span} guesses in the minute from {:?}",
+                t - start
+            );
+        }
+        // It did get its ten a minute, not fewer.
+        assert!(
+            times.len() >= 5 * max,
+            "{} guesses in six minutes",
+            times.len()
+        );
+    }
+
+    #[test]
+    fn a_10_retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
+        let ms = Duration::from_millis;
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_nanos(1)), 1);
+        assert_eq!(whole_seconds(ms(1000)), 1);
+        assert_eq!(whole_seconds(ms(1001)), 2);
+        assert_eq!(whole_seconds(ms(59_999)), 60);
+        assert_eq!(whole_seconds(FAILURE_WINDOW), 60);
+    }
+
     #[tokio::test]
     async fn a_10_the_eleventh_guess_in_a_minute_is_refused_before_any_hash() {
         let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
@@ -726,6 +846,40 @@ mod tests {
         }
         // Still remembered, and still only for alice.
         assert_eq!(auth.check(&alice, None).await, Ok("alice".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn a_10_a_spray_from_many_addresses_locks_out_no_user() {
+        let users = file_with(&[("alice", "wonderland"), ("bob", "builder")]);
+        let limits = CheckLimits {
+            max_failure_addresses: std::num::NonZeroUsize::new(8).unwrap(),
+            ..CheckLimits::DEFAULT
+        };
+        let auth = Authenticator::with_limits(&users, "rproxy", limits).unwrap();
+        let home = Some(IpAddr::from([192, 0, 2, 1]));
+        let alice = headers(basic_credentials("alice", "wonderland").to_str().unwrap());
+        assert_eq!(auth.check(&alice, home).await, Ok("alice".to_owned()));
+        // Malformed guesses from a /64, ten per address: each address is
+        // locked, and the table is full many times over.
+        let guess = headers("Basic !!!");
+        for n in 0..200u16 {
+            let sprayed = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 1, n]));
+            for _ in 0..10 {
+                assert_eq!(
+                    auth.check(&guess, sprayed).await,
+                    Err(Refusal::Unauthorized)
+                );
+            }
+            let verdict = auth.check(&guess, sprayed).await;
+            assert!(matches!(verdict, Err(Refusal::Throttled(_))), "{n}");
+        }
+        assert!(auth.stats().forgotten_addresses >= 200 - 8);
+        // Alice, verified, passes; bob, never seen, gets his check from a
+        // new address and passes too.
+        assert_eq!(auth.check(&alice, home).await, Ok("alice".to_owned()));
+        let bob = headers(basic_credentials("bob", "builder").to_str().unwrap());
+        let elsewhere = Some(IpAddr::from([198, 51, 100, 7]));
+        assert_eq!(auth.check(&bob, elsewhere).await, Ok("bob".to_owned()));
     }
 
     #[tokio::test]

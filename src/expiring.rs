@@ -181,6 +181,19 @@ where
             .map(|slot| &mut slot.value)
     }
 
+    /// How long the entry for `key` has left at `now`, if it is live:
+    /// the time until it expires, never zero.
+    pub fn time_left<Q>(&self, key: &Q, now: Instant) -> Option<Duration>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries
+            .get(key)
+            .filter(|slot| slot.is_live(now))
+            .map(|slot| slot.deadline - now)
+    }
+
     /// Whether `key` has an entry live at `now`.
     pub fn contains_key<Q>(&self, key: &Q, now: Instant) -> bool
     where
@@ -330,6 +343,19 @@ mod tests {
         assert_eq!(map.len(), 1);
         assert_eq!(map.sweep(t0 + TTL), 1);
         assert!(map.is_empty());
+    }
+
+    #[test]
+    fn time_left_counts_down_to_expiry_and_ignores_reads() {
+        let t0 = Instant::now();
+        let mut map = map();
+        assert_eq!(map.time_left(&1, t0), None);
+        map.insert(1, 10, t0);
+        assert_eq!(map.time_left(&1, t0), Some(TTL));
+        *map.get_mut(&1, t0 + TTL / 2).expect("live") += 1;
+        assert_eq!(map.time_left(&1, t0 + TTL / 2), Some(TTL / 2));
+        assert_eq!(map.time_left(&1, t0 + TTL - MS), Some(MS));
+        assert_eq!(map.time_left(&1, t0 + TTL), None);
     }
 
     #[test]

@@ -1648,7 +1648,9 @@ async fn l_13_a_reader_that_never_reads_is_closed_at_the_idle_timeout() {
     socket.set_recv_buffer_size(64 << 10).unwrap();
     let mut stream = socket.connect(accel).await.unwrap();
     stream
-        .write_all(b"GET /random8.txt HTTP/1.1\r\nHost: origin.test\r\nAccept-Encoding: hsync\r\n\r\n")
+        .write_all(
+            b"GET /random8.txt HTTP/1.1\r\nHost: origin.test\r\nAccept-Encoding: hsync\r\n\r\n",
+        )
         .await
         .unwrap();
     let mut head = vec![0; 4096];

@@ -29,7 +29,20 @@
 //!   honest client pays no hash. The memory holds a keyed blake3 of the
 //!   exact header value, keyed at random per process, never the password;
 //!   it is an [`ExpiringMap`] with a cap on entries, so it is bounded in
-//!   time and in size.
+//!   time and in size;
+//! - the window is a sliding one: an address is refused while it has
+//!   `max_failures` failures in the last 60 seconds, so no 60-second span
+//!   holds more, wherever it starts. A window fixed at the address's first
+//!   failure let ten guesses just before its end and ten more just after,
+//!   19 within two seconds. So each address keeps the times of its last
+//!   `max_failures` failures (4 bytes each), and a throttled address is
+//!   told to retry when the oldest of them leaves the window;
+//! - the failure times are an [`ExpiringMap`] too, an address's entry
+//!   living until its newest failure leaves the window, and capped at
+//!   [`CheckLimits::max_failure_addresses`] (at most
+//!   [`FAILURE_ENTRY_BYTES`] + 4 × `max_failures` bytes each), since a
+//!   client with a block of IPv6 addresses could otherwise add entries
+//!   faster than they expire.
 //!
 //! Deliberately left out: the users file and the hash itself (the parent
 //! module decides what is checked and how), and the clock: every method
@@ -73,19 +86,56 @@ pub struct CheckLimits {
     /// with `Retry-After`. Zero: it gets 429 at once when all turns are
     /// taken.
     pub check_wait: Duration,
-    /// Failed (or still running) checks an address may have per minute;
-    /// past them it gets 429 without a hash until the minute is over.
+    /// Failed (or still running) checks an address may have in any 60
+    /// seconds; with that many in the last 60 seconds it gets 429 without
+    /// a hash until the oldest of them is 60 seconds old.
     pub max_failures: u32,
+    /// Addresses whose failures are counted at once, each costing at most
+    /// [`FAILURE_ENTRY_BYTES`] + [`FAILURE_TIME_BYTES`] × `max_failures`.
+    /// When all are taken, the address whose last failure leaves the
+    /// window first is forgotten to make room (see
+    /// `Budget::reserve_failure` for why).
+    pub max_failure_addresses: NonZeroUsize,
 }
+
+/// The most one address in the failure table costs, in bytes, rounded up,
+/// besides its failure times ([`FAILURE_TIME_BYTES`] each): its hash-table
+/// slot (57 bytes in a table that doubles to twice the cap once entries
+/// churn, and briefly holds both sizes while it does), its entry in the
+/// expiry order's B-tree nodes, its boxed record (40 bytes), and
+/// allocator overhead. Measured by counting allocations while 300,000
+/// addresses passed through a table capped at 100,000, ten failures each:
+/// 309 bytes an address held, 383 at the peak, of which 40 were the ten
+/// times (one failure each: 285 and 359).
+pub const FAILURE_ENTRY_BYTES: u64 = 360;
+
+/// What each failure an address may have in the window adds to
+/// [`FAILURE_ENTRY_BYTES`]: its time, a `u32` (the vector holding them
+/// grows to `max_failures` and no further).
+pub const FAILURE_TIME_BYTES: u64 = 4;
 
 impl CheckLimits {
     /// The defaults, for the flags and for [`Default`]: two hashes at
-    /// once (38 MiB), a two-second wait, ten failures a minute.
+    /// once (38 MiB), a two-second wait, ten failures in any 60 seconds
+    /// counted for up to 100,000 addresses (at most 400 bytes each,
+    /// 40 MB).
     pub const DEFAULT: CheckLimits = CheckLimits {
         max_checks: NonZeroUsize::new(2).expect("not zero"),
         check_wait: Duration::from_secs(2),
         max_failures: 10,
+        max_failure_addresses: NonZeroUsize::new(100_000).expect("not zero"),
     };
+
+    /// The most memory one address in the failure table can take, in
+    /// bytes.
+    pub fn max_failure_entry_memory(&self) -> u64 {
+        FAILURE_ENTRY_BYTES + FAILURE_TIME_BYTES * u64::from(self.max_failures)
+    }
+
+    /// The most memory the failure table can take, in bytes.
+    pub fn max_failure_table_memory(&self) -> u64 {
+        self.max_failure_addresses.get() as u64 * self.max_failure_entry_memory()
+    }
 }
 
 impl Default for CheckLimits {
@@ -108,13 +158,20 @@ pub struct CheckStats {
     /// Checks refused with 429 because their address had used up its
     /// failures.
     pub throttled: u64,
+    /// Addresses whose failures were forgotten before their minute was
+    /// over, because [`CheckLimits::max_failure_addresses`] were counted.
+    pub forgotten_addresses: u64,
 }
 
 /// Why a check was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NoCheck {
-    /// The address has used up its failures for the window.
-    Throttled,
+    /// The address has used up its failures for the window, which ends
+    /// after `retry_after`.
+    Throttled {
+        /// Until the address's window ends; never zero.
+        retry_after: Duration,
+    },
     /// No turn came within the wait.
     Busy,
 }
@@ -191,7 +248,110 @@ pub(super) struct Budget {
     /// dumps or guess at a plain blake3.
     key: [u8; 32],
     verified: Mutex<ExpiringMap<[u8; 32], String>>,
-    failures: Mutex<ExpiringMap<IpAddr, u32>>,
+    /// Boxed so that the hash table's slots, of which it keeps up to four
+    /// per address while it grows, stay at 57 bytes rather than 89.
+    failures: Mutex<ExpiringMap<IpAddr, Box<Failures>>>,
+}
+
+/// One address's failures in the last [`FAILURE_WINDOW`], oldest first:
+/// when each was reserved, as whole microseconds after `base`, rounded up
+/// (so none seems older than it is). Four bytes a failure rather than an
+/// [`Instant`]'s 16; at most `max_failures` of them are kept, since an
+/// address with that many in the window gets no more.
+#[derive(Debug)]
+struct Failures {
+    /// When the oldest failure was reserved (or the last one, if the
+    /// window has emptied).
+    base: Instant,
+    /// Microseconds after `base`, ascending; the first is 0. They stay
+    /// under the window's 60 × 10⁶, far from `u32::MAX`.
+    times: Vec<u32>,
+}
+
+impl Failures {
+    fn new(now: Instant) -> Failures {
+        Failures {
+            base: now,
+            times: Vec::new(),
+        }
+    }
+
+    fn at(&self, offset: u32) -> Instant {
+        self.base + Duration::from_micros(offset.into())
+    }
+
+    /// `at` as an offset, or `None` before `base`.
+    fn offset(&self, at: Instant) -> Option<u32> {
+        let after = at.checked_duration_since(self.base)?;
+        let micros = after.as_micros() + u128::from(after.subsec_nanos() % 1000 != 0);
+        Some(u32::try_from(micros).unwrap_or(u32::MAX))
+    }
+
+    /// Forgets the failures that have left the window at `now`.
+    fn forget_gone(&mut self, now: Instant) {
+        let gone = self
+            .times
+            .partition_point(|&offset| self.at(offset) + FAILURE_WINDOW <= now);
+        self.times.drain(..gone);
+        self.rebase();
+    }
+
+    /// Makes the oldest failure the base again, so offsets stay small.
+    fn rebase(&mut self) {
+        let Some(&first) = self.times.first() else {
+            return;
+        };
+        if first > 0 {
+            self.base = self.at(first);
+            for offset in &mut self.times {
+                *offset -= first;
+            }
+        }
+    }
+
+    /// Counts a failure reserved at `now`, keeping at most `max` times.
+    fn add(&mut self, now: Instant, max: usize) {
+        if self.times.is_empty() {
+            self.base = now;
+        }
+        // A check that took its time just before another one that found
+        // the window empty, but got the lock after it: counted from the
+        // other's time, a few microseconds later, which errs on the safe
+        // side (its give_back may then find nothing to give back).
+        let offset = self.offset(now).unwrap_or(0);
+        if self.times.len() == self.times.capacity() {
+            // Grown in steps up to `max` and no further: an address seen
+            // once (a spray) costs one small allocation, not `max` times.
+            let capacity = (self.times.capacity() * 2).clamp(4, max.max(1));
+            self.times
+                .reserve_exact(capacity.saturating_sub(self.times.len()).max(1));
+        }
+        let place = self.times.partition_point(|&t| t <= offset);
+        self.times.insert(place, offset);
+    }
+
+    /// Removes the failure reserved at `at`, if it is still counted.
+    fn give_back(&mut self, at: Instant) {
+        let Some(offset) = self.offset(at) else {
+            return;
+        };
+        if let Some(place) = self.times.iter().position(|&t| t == offset) {
+            self.times.remove(place);
+            self.rebase();
+        }
+    }
+
+    /// When the oldest failure leaves the window, if there is one.
+    fn oldest_leaves(&self) -> Option<Instant> {
+        let first = *self.times.first()?;
+        Some(self.at(first) + FAILURE_WINDOW)
+    }
+
+    /// When the newest failure leaves the window, if there is one.
+    fn newest_leaves(&self) -> Option<Instant> {
+        let last = *self.times.last()?;
+        Some(self.at(last) + FAILURE_WINDOW)
+    }
 }
 
 impl Budget {
@@ -207,7 +367,10 @@ impl Budget {
             gauge: Arc::default(),
             key,
             verified: Mutex::new(ExpiringMap::with_max_entries(VERIFIED_FOR, MAX_VERIFIED)),
-            failures: Mutex::new(ExpiringMap::new(FAILURE_WINDOW)),
+            failures: Mutex::new(ExpiringMap::with_max_entries(
+                FAILURE_WINDOW,
+                limits.max_failure_addresses,
+            )),
         })
     }
 
@@ -223,6 +386,7 @@ impl Budget {
             peak_running: gauge.peak_running.load(Ordering::Acquire),
             busy: gauge.busy.load(Ordering::Relaxed),
             throttled: gauge.throttled.load(Ordering::Relaxed),
+            forgotten_addresses: lock(&self.failures).evictions(),
         }
     }
 
@@ -244,9 +408,22 @@ impl Budget {
         lock(&self.verified).insert(fingerprint, user, now);
     }
 
-    /// Counts a failure for `peer` before its check runs, or says that it
-    /// has none left this window. Without an address (inetd on a pipe)
-    /// nothing is counted.
+    /// Counts a failure for `peer`, reserved at `now`, before its check
+    /// runs; or says that it has [`CheckLimits::max_failures`] in the last
+    /// [`FAILURE_WINDOW`] and how long until the oldest of them leaves it.
+    /// Without an address (inetd on a pipe) nothing is counted.
+    ///
+    /// A new address when [`CheckLimits::max_failure_addresses`] are
+    /// counted makes the table forget the address whose newest failure
+    /// leaves the window first (its entry expires first). Forgetting
+    /// failures can lock nobody out, which refusing new addresses while
+    /// full would: whoever fills the table could keep every client not yet
+    /// remembered from logging in. And it is no way to win guesses: to
+    /// push out one address before its failures leave the window takes
+    /// `max_failure_addresses` new addresses within that window, each with
+    /// its own `max_failures`, far more than the one address gets back.
+    /// Such a client is bounded by the turns to hash, as any client with
+    /// many addresses is.
     pub(super) fn reserve_failure(
         &self,
         peer: Option<IpAddr>,
@@ -256,26 +433,48 @@ impl Budget {
             return Ok(());
         };
         let mut failures = lock(&self.failures);
-        let count = failures.get_or_insert_with(peer, now, || 0);
-        if *count >= self.limits.max_failures {
-            self.gauge.throttled.fetch_add(1, Ordering::Relaxed);
-            return Err(NoCheck::Throttled);
+        // Taken out and put back with its new expiry; an entry that
+        // expired holds only failures that have left the window.
+        let mut entry = failures
+            .remove(&peer)
+            .unwrap_or_else(|| Box::new(Failures::new(now)));
+        entry.forget_gone(now);
+        let max = self.limits.max_failures as usize;
+        let verdict = match entry.oldest_leaves() {
+            Some(leaves) if entry.times.len() >= max => {
+                self.gauge.throttled.fetch_add(1, Ordering::Relaxed);
+                Err(NoCheck::Throttled {
+                    retry_after: leaves - now,
+                })
+            }
+            _ => {
+                entry.add(now, max);
+                Ok(())
+            }
+        };
+        // Not empty: one was just added, or there were `max` (at least 1).
+        if let Some(leaves) = entry.newest_leaves() {
+            failures.insert_with_ttl(peer, entry, leaves - now, now);
         }
-        *count += 1;
-        Ok(())
+        verdict
     }
 
-    /// Gives back a failure reserved for `peer`: its check passed, or
-    /// never ran.
-    pub(super) fn give_back(&self, peer: Option<IpAddr>, now: Instant) {
+    /// Gives back the failure reserved for `peer` at `reserved_at`: its
+    /// check passed, or never ran.
+    pub(super) fn give_back(&self, peer: Option<IpAddr>, reserved_at: Instant) {
         let Some(peer) = peer else {
             return;
         };
         let mut failures = lock(&self.failures);
-        // An entry that expired meanwhile started a new window: nothing
-        // of this check is in it.
-        if let Some(count) = failures.get_mut(&peer, now) {
-            *count = count.saturating_sub(1);
+        // An entry holding the failure lives until at least a window after
+        // it; one that expired, or was forgotten and began again, no longer
+        // holds it.
+        let Some(entry) = failures.get_mut(&peer, reserved_at) else {
+            return;
+        };
+        entry.give_back(reserved_at);
+        if entry.times.is_empty() {
+            failures.remove(&peer);
         }
     }
 
@@ -331,7 +530,7 @@ mod tests {
         CheckLimits {
             max_checks: NonZeroUsize::new(max_checks).unwrap(),
             check_wait,
-            max_failures: 10,
+            ..CheckLimits::DEFAULT
         }
     }
 
@@ -343,10 +542,16 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
         }
-        assert_eq!(budget.reserve_failure(peer, t0), Err(NoCheck::Throttled));
+        assert!(matches!(
+            budget.reserve_failure(peer, t0),
+            Err(NoCheck::Throttled { .. })
+        ));
         budget.give_back(peer, t0);
         assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
-        assert_eq!(budget.reserve_failure(peer, t0), Err(NoCheck::Throttled));
+        assert!(matches!(
+            budget.reserve_failure(peer, t0),
+            Err(NoCheck::Throttled { .. })
+        ));
         // Other addresses and no address are not affected.
         assert_eq!(
             budget.reserve_failure(Some([192, 0, 2, 2].into()), t0),
@@ -356,6 +561,111 @@ mod tests {
         // The window is over.
         assert_eq!(budget.reserve_failure(peer, t0 + FAILURE_WINDOW), Ok(()));
         assert_eq!(budget.stats().throttled, 2);
+    }
+
+    #[test]
+    fn a_10_a_throttled_address_is_told_when_its_window_ends() {
+        let budget = Budget::new(limits(2, Duration::ZERO)).unwrap();
+        let peer = Some(IpAddr::from([192, 0, 2, 1]));
+        let t0 = Instant::now();
+        assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
+        let later = t0 + Duration::from_millis(44_250);
+        for _ in 1..10 {
+            assert_eq!(budget.reserve_failure(peer, later), Ok(()));
+        }
+        // The wait ends when the oldest failure leaves the window, not
+        // the newest.
+        let left = FAILURE_WINDOW - Duration::from_millis(44_250);
+        assert_eq!(
+            budget.reserve_failure(peer, later),
+            Err(NoCheck::Throttled { retry_after: left })
+        );
+        let last_moment = t0 + FAILURE_WINDOW - Duration::from_millis(1);
+        assert_eq!(
+            budget.reserve_failure(peer, last_moment),
+            Err(NoCheck::Throttled {
+                retry_after: Duration::from_millis(1)
+            })
+        );
+        assert_eq!(budget.reserve_failure(peer, t0 + FAILURE_WINDOW), Ok(()));
+    }
+
+    #[test]
+    fn a_10_a_check_that_passes_gives_back_its_own_failure() {
+        let budget = Budget::new(limits(2, Duration::ZERO)).unwrap();
+        let peer = Some(IpAddr::from([192, 0, 2, 1]));
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(30);
+        assert_eq!(budget.reserve_failure(peer, t0), Ok(()));
+        for _ in 1..10 {
+            assert_eq!(budget.reserve_failure(peer, later), Ok(()));
+        }
+        // The check reserved at t0 passed: the others stay, so the wait is
+        // for the oldest of them, a whole window after `later`.
+        budget.give_back(peer, t0);
+        assert_eq!(budget.reserve_failure(peer, later), Ok(()));
+        assert_eq!(
+            budget.reserve_failure(peer, later),
+            Err(NoCheck::Throttled {
+                retry_after: FAILURE_WINDOW
+            })
+        );
+        // A failure that has left the window has nothing to give back.
+        let gone = later + FAILURE_WINDOW;
+        budget.give_back(peer, t0);
+        assert_eq!(budget.reserve_failure(peer, gone), Ok(()));
+    }
+
+    #[test]
+    fn a_10_the_failure_table_bound_counts_each_failure_time() {
+        let defaults = CheckLimits::DEFAULT;
+        assert_eq!(defaults.max_failure_entry_memory(), 400);
+        assert_eq!(defaults.max_failure_table_memory(), 40_000_000);
+        let more = CheckLimits {
+            max_failures: 100,
+            ..defaults
+        };
+        assert_eq!(more.max_failure_entry_memory(), 760);
+    }
+
+    #[test]
+    fn a_10_a_full_failure_table_forgets_the_address_whose_window_ends_first() {
+        let budget = Budget::new(CheckLimits {
+            max_failure_addresses: NonZeroUsize::new(3).unwrap(),
+            ..limits(2, Duration::ZERO)
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        let [first, locked, other] = [1, 2, 3].map(|n| Some(IpAddr::from([192, 0, 2, n])));
+        assert_eq!(budget.reserve_failure(first, t0), Ok(()));
+        for _ in 0..10 {
+            assert_eq!(budget.reserve_failure(locked, t0 + second), Ok(()));
+        }
+        assert_eq!(budget.reserve_failure(other, t0 + second), Ok(()));
+        // Full: a new address pushes out the one whose minute ends first,
+        // and still gets its check.
+        let newcomer = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]));
+        assert_eq!(budget.reserve_failure(newcomer, t0 + 2 * second), Ok(()));
+        assert_eq!(budget.stats().forgotten_addresses, 1);
+        assert_eq!(lock(&budget.failures).len(), 3);
+        // The locked address is still locked.
+        assert!(matches!(
+            budget.reserve_failure(locked, t0 + 2 * second),
+            Err(NoCheck::Throttled { .. })
+        ));
+
+        // A spray from a /64, one check per address, never holds more
+        // than the cap.
+        for n in 0..1000u16 {
+            let sprayed = IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, n]);
+            assert_eq!(
+                budget.reserve_failure(Some(sprayed), t0 + 3 * second),
+                Ok(())
+            );
+            assert!(lock(&budget.failures).len() <= 3);
+        }
+        assert_eq!(budget.stats().forgotten_addresses, 1 + 1000);
     }
 
     #[test]

@@ -37,20 +37,30 @@ pub struct AuthArgs {
     /// no thread and no hash memory.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub password_check_wait: Option<Duration>,
-    /// Failed logins per address and minute; past them the address gets
-    /// 429 without a password check until the minute is over. A check
-    /// counts as failed until it passes, so a burst gets no more than N
-    /// checks. Credentials that passed in the last five minutes still get
-    /// through from that address.
+    /// Failed logins per address in any 60 seconds: an address with N in
+    /// the last 60 seconds gets 429 without a password check until the
+    /// oldest of them is 60 seconds old (a sliding minute, so no 60-second
+    /// span holds more than N). A check counts as failed until it passes,
+    /// so a burst gets no more than N checks. Credentials that passed in
+    /// the last five minutes still get through from that address.
     #[arg(long, value_name = "N")]
     pub max_login_failures: Option<u32>,
+    /// Addresses whose failed logins are counted at once: memory for
+    /// them is at most N × (360 + 4 × --max-login-failures) bytes (40 MB
+    /// at the defaults; about 310 bytes each once grown). When all are
+    /// taken, the address whose last failure leaves the minute first is
+    /// forgotten, so many addresses (an IPv6 block) can neither grow the
+    /// table nor keep new clients from logging in.
+    #[arg(long, value_name = "N")]
+    pub max_login_failure_addresses: Option<usize>,
 }
 
 impl AuthArgs {
     /// Sets the authentication settings given as flags.
     pub fn apply(&self, settings: &mut AuthSettings) {
         override_with_flags!(settings, self;
-            plain: realm, max_password_checks, password_check_wait, max_login_failures;
+            plain: realm, max_password_checks, password_check_wait, max_login_failures,
+                max_login_failure_addresses;
             optional: auth_file;
             switches: );
     }
@@ -85,6 +95,8 @@ pub fn authenticator(settings: &AuthSettings) -> Result<Option<Authenticator>, U
         max_memory_mib = authenticator.max_check_memory() >> 20,
         wait_secs = limits.check_wait.as_secs(),
         max_failures_per_minute = limits.max_failures,
+        max_failure_addresses = limits.max_failure_addresses.get(),
+        failure_table_max_mib = limits.max_failure_table_memory() >> 20,
         "password checks bounded"
     );
     Ok(Some(authenticator))
@@ -213,13 +225,20 @@ mod tests {
                     "0",
                     "--max-login-failures",
                     "3",
+                    "--max-login-failure-addresses",
+                    "5000",
                 ],
             );
             let limits = set.check_limits().unwrap();
             assert_eq!(limits.max_checks.get(), 4);
             assert_eq!(limits.check_wait, Duration::ZERO);
             assert_eq!(limits.max_failures, 3);
-            for zero in ["--max-password-checks", "--max-login-failures"] {
+            assert_eq!(limits.max_failure_addresses.get(), 5000);
+            for zero in [
+                "--max-password-checks",
+                "--max-login-failures",
+                "--max-login-failure-addresses",
+            ] {
                 let error = auth_args(role, &[zero, "0"]).check_limits().unwrap_err();
                 assert!(error.0.contains("use 1 or more"), "{role} {zero}: {error}");
             }

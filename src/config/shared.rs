@@ -97,8 +97,10 @@ pub struct AuthSettings {
     /// Time a password check waits for its turn before a 429.
     #[serde(with = "units::duration")]
     pub password_check_wait: Duration,
-    /// Failed logins per address and minute.
+    /// Failed logins per address in any 60 seconds.
     pub max_login_failures: u32,
+    /// Addresses whose failed logins are counted at once.
+    pub max_login_failure_addresses: usize,
 }
 
 impl Default for AuthSettings {
@@ -109,6 +111,7 @@ impl Default for AuthSettings {
             max_password_checks: CheckLimits::DEFAULT.max_checks.get(),
             password_check_wait: CheckLimits::DEFAULT.check_wait,
             max_login_failures: CheckLimits::DEFAULT.max_failures,
+            max_login_failure_addresses: CheckLimits::DEFAULT.max_failure_addresses.get(),
         }
     }
 }
@@ -117,7 +120,8 @@ impl AuthSettings {
     /// The bounds on password checks.
     ///
     /// # Errors
-    /// A zero `max-password-checks` or `max-login-failures`.
+    /// A zero `max-password-checks`, `max-login-failures` or
+    /// `max-login-failure-addresses`.
     pub fn check_limits(&self) -> Result<CheckLimits, UsageError> {
         let max_checks = NonZeroUsize::new(self.max_password_checks).ok_or_else(|| {
             UsageError(
@@ -129,10 +133,18 @@ impl AuthSettings {
                 "--max-login-failures 0: nobody could ever log in; use 1 or more".into(),
             ));
         }
+        let max_failure_addresses = NonZeroUsize::new(self.max_login_failure_addresses)
+            .ok_or_else(|| {
+                UsageError(
+                    "--max-login-failure-addresses 0: no failure could be counted; use 1 or more"
+                        .into(),
+                )
+            })?;
         Ok(CheckLimits {
             max_checks,
             check_wait: self.password_check_wait,
             max_failures: self.max_login_failures,
+            max_failure_addresses,
         })
     }
 }
