@@ -88,7 +88,7 @@ impl Default for ClientSettings {
             cache_size: Size::gib(1),
             memory_cache: Size::mib(64),
             transfer_memory: Size(crate::transfer_memory::DEFAULT_CLIENT_MEMORY),
-            max_spool_total: Size::gib(4),
+            max_spool_total: Size::gib(8),
             private: false,
             via_name: None,
             // 4608 bytes are 6 KiB of header.
