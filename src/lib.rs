@@ -17,7 +17,6 @@
 
 pub mod accelerator;
 pub mod auth;
-pub mod basis_store;
 pub mod cache;
 pub mod cli;
 pub mod client_proxy;
@@ -29,10 +28,8 @@ pub mod head_guard;
 pub mod hsync;
 pub mod http;
 pub mod inetd;
-pub mod pace;
 pub mod queue;
 pub mod server;
-pub mod slots;
 pub mod spool;
 pub mod static_origin;
 pub mod tls;

@@ -32,6 +32,10 @@
 //!
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
+pub mod basis_store;
+pub mod pace;
+pub mod slots;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -47,7 +51,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::basis_store::{BasisStore, shareable};
+use basis_store::{BasisStore, shareable};
 use crate::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
@@ -55,13 +59,13 @@ use crate::http::{
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
-use crate::pace::{Pacer, WindowCost};
+use pace::{Pacer, WindowCost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
 use crate::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
     malformed_request_body, text_response,
 };
-use crate::slots::{Admitted, Slots};
+use slots::{Admitted, Slots};
 use crate::spool::{BodyFeed, Spool, SpoolDisk};
 use crate::tls::TlsSession;
 use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
@@ -77,7 +81,7 @@ pub struct AcceleratorConfig {
     /// Encoder settings.
     pub encoder: EncoderOptions,
     /// Past the high-level budget, entropy-code literals only while that
-    /// is faster than sending them without (see [`crate::pace`]); false
+    /// is faster than sending them without (see [`pace`]); false
     /// codes them always.
     pub adapt_entropy_coding: bool,
     /// Largest origin body encoded (bytes); larger ones pass through.
@@ -96,7 +100,7 @@ pub struct AcceleratorConfig {
     /// cookie-setting responses and answers to requests with credentials.
     /// Off by default: the store is then an oracle, since a client naming
     /// a body's hash learns from the codec whether someone was served it
-    /// (D-B3, see [`crate::basis_store::shareable`]).
+    /// (D-B3, see [`basis_store::shareable`]).
     pub basis_store_private: bool,
     /// Upload slots and their queue (issue 5); `None` serves every request
     /// at once.

@@ -307,7 +307,7 @@ impl Encoder {
     /// Without it they are stored, or compressed at [`UNCODED_LEVEL`]
     /// (matches only) after a window with redundancy: several times faster
     /// on each end, for a caller whose link drains faster than entropy
-    /// coding can feed it (see `crate::pace`).
+    /// coding can feed it (see `crate::accelerator::pace`).
     pub fn set_entropy_coding(&mut self, on: bool) {
         if let LiteralCompressor::ZstdWindow { entropy_coding, .. } = &mut self.literals {
             *entropy_coding = on;
