@@ -23,7 +23,6 @@ pub mod client_proxy;
 pub mod config;
 pub mod demo;
 pub mod expiring;
-pub mod freshness;
 pub mod head_guard;
 pub mod hsync;
 pub mod http;

@@ -13,7 +13,7 @@ use rproxy::auth::{basic_credentials, parse_basic};
 use rproxy::cache::CacheKey;
 use rproxy::client_proxy::transfer::OriginDigest;
 use rproxy::client_proxy::upstream::Advertised;
-use rproxy::freshness::CacheControl;
+use rproxy::cache::freshness::CacheControl;
 use rproxy::server::via_hops;
 
 fuzz_target!(|data: &[u8]| {

@@ -52,7 +52,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use basis_store::{BasisStore, shareable};
-use crate::freshness::Storability;
+use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,

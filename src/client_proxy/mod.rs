@@ -5,7 +5,7 @@
 //!
 //! A GET goes through two questions, kept apart as DESIGN.md says:
 //! *may a stored response be served without asking upstream?* (RFC 9111
-//! freshness, [`crate::freshness`]) and, when not, *which cached body is
+//! freshness, [`crate::cache::freshness`]) and, when not, *which cached body is
 //! the basis?* The exact URL's entry (fresh or stale, complete or partial)
 //! is the best basis; otherwise the longest-prefix entry of the same
 //! origin ([`crate::cache::select_basis`]). The request goes upstream with
@@ -47,7 +47,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
 use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
-use crate::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
+use crate::cache::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
 use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, add_via, answer_at_this_hop,
