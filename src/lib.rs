@@ -30,7 +30,6 @@ pub mod inetd;
 pub mod queue;
 pub mod server;
 pub mod spool;
-pub mod static_origin;
 pub mod tls;
 pub mod transfer_memory;
 pub mod upstream_guard;

@@ -333,7 +333,10 @@ async fn queued_places_survive_a_restart() {
     // A torn file is refused, not trusted: the queue starts empty.
     let bytes = std::fs::read(&state).unwrap();
     std::fs::write(&state, &bytes[..bytes.len() / 2]).unwrap();
-    let torn = rproxy::accelerator::slots::Slots::new(QueueConfig::new(1.try_into().unwrap(), 100), Some(state));
+    let torn = rproxy::accelerator::slots::Slots::new(
+        QueueConfig::new(1.try_into().unwrap(), 100),
+        Some(state),
+    );
     assert_eq!(torn.queued(), 0);
 }
 

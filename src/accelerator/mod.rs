@@ -51,7 +51,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use basis_store::{BasisStore, shareable};
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
 use crate::http::{
@@ -59,17 +58,18 @@ use crate::http::{
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
-use pace::{Pacer, WindowCost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
 use crate::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
     malformed_request_body, text_response,
 };
-use slots::{Admitted, Slots};
 use crate::spool::{BodyFeed, Spool, SpoolDisk};
 use crate::tls::TlsSession;
 use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
+use basis_store::{BasisStore, shareable};
 use hyper_util::client::legacy::connect::capture_connection;
+use pace::{Pacer, WindowCost};
+use slots::{Admitted, Slots};
 
 /// Accelerator settings, validated.
 #[derive(Debug, Clone)]

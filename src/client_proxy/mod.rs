@@ -46,8 +46,8 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
-use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
 use crate::cache::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
+use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
 use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, add_via, answer_at_this_hop,
