@@ -30,7 +30,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::head_guard::{Framing, Part, Violation};
-use crate::http::{check_request_head, strip_unkeyed};
+use crate::http::headers::{check_request_head, strip_unkeyed};
 use crate::tls::TlsSession;
 
 /// The error type of response bodies: whatever stopped the stream.
@@ -235,10 +235,10 @@ pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody>
     response
 }
 
-/// The number of hops a `Via` list names (read as [`crate::http`] reads it
+/// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
 /// for loops, so the two checks agree on what an entry is).
 pub fn via_hops(headers: &http::HeaderMap) -> usize {
-    crate::http::via_entries(headers).count()
+    crate::http::headers::via_entries(headers).count()
 }
 
 /// What every request passes before its role sees it: the limits and

@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::hsync::{DecodeLimits, Decoder, EncoderOptions};
-use rproxy::http::byte_sequence;
+use rproxy::http::headers::byte_sequence;
 use rproxy::server::{ConnectionLimits, serve};
 use support::{accelerator_signature, pseudo_text, random_bytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -53,7 +53,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
-use crate::http::{
+use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,

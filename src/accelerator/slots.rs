@@ -111,7 +111,7 @@ impl Slots {
             peer,
             connection: ConnectionId(connection),
             persistent: request.version() == http::Version::HTTP_11
-                && !crate::http::closes_connection(headers),
+                && !crate::http::headers::closes_connection(headers),
             offer: value(&X_QUEUE).and_then(|v| parse_offer(v).ok()),
             queued: value(&X_QUEUED).and_then(|v| parse_x_queued(v).ok()),
             node: value(&X_NODE).and_then(|v| parse_x_node(v).ok()),

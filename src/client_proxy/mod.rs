@@ -49,7 +49,7 @@ use hyper::body::Incoming;
 use crate::cache::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
 use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
 use crate::hsync::{DecodeLimits, FileBasis};
-use crate::http::{
+use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, add_via, answer_at_this_hop,
     byte_sequence, check_response_head, max_forwards, remove_hsync_coding, strip_hop_by_hop,
     via_names_hop,

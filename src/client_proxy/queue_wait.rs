@@ -719,7 +719,7 @@ impl ClientProxy {
                 continue;
             }
             let mut page = waiting_page(&parked.wait.page_view(&now_shown), PAGE_REFRESH);
-            crate::http::add_via(page.headers_mut(), &self.config.via_name);
+            crate::http::headers::add_via(page.headers_mut(), &self.config.via_name);
             let parked = watching.parked.take().expect("present until returned");
             match self.waits.park(key, parked) {
                 Ok(()) => return page,

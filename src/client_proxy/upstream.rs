@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
 use crate::expiring::ExpiringMap;
-use crate::http::{HSYNC_ACCEPT, check_response_head};
+use crate::http::headers::{HSYNC_ACCEPT, check_response_head};
 use crate::server::ProxyBody;
 use crate::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
