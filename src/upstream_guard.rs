@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 use tower_service::Service;
 
 use crate::head_guard::{ResponseFraming, Violation};
-use crate::server::{BodyError, ProxyBody};
+use crate::http::server::{BodyError, ProxyBody};
 
 /// The error under the I/O error of a read that broke the response
 /// framing rules.

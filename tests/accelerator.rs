@@ -22,7 +22,7 @@ use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::hsync::{DecodeLimits, Decoder, EncoderOptions};
 use rproxy::http::headers::byte_sequence;
-use rproxy::server::{ConnectionLimits, serve};
+use rproxy::http::server::{ConnectionLimits, serve};
 use support::{accelerator_signature, pseudo_text, random_bytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

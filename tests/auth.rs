@@ -21,7 +21,7 @@ use rproxy::auth::{AuthFile, AuthGate, Authenticator, CheckLimits, basic_credent
 use rproxy::cache::CacheStore;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
+use rproxy::http::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};

@@ -34,7 +34,7 @@ use rproxy::cache::{CacheKey, CacheStore, Completeness, IndexEntry};
 use rproxy::client_proxy::{ClientConfig, ClientProxy, StatsSnapshot};
 use rproxy::hsync::{Encoder, EncoderOptions};
 use rproxy::http::headers::{byte_sequence, parse_byte_sequence};
-use rproxy::server::{BodyError, ConnectionLimits, ProxyBody, serve};
+use rproxy::http::server::{BodyError, ConnectionLimits, ProxyBody, serve};
 use sha2::Digest;
 use support::{accelerator_signature, pseudo_text, reference_signature};
 use tempfile::TempDir;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::server::{ConnectionLimits, serve};
+use rproxy::http::server::{ConnectionLimits, serve};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 

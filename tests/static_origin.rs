@@ -11,7 +11,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::server::{ConnectionLimits, serve};
+use rproxy::http::server::{ConnectionLimits, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;

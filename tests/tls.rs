@@ -17,7 +17,7 @@ use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::CacheStore;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
+use rproxy::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -14,7 +14,7 @@ use rproxy::cache::CacheKey;
 use rproxy::client_proxy::transfer::OriginDigest;
 use rproxy::client_proxy::upstream::Advertised;
 use rproxy::cache::freshness::CacheControl;
-use rproxy::server::via_hops;
+use rproxy::http::server::via_hops;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(value) = HeaderValue::from_bytes(data) {

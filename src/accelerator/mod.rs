@@ -58,11 +58,11 @@ use crate::http::headers::{
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
-use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::{
+use crate::http::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
     malformed_request_body, text_response,
 };
+use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
 use crate::spool::{BodyFeed, Spool, SpoolDisk};
 use crate::tls::TlsSession;
 use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
@@ -237,7 +237,8 @@ impl Accelerator {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        let client = crate::server::upstream_client_builder().build(FramedHttpConnector(connector));
+        let client =
+            crate::http::server::upstream_client_builder().build(FramedHttpConnector(connector));
         let bodies = Arc::new(BasisStore::new(
             config.basis_store_bytes,
             config.max_stored_body,

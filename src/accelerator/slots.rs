@@ -19,12 +19,14 @@ use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
+use crate::http::server::{
+    ConnectionNumber, HoldConnection, Peer, ProxyBody, counted, text_response,
+};
 use crate::queue::headers::{parse_offer, parse_x_node, parse_x_queued};
 use crate::queue::{
     Admission, Completion, ConnectionId, IdGenerator, QueueConfig, QueueRequest, ReplyForm,
     UploadQueue, X_NODE, X_QUEUE, X_QUEUED,
 };
-use crate::server::{ConnectionNumber, HoldConnection, Peer, ProxyBody, counted, text_response};
 
 /// How often entries are lapsed, callbacks made and the queue saved.
 const TICK: Duration = Duration::from_secs(1);

@@ -16,7 +16,7 @@ use crate::accelerator::Accelerator;
 use crate::auth::AuthGate;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, AcceleratorSettings, override_with_flags};
-use crate::inetd::Stdio;
+use crate::http::inetd::Stdio;
 
 /// Flags of `rproxy accelerator`. Each one given overrides its key in the
 /// `--config` file; the defaults are [`AcceleratorSettings`]'s.

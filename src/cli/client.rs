@@ -18,7 +18,7 @@ use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, ClientSettings, override_with_flags};
-use crate::inetd::Stdio;
+use crate::http::inetd::Stdio;
 
 pub use crate::config::UPSTREAM_PASSWORD_ENV;
 

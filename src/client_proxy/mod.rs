@@ -54,7 +54,7 @@ use crate::http::headers::{
     byte_sequence, check_response_head, max_forwards, remove_hsync_coding, strip_hop_by_hop,
     via_names_hop,
 };
-use crate::server::{
+use crate::http::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
 use crate::spool::SpoolDisk;

@@ -50,8 +50,8 @@ use tokio::time::Instant;
 use super::upstream::{HeldConnection, PooledConnection};
 use super::{ClientProxy, ClientStats, Target, coalesce, empty, error};
 use crate::cache::{CacheKey, Entry};
+use crate::http::server::ProxyBody;
 use crate::queue::{QueueId, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::ProxyBody;
 use page::{PAGE_REFRESH, PageView, WaitKey, waiting_page};
 use place::{Dialect, EtaEstimate, Place};
 

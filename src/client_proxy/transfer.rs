@@ -41,7 +41,7 @@ use crate::hsync::{
     Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
     SignatureParams, choose_block_size,
 };
-use crate::server::{BodyError, ProxyBody};
+use crate::http::server::{BodyError, ProxyBody};
 use crate::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
 use crate::transfer_memory::{self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost};
 use crate::upstream_guard::ExchangeCheck;

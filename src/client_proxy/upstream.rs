@@ -40,7 +40,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::expiring::ExpiringMap;
 use crate::http::headers::{HSYNC_ACCEPT, check_response_head};
-use crate::server::ProxyBody;
+use crate::http::server::ProxyBody;
 use crate::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
@@ -200,8 +200,8 @@ impl Upstream {
             tls: held_tls,
             ..connector(false)
         };
-        let gateway = crate::server::upstream_client_builder().build(connector(false));
-        let forward = crate::server::upstream_client_builder()
+        let gateway = crate::http::server::upstream_client_builder().build(connector(false));
+        let forward = crate::http::server::upstream_client_builder()
             // Host is set by the caller from the absolute target.
             .set_host(false)
             .build(connector(true));

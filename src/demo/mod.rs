@@ -26,7 +26,7 @@ use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::cache::CacheStore;
 use crate::client_proxy::{ClientConfig, ClientProxy};
 use crate::config::ClientSettings;
-use crate::server::{ConnectionLimits, Handler, serve};
+use crate::http::server::{ConnectionLimits, Handler, serve};
 use static_origin::StaticOrigin;
 
 /// What the demo serves and fetches.

@@ -6,3 +6,5 @@
 //!   `Via` read and written in one place, `Max-Forwards`).
 
 pub mod headers;
+pub mod inetd;
+pub mod server;

@@ -1,6 +1,6 @@
 //! The accept loop and per-connection HTTP/1.1 serving both roles share.
 //! Per-connection code takes any `AsyncRead + AsyncWrite` (a TCP stream, or
-//! inetd's stdin/stdout: [`crate::inetd`]), and a role is a [`Handler`].
+//! inetd's stdin/stdout: [`crate::http::inetd`]), and a role is a [`Handler`].
 //!
 //! Over TLS ([`serve_tls`]), ALPN picks HTTP/2 or HTTP/1.1.
 
