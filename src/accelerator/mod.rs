@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
+use crate::http::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};

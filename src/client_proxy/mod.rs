@@ -57,9 +57,9 @@ use crate::http::headers::{
 use crate::http::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
+use crate::http::upstream_guard::ExchangeCheck;
 use crate::spool::SpoolDisk;
 use crate::transfer_memory::TransferMemory;
-use crate::upstream_guard::ExchangeCheck;
 use cached_body::CachedBody;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};

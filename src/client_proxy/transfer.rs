@@ -42,9 +42,9 @@ use crate::hsync::{
     SignatureParams, choose_block_size,
 };
 use crate::http::server::{BodyError, ProxyBody};
+use crate::http::upstream_guard::ExchangeCheck;
 use crate::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
 use crate::transfer_memory::{self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost};
-use crate::upstream_guard::ExchangeCheck;
 
 /// Upstream chunks in flight between the reader task and the relay.
 const CHANNEL_DEPTH: usize = 4;

@@ -41,7 +41,7 @@ use tokio_rustls::TlsConnector;
 use crate::expiring::ExpiringMap;
 use crate::http::headers::{HSYNC_ACCEPT, check_response_head};
 use crate::http::server::ProxyBody;
-use crate::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
+use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
 /// a connection is an HTTP/1.1 notion (an HTTP/2 connection is shared).

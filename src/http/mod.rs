@@ -5,6 +5,8 @@
 //! - [`headers`]: pure functions over header maps (hsync names, hop-by-hop,
 //!   `Via` read and written in one place, `Max-Forwards`).
 
+pub mod head_guard;
 pub mod headers;
 pub mod inetd;
 pub mod server;
+pub mod upstream_guard;

@@ -29,7 +29,7 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use crate::head_guard::{Framing, Part, Violation};
+use crate::http::head_guard::{Framing, Part, Violation};
 use crate::http::headers::{check_request_head, strip_unkeyed};
 use crate::tls::TlsSession;
 
