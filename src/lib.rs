@@ -16,7 +16,6 @@
 #![warn(missing_docs)]
 
 pub mod accelerator;
-pub mod auth;
 pub mod cache;
 pub mod cli;
 pub mod client_proxy;
@@ -27,5 +26,4 @@ pub mod hsync;
 pub mod http;
 pub mod queue;
 pub mod spool;
-pub mod tls;
 pub mod transfer_memory;

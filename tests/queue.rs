@@ -14,7 +14,7 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
 use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
 use rproxy::queue::QueueConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

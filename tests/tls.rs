@@ -105,7 +105,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
         listener,
         accelerator.clone(),
         ConnectionLimits::default(),
-        rproxy::tls::server_config(&cert, &key).unwrap(),
+        rproxy::http::tls::server_config(&cert, &key).unwrap(),
         std::future::pending(),
     ));
 
@@ -117,7 +117,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
         std::fs::create_dir(&other).unwrap();
         certificate(&other).0
     };
-    let mut tls = (*rproxy::tls::client_config(Some(&ca)).unwrap()).clone();
+    let mut tls = (*rproxy::http::tls::client_config(Some(&ca)).unwrap()).clone();
     tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let store = CacheStore::open(dir.path().join("cache"), 64 << 20).unwrap();
     let client = Arc::new(

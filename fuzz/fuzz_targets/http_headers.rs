@@ -9,7 +9,7 @@
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use rproxy::auth::{basic_credentials, parse_basic};
+use rproxy::http::auth::{basic_credentials, parse_basic};
 use rproxy::cache::CacheKey;
 use rproxy::client_proxy::transfer::OriginDigest;
 use rproxy::client_proxy::upstream::Advertised;

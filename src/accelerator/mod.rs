@@ -62,9 +62,9 @@ use crate::http::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
     malformed_request_body, text_response,
 };
+use crate::http::tls::TlsSession;
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
 use crate::spool::{BodyFeed, Spool, SpoolDisk};
-use crate::tls::TlsSession;
 use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
 use basis_store::{BasisStore, shareable};
 use hyper_util::client::legacy::connect::capture_connection;

@@ -5,7 +5,7 @@
 //! QUEUE callbacks and writes the queue to disk (remanence) so a restart
 //! keeps the places.
 //!
-//! Auth is checked before any of this ([`crate::auth::AuthGate`] wraps
+//! Auth is checked before any of this ([`crate::http::auth::AuthGate`] wraps
 //! the accelerator), so an unauthenticated flood takes no place.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

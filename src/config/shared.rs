@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::UsageError;
 use super::units::{self, Size};
-use crate::auth::CheckLimits;
+use crate::http::auth::CheckLimits;
 use crate::http::server::ConnectionLimits;
 
 /// Limits on what a client may send and hold (`[limits]`).

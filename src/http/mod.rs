@@ -5,8 +5,10 @@
 //! - [`headers`]: pure functions over header maps (hsync names, hop-by-hop,
 //!   `Via` read and written in one place, `Max-Forwards`).
 
+pub mod auth;
 pub mod head_guard;
 pub mod headers;
 pub mod inetd;
 pub mod server;
+pub mod tls;
 pub mod upstream_guard;

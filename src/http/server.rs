@@ -31,7 +31,7 @@ use tracing::Instrument;
 
 use crate::http::head_guard::{Framing, Part, Violation};
 use crate::http::headers::{check_request_head, strip_unkeyed};
-use crate::tls::TlsSession;
+use crate::http::tls::TlsSession;
 
 /// The error type of response bodies: whatever stopped the stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
