@@ -25,5 +25,3 @@ pub mod expiring;
 pub mod hsync;
 pub mod http;
 pub mod queue;
-pub mod spool;
-pub mod transfer_memory;

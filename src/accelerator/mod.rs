@@ -62,10 +62,10 @@ use crate::http::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
     malformed_request_body, text_response,
 };
+use crate::http::spool::{BodyFeed, Spool, SpoolDisk};
 use crate::http::tls::TlsSession;
+use crate::http::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
 use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
-use crate::spool::{BodyFeed, Spool, SpoolDisk};
-use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
 use basis_store::{BasisStore, shareable};
 use hyper_util::client::legacy::connect::capture_connection;
 use pace::{Pacer, WindowCost};
@@ -114,7 +114,7 @@ pub struct AcceleratorConfig {
     /// (D-S6).
     pub max_encoders: usize,
     /// Where a coded body is parked for a client that stopped reading
-    /// (see [`crate::spool`]).
+    /// (see [`crate::http::spool`]).
     pub spool_dir: std::path::PathBuf,
     /// Most bytes of a coded body parked ahead of its reader (0: never
     /// parked; the encoder then waits for the reader, holding its state).
@@ -124,7 +124,7 @@ pub struct AcceleratorConfig {
     pub max_spool_total: u64,
     /// Memory that streamed codings hold at once (bytes; 0: no bound):
     /// past it, a coded response waits for its turn before reading its
-    /// origin body (see [`crate::transfer_memory`]).
+    /// origin body (see [`crate::http::transfer_memory`]).
     pub transfer_memory: u64,
 }
 

@@ -57,9 +57,9 @@ use crate::http::headers::{
 use crate::http::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
+use crate::http::spool::SpoolDisk;
+use crate::http::transfer_memory::TransferMemory;
 use crate::http::upstream_guard::ExchangeCheck;
-use crate::spool::SpoolDisk;
-use crate::transfer_memory::TransferMemory;
 use cached_body::CachedBody;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
@@ -110,7 +110,7 @@ pub struct ClientConfig {
     pub queue: QueueWaitConfig,
     /// Memory that relays of large bodies hold at once (bytes; 0: no
     /// bound); past it, a relay waits before reading more of its body
-    /// (see [`crate::transfer_memory`]).
+    /// (see [`crate::http::transfer_memory`]).
     pub transfer_memory: u64,
     /// Disk that the bodies spooled for user agents that stopped reading
     /// take together, in the cache's `tmp/` (bytes); past it, a relay

@@ -42,9 +42,11 @@ use crate::hsync::{
     SignatureParams, choose_block_size,
 };
 use crate::http::server::{BodyError, ProxyBody};
+use crate::http::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
+use crate::http::transfer_memory::{
+    self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost,
+};
 use crate::http::upstream_guard::ExchangeCheck;
-use crate::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
-use crate::transfer_memory::{self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost};
 
 /// Upstream chunks in flight between the reader task and the relay.
 const CHANNEL_DEPTH: usize = 4;
@@ -212,12 +214,12 @@ pub struct Relay {
     /// is committed.
     pub framing: Option<ExchangeCheck>,
     /// Where the body is parked when the user agent stops reading (see
-    /// [`crate::spool`]); `None` keeps it waiting in memory.
+    /// [`crate::http::spool`]); `None` keeps it waiting in memory.
     pub spool_dir: Option<std::path::PathBuf>,
     /// What all spools take together.
     pub spool_disk: SpoolDisk,
     /// The budget a large body takes its share of before the relay's
-    /// state grows (see [`crate::transfer_memory`]).
+    /// state grows (see [`crate::http::transfer_memory`]).
     pub memory: TransferMemory,
 }
 

@@ -87,7 +87,7 @@ impl Default for ClientSettings {
             cache: "cache/client".into(),
             cache_size: Size::gib(1),
             memory_cache: Size::mib(64),
-            transfer_memory: Size(crate::transfer_memory::DEFAULT_CLIENT_MEMORY),
+            transfer_memory: Size(crate::http::transfer_memory::DEFAULT_CLIENT_MEMORY),
             max_spool_total: Size::gib(4),
             private: false,
             via_name: None,

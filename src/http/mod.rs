@@ -10,5 +10,7 @@ pub mod head_guard;
 pub mod headers;
 pub mod inetd;
 pub mod server;
+pub mod spool;
 pub mod tls;
+pub mod transfer_memory;
 pub mod upstream_guard;
