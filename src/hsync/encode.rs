@@ -9,12 +9,13 @@
 
 use std::io::Write;
 
+use super::SignatureParams;
 use super::decode::Basis;
 use super::delta::DeltaCommand;
 use super::frame::{Frame, Header, LiteralCodec};
+use super::matcher::SIMD_BLOCKS;
 use super::signature::{
-    BasisSignature, SIMD_BLOCKS, SignatureBuilder, SignatureError, SignatureLimits,
-    SignatureParams, choose_block_size,
+    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size,
 };
 use super::{CONTEXT_LEN, DEFAULT_STRONG_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
