@@ -35,8 +35,9 @@ use sha2::Digest;
 use tokio::sync::mpsc;
 
 use super::cache_writer::BackgroundWriter;
+pub use super::cache_writer::StoreTarget;
 use super::cached_body::SMALL_BODY;
-use crate::cache::{CacheError, CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
+use crate::cache::{CacheError, CacheKey, Completeness, EntryWriter, NewEntry};
 use crate::hsync::{
     Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
     SignatureParams, choose_block_size,
@@ -188,16 +189,6 @@ pub enum Coding {
         /// The announced length.
         expected_len: Option<u64>,
     },
-}
-
-/// Where the body goes besides the user agent.
-pub struct StoreTarget {
-    /// The cache.
-    pub store: CacheStore,
-    /// The open entry.
-    pub writer: EntryWriter,
-    /// What to commit with it (completeness is set here).
-    pub entry: NewEntry,
 }
 
 /// One relay: its coding, the optional cache write and the digests to
