@@ -1,4 +1,4 @@
-//! Cost of the request framing guard (`rproxy::head_guard::Framing`), which
+//! Cost of the request framing guard (`rproxy::http::head_guard::Framing`), which
 //! every byte of every HTTP/1.1 request passes before hyper.
 //!
 //! Cases: `wrk_get` (the 1 KiB cache hit of `scripts/bench-proxy.sh`, a
@@ -18,7 +18,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use rproxy::head_guard::{Framing, ResponseFraming};
+use rproxy::http::head_guard::{Framing, ResponseFraming};
 
 const BROWSER: &str = "GET http://static.example.com/assets/js/jquery-3.7.1.min.js?v=20240101 HTTP/1.1\r\n\
 Host: static.example.com\r\n\

@@ -1,7 +1,7 @@
 //! Fairness simulation of the accelerator's upload queue (issue 5), in
 //! virtual time: `cargo run --release --example queue_sim`.
 //!
-//! Drives [`rproxy::queue::UploadQueue`] directly, as `src/slots.rs` does,
+//! Drives [`rproxy::queue::UploadQueue`] directly, as `src/accelerator/slots.rs` does,
 //! with a simulated clock: one `Instant::now()`, then Durations added to
 //! it; nothing sleeps. 1,000 clients arrive over time in the three
 //! dialects (PARQ 1.0 with IDs, passive by address, legacy Active

@@ -8,33 +8,34 @@
 //!                                              basis signature)
 //! ```
 //!
-//! [`hsync`] is the wire codec, sans-IO: the accelerator's [`hsync::Encoder`]
-//! turns a body into DELTA/SIG/END frames against a basis signature, and the
-//! client's [`hsync::Decoder`] rebuilds and verifies it. [`cli`] holds the
-//! `rproxy hsync` tools around the codec.
+//! The map, from the bottom up:
+//!
+//! - [`hsync`]: the wire codec, sans-IO (format, frames, signatures,
+//!   matcher, [`hsync::Encoder`], [`hsync::Decoder`]).
+//! - [`http`]: the HTTP layer both roles share: accept loop and connections,
+//!   framing guards, headers (`Via` read and written once), proxy auth, TLS,
+//!   inetd, spooled bodies and the transfer memory budget.
+//! - [`cache`]: the client proxy's disk store, keys, basis choice, and the
+//!   RFC 9111 freshness rules (pure).
+//! - [`queue`]: fair upload slots (PARQ, Active Queueing), sans-IO.
+//! - [`accelerator`]: the role in front of the origin: encodes for clients
+//!   offering hsync; its basis store, pacing and upload slots.
+//! - [`client_proxy`]: the role near users: serves from the cache, goes
+//!   upstream offering a basis, rebuilds, verifies and stores.
+//! - [`config`]: each role's settings (TOML file and flags, one unit syntax).
+//! - [`cli`]: the `rproxy` subcommands over the above.
+//! - [`demo`]: `rproxy demo` and its static origin.
+//! - [`expiring`]: a map whose entries expire by age, used by several layers.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod accelerator;
-pub mod auth;
-pub mod basis_store;
 pub mod cache;
 pub mod cli;
 pub mod client_proxy;
 pub mod config;
 pub mod demo;
 pub mod expiring;
-pub mod freshness;
-pub mod head_guard;
 pub mod hsync;
 pub mod http;
-pub mod inetd;
-pub mod pace;
 pub mod queue;
-pub mod server;
-pub mod slots;
-pub mod spool;
-pub mod static_origin;
-pub mod tls;
-pub mod transfer_memory;
-pub mod upstream_guard;

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     // Under inetd, stderr may be the connection itself: nothing is written
     // there then (logs go to a journald or file stderr, as systemd or a
     // wrapper sets up).
-    let quiet = rproxy::inetd::stderr_is_the_connection();
+    let quiet = rproxy::http::inetd::stderr_is_the_connection();
     let filter = if quiet {
         tracing_subscriber::EnvFilter::new("off")
     } else {

@@ -21,8 +21,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::hsync::{DecodeLimits, Decoder, EncoderOptions};
-use rproxy::http::byte_sequence;
-use rproxy::server::{ConnectionLimits, serve};
+use rproxy::http::headers::byte_sequence;
+use rproxy::http::server::{ConnectionLimits, serve};
 use support::{accelerator_signature, pseudo_text, random_bytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -336,7 +336,7 @@ async fn fetch_random_text(accel: SocketAddr, bytes_per_second: Option<f64>) -> 
 /// that waits for a starved task for a slow one.
 static CPU: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Entropy coding follows the link (`rproxy::pace`): a reader slower than
+/// Entropy coding follows the link (`rproxy::accelerator::pace`): a reader slower than
 /// the encoder keeps it, one that reads as fast as the bytes come lets the
 /// accelerator drop it for most windows; without adapting, it is kept
 /// whatever the reader. Random text: coded 0.75x, uncoded 1.00x.

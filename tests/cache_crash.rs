@@ -621,7 +621,7 @@ mod proxy {
     use hyper_util::rt::TokioIo;
     use rproxy::cache::CacheStore;
     use rproxy::client_proxy::{ClientConfig, ClientProxy};
-    use rproxy::server::{ConnectionLimits, serve};
+    use rproxy::http::server::{ConnectionLimits, serve};
     use tokio::net::TcpListener;
 
     use crate::support::proxy::client_config;

@@ -40,7 +40,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::{Completeness, EntryMeta};
-use rproxy::server::{ConnectionLimits, serve};
+use rproxy::http::server::{ConnectionLimits, serve};
 use support::proxy::eventually;
 use support::user_agent::{Fetched, get, start_get};
 use support::{pseudo_text, random_bytes};

@@ -1,10 +1,10 @@
-//! Property tests of the request framing guard (`rproxy::head_guard`):
+//! Property tests of the request framing guard (`rproxy::http::head_guard`):
 //! every well-formed pipeline of requests that httparse (hyper's parser)
 //! accepts passes whole, however it is cut into reads; any bytes, cut any
 //! way, never panic and find the same violation at the same offset.
 
 use proptest::prelude::*;
-use rproxy::head_guard::{Framing, Part, Violation};
+use rproxy::http::head_guard::{Framing, Part, Violation};
 
 /// One request: its head (as httparse must take it) and its body bytes.
 #[derive(Debug, Clone)]

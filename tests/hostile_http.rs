@@ -30,7 +30,7 @@ use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::{CacheKey, CacheStore, Completeness};
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::server::{ConnectionLimits, Handler, ProxyBody, serve};
+use rproxy::http::server::{ConnectionLimits, Handler, ProxyBody, serve};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -12,8 +12,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rproxy::server::{ConnectionLimits, serve};
-use rproxy::static_origin::StaticOrigin;
+use rproxy::demo::static_origin::StaticOrigin;
+use rproxy::http::server::{ConnectionLimits, serve};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 

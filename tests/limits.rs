@@ -14,7 +14,7 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, serve};
+use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

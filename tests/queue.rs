@@ -14,9 +14,9 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
 use rproxy::queue::QueueConfig;
-use rproxy::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, mpsc};
@@ -313,7 +313,7 @@ async fn queued_places_survive_a_restart() {
     }
     // Saved within a tick (1 s); a new accelerator reloads both places.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let reloaded = rproxy::slots::Slots::new(
+    let reloaded = rproxy::accelerator::slots::Slots::new(
         QueueConfig::new(1.try_into().unwrap(), 100),
         Some(state.clone()),
     );
@@ -333,7 +333,10 @@ async fn queued_places_survive_a_restart() {
     // A torn file is refused, not trusted: the queue starts empty.
     let bytes = std::fs::read(&state).unwrap();
     std::fs::write(&state, &bytes[..bytes.len() / 2]).unwrap();
-    let torn = rproxy::slots::Slots::new(QueueConfig::new(1.try_into().unwrap(), 100), Some(state));
+    let torn = rproxy::accelerator::slots::Slots::new(
+        QueueConfig::new(1.try_into().unwrap(), 100),
+        Some(state),
+    );
     assert_eq!(torn.queued(), 0);
 }
 
@@ -352,7 +355,7 @@ impl std::io::Write for Captured {
 }
 
 /// `Slots::new` on `state`, with what it logged.
-fn reload_logged(state: &std::path::Path) -> (rproxy::slots::Slots, String) {
+fn reload_logged(state: &std::path::Path) -> (rproxy::accelerator::slots::Slots, String) {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -360,7 +363,7 @@ fn reload_logged(state: &std::path::Path) -> (rproxy::slots::Slots, String) {
         .with_ansi(false)
         .finish();
     let slots = tracing::subscriber::with_default(subscriber, || {
-        rproxy::slots::Slots::new(
+        rproxy::accelerator::slots::Slots::new(
             QueueConfig::new(1.try_into().unwrap(), 100),
             Some(state.to_owned()),
         )

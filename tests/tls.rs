@@ -16,8 +16,8 @@ use hyper::body::Incoming;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::cache::CacheStore;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
-use rproxy::static_origin::StaticOrigin;
+use rproxy::demo::static_origin::StaticOrigin;
+use rproxy::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -105,7 +105,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
         listener,
         accelerator.clone(),
         ConnectionLimits::default(),
-        rproxy::tls::server_config(&cert, &key).unwrap(),
+        rproxy::http::tls::server_config(&cert, &key).unwrap(),
         std::future::pending(),
     ));
 
@@ -117,7 +117,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
         std::fs::create_dir(&other).unwrap();
         certificate(&other).0
     };
-    let mut tls = (*rproxy::tls::client_config(Some(&ca)).unwrap()).clone();
+    let mut tls = (*rproxy::http::tls::client_config(Some(&ca)).unwrap()).clone();
     tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let store = CacheStore::open(dir.path().join("cache"), 64 << 20).unwrap();
     let client = Arc::new(

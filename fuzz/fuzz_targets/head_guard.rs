@@ -1,4 +1,4 @@
-//! The request framing guard in front of hyper (`rproxy::head_guard`):
+//! The request framing guard in front of hyper (`rproxy::http::head_guard`):
 //! any bytes, read in pieces of any size.
 //!
 //! Input: byte 0 = piece size − 1, then the connection's bytes. Oracle: no
@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rproxy::head_guard::{Framing, Part, Violation};
+use rproxy::http::head_guard::{Framing, Part, Violation};
 
 /// Bytes let through, and the violation.
 fn feed(bytes: &[u8], piece: usize) -> (u64, Option<Violation>) {

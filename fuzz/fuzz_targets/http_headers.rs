@@ -9,12 +9,12 @@
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use rproxy::auth::{basic_credentials, parse_basic};
+use rproxy::http::auth::{basic_credentials, parse_basic};
 use rproxy::cache::CacheKey;
 use rproxy::client_proxy::transfer::OriginDigest;
 use rproxy::client_proxy::upstream::Advertised;
-use rproxy::freshness::CacheControl;
-use rproxy::server::via_hops;
+use rproxy::cache::freshness::CacheControl;
+use rproxy::http::server::via_hops;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(value) = HeaderValue::from_bytes(data) {

@@ -190,7 +190,7 @@ impl CacheKey {
     ///
     /// [`KeyError::InvalidHeaderName`] when `name` is not an HTTP token.
     pub fn with_vary(mut self, name: &str, value: &[u8]) -> Result<CacheKey, KeyError> {
-        if name.is_empty() || !name.bytes().all(crate::head_guard::is_tchar) {
+        if name.is_empty() || !name.bytes().all(crate::http::head_guard::is_tchar) {
             return Err(KeyError::InvalidHeaderName { name: name.into() });
         }
         let name = name.to_ascii_lowercase();

@@ -22,8 +22,9 @@
 //! longest-prefix basis among the index's [`IndexEntry`]s, and
 //! [`CacheKey`] normalises URLs and names files.
 //!
-//! Left out on purpose: HTTP semantics (freshness, what may be stored —
-//! the proxy decides and passes [`NewEntry`]), signature parsing (the store
+//! HTTP semantics (freshness, what may be stored) are [`freshness`]'s, pure
+//! RFC 9111 the store never calls: the proxy decides and passes
+//! [`NewEntry`]. Left out on purpose: signature parsing (the store
 //! keeps the bytes it is given). Every disk change goes through the [`Fs`]
 //! trait ([`StdFs`] in production), so tests can fail operations and model a
 //! power cut (C-K2, C-K3, C-E2, C-E3 in `tests/cache_crash.rs`). A real full
@@ -37,6 +38,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub mod basis;
+pub mod freshness;
 pub mod fs;
 pub mod key;
 pub mod meta;

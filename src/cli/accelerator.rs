@@ -13,10 +13,10 @@ use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
 use crate::accelerator::Accelerator;
-use crate::auth::AuthGate;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, AcceleratorSettings, override_with_flags};
-use crate::inetd::Stdio;
+use crate::http::auth::AuthGate;
+use crate::http::inetd::Stdio;
 
 /// Flags of `rproxy accelerator`. Each one given overrides its key in the
 /// `--config` file; the defaults are [`AcceleratorSettings`]'s.
@@ -216,7 +216,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
     let accelerator = AuthGate::new(accelerator, authenticator(&settings.auth)?);
     let tls = match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => Some(
-            crate::tls::server_config(cert, key)
+            crate::http::tls::server_config(cert, key)
                 .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?,
         ),
         _ => None,

@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::UsageError;
-use crate::auth::{AuthFile, Authenticator};
 use crate::config::units::parse_duration;
 use crate::config::{AuthSettings, override_with_flags};
+use crate::http::auth::{AuthFile, Authenticator};
 
 /// The authentication flags of both proxies (`[auth]` in the file); their
 /// defaults are [`AuthSettings`]'s.
@@ -197,8 +197,8 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::auth::CheckLimits;
     use crate::cli::{Cli, Command};
+    use crate::http::auth::CheckLimits;
 
     fn auth_args(role: &str, extra: &[&str]) -> AuthSettings {
         let cli = Cli::try_parse_from(["rproxy", role].iter().chain(extra).copied()).unwrap();

@@ -83,7 +83,7 @@ fn effective_config(args: &CheckArgs) -> Result<String, UsageError> {
             settings.limits.to_limits()?;
             authenticator(&settings.auth)?;
             if let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) {
-                crate::tls::server_config(cert, key)
+                crate::http::tls::server_config(cert, key)
                     .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?;
             }
             if settings.inetd && settings.slots > 0 {

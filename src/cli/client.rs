@@ -13,12 +13,12 @@ use super::UsageError;
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
-use crate::auth::AuthGate;
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, ClientSettings, override_with_flags};
-use crate::inetd::Stdio;
+use crate::http::auth::AuthGate;
+use crate::http::inetd::Stdio;
 
 pub use crate::config::UPSTREAM_PASSWORD_ENV;
 
@@ -234,8 +234,8 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::basic_credentials;
     use crate::client_proxy::ClientConfig;
+    use crate::http::auth::basic_credentials;
 
     /// The flags on top of the defaults, as the tests below ask for them.
     impl ClientArgs {

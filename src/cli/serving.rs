@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::inetd::{Stdio, serve_stdio};
-use crate::server::{ConnectionLimits, Handler, bind, raise_open_file_limit, serve, serve_tls};
+use crate::http::inetd::{Stdio, serve_stdio};
+use crate::http::server::{
+    ConnectionLimits, Handler, bind, raise_open_file_limit, serve, serve_tls,
+};
 
 /// Descriptor 0 when `--inetd` is given.
 ///

@@ -12,13 +12,24 @@
 //! a relay whose user agent stopped reading holds no thread here either
 //! (L-13), and the number of writers is not a number of threads.
 //!
-//! Main item: [`BackgroundWriter`].
+//! Main items: [`BackgroundWriter`], and [`StoreTarget`], the entry it
+//! writes.
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::transfer::StoreTarget;
+use crate::cache::{CacheStore, EntryWriter, NewEntry};
+
+/// Where the body goes besides the user agent.
+pub struct StoreTarget {
+    /// The cache.
+    pub store: CacheStore,
+    /// The open entry.
+    pub writer: EntryWriter,
+    /// What to commit with it (completeness is set here).
+    pub entry: NewEntry,
+}
 
 /// Slices queued for the writer (256 KiB each from the relay).
 const QUEUE_DEPTH: usize = 8;

@@ -21,7 +21,7 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use crate::cache::{Outboard, OutboardBuilder};
-use crate::server::{BodyError, ProxyBody, ReceiverStream};
+use crate::http::server::{BodyError, ProxyBody, ReceiverStream};
 
 /// Bodies up to this size are read and checked whole before a cached
 /// response starts; larger ones are checked group by group as they stream.

@@ -5,7 +5,7 @@
 //!
 //! A GET goes through two questions, kept apart as DESIGN.md says:
 //! *may a stored response be served without asking upstream?* (RFC 9111
-//! freshness, [`crate::freshness`]) and, when not, *which cached body is
+//! freshness, [`crate::cache::freshness`]) and, when not, *which cached body is
 //! the basis?* The exact URL's entry (fresh or stale, complete or partial)
 //! is the best basis; otherwise the longest-prefix entry of the same
 //! origin ([`crate::cache::select_basis`]). The request goes upstream with
@@ -31,11 +31,11 @@ pub mod cached_body;
 pub mod coalesce;
 pub mod hot;
 pub mod queue_wait;
+mod stats;
 pub mod transfer;
 pub mod upstream;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -46,29 +46,29 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
+use crate::cache::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
 use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
-use crate::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
 use crate::hsync::{DecodeLimits, FileBasis};
-use crate::http::{
+use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, add_via, answer_at_this_hop,
     byte_sequence, check_response_head, max_forwards, remove_hsync_coding, strip_hop_by_hop,
     via_names_hop,
 };
-use crate::server::{
+use crate::http::server::{
     BodyError, Handler, ProxyBody, counted, malformed_request_body, text_response,
 };
-use crate::spool::SpoolDisk;
-use crate::transfer_memory::TransferMemory;
-use crate::upstream_guard::ExchangeCheck;
+use crate::http::spool::SpoolDisk;
+use crate::http::transfer_memory::TransferMemory;
+use crate::http::upstream_guard::ExchangeCheck;
 use cached_body::CachedBody;
 use coalesce::{InFlight, Role};
 use hot::{HotCache, HotEntry};
-use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits, WaitView};
+use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits};
 use transfer::{ClientBasis, Coding, OriginDigest, Relay, Relayed, Report, StoreTarget, full};
 use upstream::Upstream;
 
-/// The path where the proxy answers with its counters as JSON.
-pub const STATS_PATH: &str = "/.rproxy/stats";
+pub use stats::{ClientStats, STATS_PATH, StatsSnapshot};
+use stats::{LoggedAtEnd, RequestLog, Started, record};
 
 /// What `OPTIONS` answered here says we pass on.
 const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
@@ -110,7 +110,7 @@ pub struct ClientConfig {
     pub queue: QueueWaitConfig,
     /// Memory that relays of large bodies hold at once (bytes; 0: no
     /// bound); past it, a relay waits before reading more of its body
-    /// (see [`crate::transfer_memory`]).
+    /// (see [`crate::http::transfer_memory`]).
     pub transfer_memory: u64,
     /// Disk that the bodies spooled for user agents that stopped reading
     /// take together, in the cache's `tmp/` (bytes); past it, a relay
@@ -133,123 +133,6 @@ pub enum ConfigError {
     /// The upstream host cannot be a TLS server name.
     #[error("{0}")]
     TlsName(String),
-}
-
-/// Counters for `GET /.rproxy/stats`.
-#[derive(Debug, Default)]
-pub struct ClientStats {
-    requests: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    revalidated: AtomicU64,
-    coalesced: AtomicU64,
-    deltas: AtomicU64,
-    passed: AtomicU64,
-    stored: AtomicU64,
-    partial_stored: AtomicU64,
-    digest_failures: AtomicU64,
-    upstream_errors: AtomicU64,
-    queue_waits: AtomicU64,
-    queue_waiting: AtomicU64,
-    signature_bytes: AtomicU64,
-    memory_bases: AtomicU64,
-    upstream_bytes: AtomicU64,
-    downstream_bytes: AtomicU64,
-    /// The cache store's own counter.
-    cache_write_errors: Arc<AtomicU64>,
-}
-
-/// The counters at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StatsSnapshot {
-    /// Requests received.
-    pub requests: u64,
-    /// Answered from the cache (fresh, or revalidated with a 304).
-    pub hits: u64,
-    /// Forwarded upstream for a body.
-    pub misses: u64,
-    /// Stale entries revalidated upstream.
-    pub revalidated: u64,
-    /// Requests that waited for an identical one and were served from its
-    /// entry.
-    pub coalesced: u64,
-    /// Responses that came as hsync streams.
-    pub deltas: u64,
-    /// Requests passed through uncached.
-    pub passed: u64,
-    /// Entries committed.
-    pub stored: u64,
-    /// Partial entries committed after an interrupted transfer.
-    pub partial_stored: u64,
-    /// Transfers that failed a digest or stream check.
-    pub digest_failures: u64,
-    /// Upstream unreachable or silent.
-    pub upstream_errors: u64,
-    /// Waits in the upstream's queue for an upload slot (one per
-    /// `Retry-After`).
-    pub queue_waits: u64,
-    /// Requests waiting in the upstream's queue now.
-    #[serde(default)]
-    pub queue_waiting: u64,
-    /// Bytes of basis signatures sent upstream (decoded).
-    pub signature_bytes: u64,
-    /// Bases offered from the memory cache (no file opened).
-    #[serde(default)]
-    pub memory_bases: u64,
-    /// Body bytes received from upstream (coded, as on the link).
-    pub upstream_bytes: u64,
-    /// Body bytes sent to user agents.
-    pub downstream_bytes: u64,
-    /// File-system errors while storing (a full disk, say): those
-    /// responses were served but not stored.
-    pub cache_write_errors: u64,
-}
-
-impl ClientStats {
-    fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        StatsSnapshot {
-            requests: get(&self.requests),
-            hits: get(&self.hits),
-            misses: get(&self.misses),
-            revalidated: get(&self.revalidated),
-            coalesced: get(&self.coalesced),
-            deltas: get(&self.deltas),
-            passed: get(&self.passed),
-            stored: get(&self.stored),
-            partial_stored: get(&self.partial_stored),
-            digest_failures: get(&self.digest_failures),
-            upstream_errors: get(&self.upstream_errors),
-            queue_waits: get(&self.queue_waits),
-            queue_waiting: get(&self.queue_waiting),
-            signature_bytes: get(&self.signature_bytes),
-            memory_bases: get(&self.memory_bases),
-            upstream_bytes: get(&self.upstream_bytes),
-            downstream_bytes: get(&self.downstream_bytes),
-            cache_write_errors: get(&self.cache_write_errors),
-        }
-    }
-
-    /// The counters and the requests waiting in the upstream's queue
-    /// (`queue`) as a JSON object.
-    pub fn to_json(&self, waiting: &[WaitView]) -> String {
-        #[derive(serde::Serialize)]
-        struct Stats<'a> {
-            #[serde(flatten)]
-            counters: StatsSnapshot,
-            queue: &'a [WaitView],
-        }
-        let stats = Stats {
-            counters: self.snapshot(),
-            queue: waiting,
-        };
-        serde_json::to_string(&stats).expect("integers and strings serialise") + "\n"
-    }
 }
 
 /// Where a request is going.
@@ -1700,49 +1583,6 @@ fn cut_signature(signature: &[u8], budget: usize) -> Option<&[u8]> {
     let room = budget.min(signature.len()).checked_sub(HEADER)?;
     let entries = room / entry_len;
     (entries > 0).then(|| &signature[..HEADER + entries * entry_len])
-}
-
-/// What the one log line of a relayed request says, besides the report.
-struct RequestLog {
-    url: String,
-    status: StatusCode,
-    cache: HeaderValue,
-    basis: Option<String>,
-    hsync: bool,
-    started: Instant,
-}
-
-/// When the request arrived (a request extension).
-#[derive(Clone, Copy)]
-struct Started(Instant);
-
-/// Marks a response whose log line is written when its body ends.
-#[derive(Clone, Copy)]
-struct LoggedAtEnd;
-
-fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
-    ClientStats::add(&stats.upstream_bytes, report.upstream_bytes);
-    match &report.outcome {
-        transfer::Outcome::Complete { stored: true } => ClientStats::add(&stats.stored, 1),
-        transfer::Outcome::Interrupted {
-            partial_stored: true,
-        } => ClientStats::add(&stats.partial_stored, 1),
-        transfer::Outcome::Corrupt { .. } => ClientStats::add(&stats.digest_failures, 1),
-        _ => {}
-    }
-    tracing::info!(
-        method = "GET",
-        url = %log.url,
-        status = log.status.as_u16(),
-        cache = log.cache.to_str().unwrap_or(""),
-        coding = if log.hsync { "hsync" } else { "identity" },
-        basis = log.basis.as_deref().unwrap_or("-"),
-        upstream_bytes = report.upstream_bytes,
-        body_bytes = report.body_bytes,
-        outcome = ?report.outcome,
-        ms = log.started.elapsed().as_secs_f64() * 1e3,
-        "request"
-    );
 }
 
 fn empty() -> ProxyBody {

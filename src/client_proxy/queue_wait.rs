@@ -50,8 +50,8 @@ use tokio::time::Instant;
 use super::upstream::{HeldConnection, PooledConnection};
 use super::{ClientProxy, ClientStats, Target, coalesce, empty, error};
 use crate::cache::{CacheKey, Entry};
+use crate::http::server::ProxyBody;
 use crate::queue::{QueueId, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::ProxyBody;
 use page::{PAGE_REFRESH, PageView, WaitKey, waiting_page};
 use place::{Dialect, EtaEstimate, Place};
 
@@ -719,7 +719,7 @@ impl ClientProxy {
                 continue;
             }
             let mut page = waiting_page(&parked.wait.page_view(&now_shown), PAGE_REFRESH);
-            crate::http::add_via(page.headers_mut(), &self.config.via_name);
+            crate::http::headers::add_via(page.headers_mut(), &self.config.via_name);
             let parked = watching.parked.take().expect("present until returned");
             match self.waits.park(key, parked) {
                 Ok(()) => return page,

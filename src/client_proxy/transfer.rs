@@ -35,16 +35,19 @@ use sha2::Digest;
 use tokio::sync::mpsc;
 
 use super::cache_writer::BackgroundWriter;
+pub use super::cache_writer::StoreTarget;
 use super::cached_body::SMALL_BODY;
-use crate::cache::{CacheError, CacheKey, CacheStore, Completeness, EntryWriter, NewEntry};
+use crate::cache::{CacheError, CacheKey, Completeness, EntryWriter, NewEntry};
 use crate::hsync::{
     Basis, DecodeError, DecodeLimits, Decoder, EncoderOptions, FileBasis, SignatureBuilder,
     SignatureParams, choose_block_size,
 };
-use crate::server::{BodyError, ProxyBody};
-use crate::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
-use crate::transfer_memory::{self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost};
-use crate::upstream_guard::ExchangeCheck;
+use crate::http::server::{BodyError, ProxyBody};
+use crate::http::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
+use crate::http::transfer_memory::{
+    self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost,
+};
+use crate::http::upstream_guard::ExchangeCheck;
 
 /// Upstream chunks in flight between the reader task and the relay.
 const CHANNEL_DEPTH: usize = 4;
@@ -188,16 +191,6 @@ pub enum Coding {
     },
 }
 
-/// Where the body goes besides the user agent.
-pub struct StoreTarget {
-    /// The cache.
-    pub store: CacheStore,
-    /// The open entry.
-    pub writer: EntryWriter,
-    /// What to commit with it (completeness is set here).
-    pub entry: NewEntry,
-}
-
 /// One relay: its coding, the optional cache write and the digests to
 /// check.
 pub struct Relay {
@@ -212,12 +205,12 @@ pub struct Relay {
     /// is committed.
     pub framing: Option<ExchangeCheck>,
     /// Where the body is parked when the user agent stops reading (see
-    /// [`crate::spool`]); `None` keeps it waiting in memory.
+    /// [`crate::http::spool`]); `None` keeps it waiting in memory.
     pub spool_dir: Option<std::path::PathBuf>,
     /// What all spools take together.
     pub spool_disk: SpoolDisk,
     /// The budget a large body takes its share of before the relay's
-    /// state grows (see [`crate::transfer_memory`]).
+    /// state grows (see [`crate::http::transfer_memory`]).
     pub memory: TransferMemory,
 }
 

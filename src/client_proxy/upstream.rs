@@ -39,9 +39,9 @@ use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
 use crate::expiring::ExpiringMap;
-use crate::http::{HSYNC_ACCEPT, check_response_head};
-use crate::server::ProxyBody;
-use crate::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
+use crate::http::headers::{HSYNC_ACCEPT, check_response_head};
+use crate::http::server::ProxyBody;
+use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
 /// a connection is an HTTP/1.1 notion (an HTTP/2 connection is shared).
@@ -200,8 +200,8 @@ impl Upstream {
             tls: held_tls,
             ..connector(false)
         };
-        let gateway = crate::server::upstream_client_builder().build(connector(false));
-        let forward = crate::server::upstream_client_builder()
+        let gateway = crate::http::server::upstream_client_builder().build(connector(false));
+        let forward = crate::http::server::upstream_client_builder()
             // Host is set by the caller from the absolute target.
             .set_host(false)
             .build(connector(true));

@@ -91,7 +91,7 @@ impl Default for AcceleratorSettings {
             spool_dir: None,
             max_spool: Size::gib(1),
             max_spool_total: Size::gib(8),
-            transfer_memory: Size(crate::transfer_memory::DEFAULT_ACCELERATOR_MEMORY),
+            transfer_memory: Size(crate::http::transfer_memory::DEFAULT_ACCELERATOR_MEMORY),
             connect_timeout: Duration::from_secs(4),
             origin_timeout: Duration::from_secs(30),
             basis_store: Size::mib(256),

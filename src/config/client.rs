@@ -16,10 +16,10 @@ use serde::{Deserialize, Serialize};
 use super::shared::saturating_usize;
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
-use crate::auth::basic_credentials;
 use crate::cache::CacheScope;
 use crate::client_proxy::ClientConfig;
 use crate::client_proxy::queue_wait::QueueWaitConfig;
+use crate::http::auth::basic_credentials;
 
 /// The environment variable holding the upstream password.
 pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
@@ -87,7 +87,7 @@ impl Default for ClientSettings {
             cache: "cache/client".into(),
             cache_size: Size::gib(1),
             memory_cache: Size::mib(64),
-            transfer_memory: Size(crate::transfer_memory::DEFAULT_CLIENT_MEMORY),
+            transfer_memory: Size(crate::http::transfer_memory::DEFAULT_CLIENT_MEMORY),
             max_spool_total: Size::gib(8),
             private: false,
             via_name: None,
@@ -243,7 +243,7 @@ impl ClientSettings {
             }
             return Ok(None);
         }
-        crate::tls::client_config(self.upstream_ca.as_deref())
+        crate::http::tls::client_config(self.upstream_ca.as_deref())
             .map(Some)
             .map_err(|e| UsageError(format!("--upstream-ca: {e}")))
     }

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::UsageError;
 use super::units::{self, Size};
-use crate::auth::CheckLimits;
-use crate::server::ConnectionLimits;
+use crate::http::auth::CheckLimits;
+use crate::http::server::ConnectionLimits;
 
 /// Limits on what a client may send and hold (`[limits]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

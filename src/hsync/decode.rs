@@ -14,9 +14,10 @@
 use zstd::stream::raw::{DParameter, Operation};
 use zstd_safe::{InBuffer, OutBuffer};
 
+use super::SignatureParams;
 use super::delta::{DeltaCommand, DeltaError, parse_commands};
 use super::frame::{Frame, FrameError, Header, LiteralCodec};
-use super::signature::{SignatureBuilder, SignatureParams};
+use super::signature::SignatureBuilder;
 use super::{MAX_FRAME_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
 /// Random access to the basis body. Slices and `Vec`s qualify as they are;

@@ -9,12 +9,13 @@
 
 use std::io::Write;
 
+use super::SignatureParams;
 use super::decode::Basis;
 use super::delta::DeltaCommand;
 use super::frame::{Frame, Header, LiteralCodec};
+use super::matcher::SIMD_BLOCKS;
 use super::signature::{
-    BasisSignature, SIMD_BLOCKS, SignatureBuilder, SignatureError, SignatureLimits,
-    SignatureParams, choose_block_size,
+    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size,
 };
 use super::{CONTEXT_LEN, DEFAULT_STRONG_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
@@ -307,7 +308,7 @@ impl Encoder {
     /// Without it they are stored, or compressed at [`UNCODED_LEVEL`]
     /// (matches only) after a window with redundancy: several times faster
     /// on each end, for a caller whose link drains faster than entropy
-    /// coding can feed it (see `crate::pace`).
+    /// coding can feed it (see `crate::accelerator::pace`).
     pub fn set_entropy_coding(&mut self, on: bool) {
         if let LiteralCompressor::ZstdWindow { entropy_coding, .. } = &mut self.literals {
             *entropy_coding = on;

@@ -27,8 +27,11 @@ use std::ops::Range;
 use fast_rsync::Signature;
 
 use super::SIGNATURE_HEADER_LEN;
+use super::SignatureParams;
 use super::delta::DeltaCommand;
-use super::signature::{SIMD_BLOCKS, SignatureParams};
+
+/// Blocks hashed together, in fast_rsync's SIMD lanes (8 with AVX2).
+pub(crate) const SIMD_BLOCKS: usize = 8;
 
 /// librsync's `RS_CHAR_OFFSET`, added to every byte of the weak sum.
 const CHAR_OFFSET: u16 = 31;

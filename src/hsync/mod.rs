@@ -95,9 +95,10 @@ pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_command
 pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, UNCODED_LEVEL};
 pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
 pub use signature::{
-    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, SignatureParams,
-    choose_block_size,
+    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size,
 };
+
+use fast_rsync::SignatureOptions;
 
 /// The 4-byte magic that opens every hsync/1 stream.
 pub const MAGIC: [u8; 4] = *b"hsyn";
@@ -212,6 +213,41 @@ pub(crate) fn extend_context(context: &mut Vec<u8>, more: &[u8]) {
         context.drain(..context.len() - keep);
     }
     context.extend_from_slice(more);
+}
+
+/// librsync's magic for MD4 signatures.
+pub(crate) const MD4_MAGIC: u32 = 0x7273_0136;
+
+/// The parameters of a signature: block size and strong-sum length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignatureParams {
+    /// Bytes per block.
+    pub block_size: u32,
+    /// Bytes of MD4 kept per entry.
+    pub strong_len: u32,
+}
+
+impl SignatureParams {
+    /// Bytes of one signature entry.
+    pub fn entry_len(&self) -> usize {
+        4 + self.strong_len as usize
+    }
+
+    /// The 12-byte librsync signature header for these parameters.
+    pub fn header_bytes(&self) -> [u8; SIGNATURE_HEADER_LEN] {
+        let mut header = [0; SIGNATURE_HEADER_LEN];
+        header[..4].copy_from_slice(&MD4_MAGIC.to_be_bytes());
+        header[4..8].copy_from_slice(&self.block_size.to_be_bytes());
+        header[8..].copy_from_slice(&self.strong_len.to_be_bytes());
+        header
+    }
+
+    pub(crate) fn options(&self) -> SignatureOptions {
+        SignatureOptions {
+            block_size: self.block_size,
+            crypto_hash_size: self.strong_len,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,18 +10,15 @@
 
 use std::ops::Range;
 
-use fast_rsync::{Signature, SignatureOptions};
+use fast_rsync::Signature;
 
 use super::delta::DeltaCommand;
-use super::matcher::BlockIndex;
+use super::matcher::{BlockIndex, SIMD_BLOCKS};
 
 use super::{
-    DEFAULT_STRONG_LEN, MAX_BLOCK_SIZE, MAX_STRONG_LEN, MIN_BLOCK_SIZE, MIN_STRONG_LEN,
-    SIGNATURE_HEADER_LEN,
+    DEFAULT_STRONG_LEN, MAX_BLOCK_SIZE, MAX_STRONG_LEN, MD4_MAGIC, MIN_BLOCK_SIZE, MIN_STRONG_LEN,
+    SIGNATURE_HEADER_LEN, SignatureParams,
 };
-
-/// librsync's magic for MD4 signatures.
-const MD4_MAGIC: u32 = 0x7273_0136;
 
 /// Why a basis signature cannot be used.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -82,38 +79,6 @@ impl Default for SignatureLimits {
         SignatureLimits {
             max_bytes: 8 << 20,
             max_basis_len: 4 << 30,
-        }
-    }
-}
-
-/// The parameters of a signature: block size and strong-sum length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SignatureParams {
-    /// Bytes per block.
-    pub block_size: u32,
-    /// Bytes of MD4 kept per entry.
-    pub strong_len: u32,
-}
-
-impl SignatureParams {
-    /// Bytes of one signature entry.
-    pub fn entry_len(&self) -> usize {
-        4 + self.strong_len as usize
-    }
-
-    /// The 12-byte librsync signature header for these parameters.
-    pub fn header_bytes(&self) -> [u8; SIGNATURE_HEADER_LEN] {
-        let mut header = [0; SIGNATURE_HEADER_LEN];
-        header[..4].copy_from_slice(&MD4_MAGIC.to_be_bytes());
-        header[4..8].copy_from_slice(&self.block_size.to_be_bytes());
-        header[8..].copy_from_slice(&self.strong_len.to_be_bytes());
-        header
-    }
-
-    pub(crate) fn options(&self) -> SignatureOptions {
-        SignatureOptions {
-            block_size: self.block_size,
-            crypto_hash_size: self.strong_len,
         }
     }
 }
@@ -255,9 +220,6 @@ impl BasisSignature {
         self.index.diff(data, after_copy, out);
     }
 }
-
-/// Blocks hashed together, in fast_rsync's SIMD lanes (8 with AVX2).
-pub(crate) const SIMD_BLOCKS: usize = 8;
 
 /// Computes a body's signature as the body arrives in pieces of any size;
 /// the result equals `Signature::calculate` over the whole body.

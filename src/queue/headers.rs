@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 
 use thiserror::Error;
 
-use super::id::QueueId;
+use super::id::{QueueId, QueueIdError};
 
 /// Longest `X-Queue` value accepted, in bytes.
 pub const MAX_X_QUEUE_LEN: usize = 256;
@@ -106,6 +106,12 @@ pub enum HeaderError {
     /// A callback line that is not `QUEUE <ID> <IP>:<port>\r\n`.
     #[error("not a QUEUE callback line")]
     BadCallback,
+}
+
+impl From<QueueIdError> for HeaderError {
+    fn from(_: QueueIdError) -> Self {
+        HeaderError::BadId
+    }
 }
 
 /// A queueing protocol version, as in `X-Queue: 1.0`.

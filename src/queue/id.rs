@@ -8,15 +8,21 @@
 //! guessed, which matters because an ID is the token that holds a place:
 //! whoever presents it (with the last position) gets the place.
 //!
-//! Main types: [`QueueId`], [`IdGenerator`].
+//! Main types: [`QueueId`], [`IdGenerator`]; error: [`QueueIdError`].
 
 use std::fmt;
 
-use super::headers::HeaderError;
+use thiserror::Error;
 
 /// A 128-bit queue ID, written as 32 lowercase hexadecimal digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueId([u8; 16]);
+
+/// Text that is not a queue ID (32 hexadecimal digits). The header parsers
+/// report it as [`HeaderError::BadId`](super::HeaderError::BadId).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("not a queue ID (32 hexadecimal digits)")]
+pub struct QueueIdError;
 
 impl QueueId {
     /// The ID with these 16 bytes.
@@ -32,15 +38,15 @@ impl QueueId {
     /// Parses 32 hexadecimal digits (either case), nothing else.
     ///
     /// # Errors
-    /// [`HeaderError::BadId`] for any other input.
-    pub fn parse_hex(text: &[u8]) -> Result<Self, HeaderError> {
+    /// [`QueueIdError`] for any other input.
+    pub fn parse_hex(text: &[u8]) -> Result<Self, QueueIdError> {
         if text.len() != 32 {
-            return Err(HeaderError::BadId);
+            return Err(QueueIdError);
         }
         let mut bytes = [0u8; 16];
         for (byte, pair) in bytes.iter_mut().zip(text.chunks_exact(2)) {
-            let hi = hex_value(pair[0]).ok_or(HeaderError::BadId)?;
-            let lo = hex_value(pair[1]).ok_or(HeaderError::BadId)?;
+            let hi = hex_value(pair[0]).ok_or(QueueIdError)?;
+            let lo = hex_value(pair[1]).ok_or(QueueIdError)?;
             *byte = hi << 4 | lo;
         }
         Ok(QueueId(bytes))
@@ -134,7 +140,7 @@ mod tests {
             b"+a074979f3201edbf323b6425fef4a53",
             "é074979f3201edbf323b6425fef4a5".as_bytes(),
         ] {
-            assert_eq!(QueueId::parse_hex(bad), Err(HeaderError::BadId), "{bad:?}");
+            assert_eq!(QueueId::parse_hex(bad), Err(QueueIdError), "{bad:?}");
         }
     }
 

@@ -95,7 +95,7 @@ use crate::expiring::ExpiringMap;
 use ranks::{Ranks, Sums};
 
 pub use headers::{HeaderError, LegacyStatus, QueueVersion, QueuedStatus, XQueue};
-pub use id::{IdGenerator, QueueId};
+pub use id::{IdGenerator, QueueId, QueueIdError};
 pub use remanence::RemanenceError;
 
 /// The `X-Queue` header.

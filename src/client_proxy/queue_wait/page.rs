@@ -21,7 +21,7 @@ use http::{Method, Response, StatusCode};
 
 use super::place::Dialect;
 use crate::client_proxy::transfer::full;
-use crate::server::ProxyBody;
+use crate::http::server::ProxyBody;
 
 /// How soon the page reloads itself.
 pub const PAGE_REFRESH: Duration = Duration::from_secs(5);

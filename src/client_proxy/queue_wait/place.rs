@@ -94,7 +94,8 @@ impl Place {
                 earliest: retry_after.unwrap_or(DEFAULT_RETRY),
                 latest: None,
                 id: Some(id),
-                held: version == Version::HTTP_11 && !crate::http::closes_connection(headers),
+                held: version == Version::HTTP_11
+                    && !crate::http::headers::closes_connection(headers),
             });
         }
         let mut legacy: Option<LegacyStatus> = None;

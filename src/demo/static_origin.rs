@@ -37,7 +37,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use crate::server::{BodyError, Handler, ProxyBody};
+use crate::http::server::{BodyError, Handler, ProxyBody};
 
 /// Largest chunk read from a file and sent as one body frame (bytes).
 const CHUNK_LEN: usize = 64 << 10;

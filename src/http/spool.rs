@@ -39,7 +39,7 @@ use bytes::{Bytes, BytesMut};
 use hyper::body::Frame;
 use tokio::sync::{mpsc, watch};
 
-use crate::server::BodyError;
+use crate::http::server::BodyError;
 
 /// Bytes written, hashed and read back at a time.
 pub const PAGE: usize = 32 << 10;
@@ -467,7 +467,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
-    use crate::server::ReceiverStream;
+    use crate::http::server::ReceiverStream;
 
     /// A budget no test here reaches.
     fn disk() -> SpoolDisk {

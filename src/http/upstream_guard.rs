@@ -32,8 +32,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-use crate::head_guard::{ResponseFraming, Violation};
-use crate::server::{BodyError, ProxyBody};
+use crate::http::head_guard::{ResponseFraming, Violation};
+use crate::http::server::{BodyError, ProxyBody};
 
 /// The error under the I/O error of a read that broke the response
 /// framing rules.
@@ -300,7 +300,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::head_guard::Reason;
+    use crate::http::head_guard::Reason;
 
     const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
 

@@ -6,7 +6,10 @@
 //! disk and reported: bytes the user agent got, bytes that crossed the
 //! hsync link, what gzip -9 would have sent, and the digests.
 //!
-//! Main items: [`DemoOptions`], [`run`], [`Fetch`].
+//! Main items: [`DemoOptions`], [`run`], [`Fetch`]; the origin is
+//! [`static_origin::StaticOrigin`].
+
+pub mod static_origin;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -23,8 +26,8 @@ use crate::accelerator::{Accelerator, AcceleratorConfig};
 use crate::cache::CacheStore;
 use crate::client_proxy::{ClientConfig, ClientProxy};
 use crate::config::ClientSettings;
-use crate::server::{ConnectionLimits, Handler, serve};
-use crate::static_origin::StaticOrigin;
+use crate::http::server::{ConnectionLimits, Handler, serve};
+use static_origin::StaticOrigin;
 
 /// What the demo serves and fetches.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! The accept loop and per-connection HTTP/1.1 serving both roles share.
 //! Per-connection code takes any `AsyncRead + AsyncWrite` (a TCP stream, or
-//! inetd's stdin/stdout: [`crate::inetd`]), and a role is a [`Handler`].
+//! inetd's stdin/stdout: [`crate::http::inetd`]), and a role is a [`Handler`].
 //!
 //! Over TLS ([`serve_tls`]), ALPN picks HTTP/2 or HTTP/1.1.
 
@@ -29,9 +29,9 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use crate::head_guard::{Framing, Part, Violation};
-use crate::http::{check_request_head, strip_unkeyed};
-use crate::tls::TlsSession;
+use crate::http::head_guard::{Framing, Part, Violation};
+use crate::http::headers::{check_request_head, strip_unkeyed};
+use crate::http::tls::TlsSession;
 
 /// The error type of response bodies: whatever stopped the stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -235,10 +235,10 @@ pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody>
     response
 }
 
-/// The number of hops a `Via` list names (read as [`crate::http`] reads it
+/// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
 /// for loops, so the two checks agree on what an entry is).
 pub fn via_hops(headers: &http::HeaderMap) -> usize {
-    crate::http::via_entries(headers).count()
+    crate::http::headers::via_entries(headers).count()
 }
 
 /// What every request passes before its role sees it: the limits and

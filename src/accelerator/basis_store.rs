@@ -26,7 +26,7 @@ use http::{Method, StatusCode};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::freshness::{Storability, storability};
+use crate::cache::freshness::{Storability, storability};
 
 /// `Set-Cookie2` (RFC 2965, obsolete but still sent by some servers).
 const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");

@@ -5,7 +5,7 @@
 //! QUEUE callbacks and writes the queue to disk (remanence) so a restart
 //! keeps the places.
 //!
-//! Auth is checked before any of this ([`crate::auth::AuthGate`] wraps
+//! Auth is checked before any of this ([`crate::http::auth::AuthGate`] wraps
 //! the accelerator), so an unauthenticated flood takes no place.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -19,12 +19,14 @@ use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
+use crate::http::server::{
+    ConnectionNumber, HoldConnection, Peer, ProxyBody, counted, text_response,
+};
 use crate::queue::headers::{parse_offer, parse_x_node, parse_x_queued};
 use crate::queue::{
     Admission, Completion, ConnectionId, IdGenerator, QueueConfig, QueueRequest, ReplyForm,
     UploadQueue, X_NODE, X_QUEUE, X_QUEUED,
 };
-use crate::server::{ConnectionNumber, HoldConnection, Peer, ProxyBody, counted, text_response};
 
 /// How often entries are lapsed, callbacks made and the queue saved.
 const TICK: Duration = Duration::from_secs(1);
@@ -111,7 +113,7 @@ impl Slots {
             peer,
             connection: ConnectionId(connection),
             persistent: request.version() == http::Version::HTTP_11
-                && !crate::http::closes_connection(headers),
+                && !crate::http::headers::closes_connection(headers),
             offer: value(&X_QUEUE).and_then(|v| parse_offer(v).ok()),
             queued: value(&X_QUEUED).and_then(|v| parse_x_queued(v).ok()),
             node: value(&X_NODE).and_then(|v| parse_x_node(v).ok()),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use crate::server::{ConnectionLimits, Handler, serve_connection};
+use crate::http::server::{ConnectionLimits, Handler, serve_connection};
 
 /// What the process was given on descriptor 0.
 pub enum Stdio {

@@ -44,7 +44,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::server::{Handler, Peer, ProxyBody, text_response};
+use crate::http::server::{Handler, Peer, ProxyBody, text_response};
 
 mod budget;
 
@@ -534,7 +534,7 @@ impl<H: Handler> Handler for AuthGate<H> {
         self.admit(request)
     }
 
-    fn connection_closed(&self, number: crate::server::ConnectionNumber) {
+    fn connection_closed(&self, number: crate::http::server::ConnectionNumber) {
         self.role.connection_closed(number);
     }
 }

@@ -25,7 +25,7 @@
 //! digits (blanks only before a `;`), a control byte in an extension, data
 //! longer than its size, a bare CR or LF.
 //!
-//! What it leaves to hyper and to [`crate::http::check_request_head`]: the
+//! What it leaves to hyper and to [`crate::http::headers::check_request_head`]: the
 //! request line's shape and version, `Host`, underscores in names, sizes
 //! and counts (431, 414). Two identical `Content-Length` fields count as
 //! one, as hyper takes them.

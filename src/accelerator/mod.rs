@@ -32,11 +32,15 @@
 //!
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
+pub mod basis_store;
+pub mod pace;
+pub mod slots;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
+use crate::http::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -47,25 +51,25 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::basis_store::{BasisStore, shareable};
-use crate::freshness::Storability;
+use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
-use crate::http::{
+use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
-use crate::pace::{Pacer, WindowCost};
-use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
-use crate::server::{
+use crate::http::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
     malformed_request_body, text_response,
 };
-use crate::slots::{Admitted, Slots};
-use crate::spool::{BodyFeed, Spool, SpoolDisk};
-use crate::tls::TlsSession;
-use crate::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
+use crate::http::spool::{BodyFeed, Spool, SpoolDisk};
+use crate::http::tls::TlsSession;
+use crate::http::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
+use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
+use basis_store::{BasisStore, shareable};
 use hyper_util::client::legacy::connect::capture_connection;
+use pace::{Pacer, WindowCost};
+use slots::{Admitted, Slots};
 
 /// Accelerator settings, validated.
 #[derive(Debug, Clone)]
@@ -77,7 +81,7 @@ pub struct AcceleratorConfig {
     /// Encoder settings.
     pub encoder: EncoderOptions,
     /// Past the high-level budget, entropy-code literals only while that
-    /// is faster than sending them without (see [`crate::pace`]); false
+    /// is faster than sending them without (see [`pace`]); false
     /// codes them always.
     pub adapt_entropy_coding: bool,
     /// Largest origin body encoded (bytes); larger ones pass through.
@@ -96,7 +100,7 @@ pub struct AcceleratorConfig {
     /// cookie-setting responses and answers to requests with credentials.
     /// Off by default: the store is then an oracle, since a client naming
     /// a body's hash learns from the codec whether someone was served it
-    /// (D-B3, see [`crate::basis_store::shareable`]).
+    /// (D-B3, see [`basis_store::shareable`]).
     pub basis_store_private: bool,
     /// Upload slots and their queue (issue 5); `None` serves every request
     /// at once.
@@ -110,7 +114,7 @@ pub struct AcceleratorConfig {
     /// (D-S6).
     pub max_encoders: usize,
     /// Where a coded body is parked for a client that stopped reading
-    /// (see [`crate::spool`]).
+    /// (see [`crate::http::spool`]).
     pub spool_dir: std::path::PathBuf,
     /// Most bytes of a coded body parked ahead of its reader (0: never
     /// parked; the encoder then waits for the reader, holding its state).
@@ -120,7 +124,7 @@ pub struct AcceleratorConfig {
     pub max_spool_total: u64,
     /// Memory that streamed codings hold at once (bytes; 0: no bound):
     /// past it, a coded response waits for its turn before reading its
-    /// origin body (see [`crate::transfer_memory`]).
+    /// origin body (see [`crate::http::transfer_memory`]).
     pub transfer_memory: u64,
 }
 
@@ -233,7 +237,8 @@ impl Accelerator {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        let client = crate::server::upstream_client_builder().build(FramedHttpConnector(connector));
+        let client =
+            crate::http::server::upstream_client_builder().build(FramedHttpConnector(connector));
         let bodies = Arc::new(BasisStore::new(
             config.basis_store_bytes,
             config.max_stored_body,

@@ -1,0 +1,177 @@
+//! What the client proxy counts and logs: the counters `GET /.rproxy/stats`
+//! answers with ([`ClientStats`], [`StatsSnapshot`]) and the one summary
+//! line each relayed request writes when its body ends ([`record`]).
+//! Leaves out deciding anything: the request path calls in here.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use http::StatusCode;
+use http::header::HeaderValue;
+
+use super::queue_wait::WaitView;
+use super::transfer::Report;
+
+/// The path where the proxy answers with its counters as JSON.
+pub const STATS_PATH: &str = "/.rproxy/stats";
+
+/// Counters for `GET /.rproxy/stats`.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    pub(super) requests: AtomicU64,
+    pub(super) hits: AtomicU64,
+    pub(super) misses: AtomicU64,
+    pub(super) revalidated: AtomicU64,
+    pub(super) coalesced: AtomicU64,
+    pub(super) deltas: AtomicU64,
+    pub(super) passed: AtomicU64,
+    pub(super) stored: AtomicU64,
+    pub(super) partial_stored: AtomicU64,
+    pub(super) digest_failures: AtomicU64,
+    pub(super) upstream_errors: AtomicU64,
+    pub(super) queue_waits: AtomicU64,
+    pub(super) queue_waiting: AtomicU64,
+    pub(super) signature_bytes: AtomicU64,
+    pub(super) memory_bases: AtomicU64,
+    pub(super) upstream_bytes: AtomicU64,
+    pub(super) downstream_bytes: AtomicU64,
+    /// The cache store's own counter.
+    pub(super) cache_write_errors: Arc<AtomicU64>,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatsSnapshot {
+    /// Requests received.
+    pub requests: u64,
+    /// Answered from the cache (fresh, or revalidated with a 304).
+    pub hits: u64,
+    /// Forwarded upstream for a body.
+    pub misses: u64,
+    /// Stale entries revalidated upstream.
+    pub revalidated: u64,
+    /// Requests that waited for an identical one and were served from its
+    /// entry.
+    pub coalesced: u64,
+    /// Responses that came as hsync streams.
+    pub deltas: u64,
+    /// Requests passed through uncached.
+    pub passed: u64,
+    /// Entries committed.
+    pub stored: u64,
+    /// Partial entries committed after an interrupted transfer.
+    pub partial_stored: u64,
+    /// Transfers that failed a digest or stream check.
+    pub digest_failures: u64,
+    /// Upstream unreachable or silent.
+    pub upstream_errors: u64,
+    /// Waits in the upstream's queue for an upload slot (one per
+    /// `Retry-After`).
+    pub queue_waits: u64,
+    /// Requests waiting in the upstream's queue now.
+    #[serde(default)]
+    pub queue_waiting: u64,
+    /// Bytes of basis signatures sent upstream (decoded).
+    pub signature_bytes: u64,
+    /// Bases offered from the memory cache (no file opened).
+    #[serde(default)]
+    pub memory_bases: u64,
+    /// Body bytes received from upstream (coded, as on the link).
+    pub upstream_bytes: u64,
+    /// Body bytes sent to user agents.
+    pub downstream_bytes: u64,
+    /// File-system errors while storing (a full disk, say): those
+    /// responses were served but not stored.
+    pub cache_write_errors: u64,
+}
+
+impl ClientStats {
+    pub(super) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            requests: get(&self.requests),
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            revalidated: get(&self.revalidated),
+            coalesced: get(&self.coalesced),
+            deltas: get(&self.deltas),
+            passed: get(&self.passed),
+            stored: get(&self.stored),
+            partial_stored: get(&self.partial_stored),
+            digest_failures: get(&self.digest_failures),
+            upstream_errors: get(&self.upstream_errors),
+            queue_waits: get(&self.queue_waits),
+            queue_waiting: get(&self.queue_waiting),
+            signature_bytes: get(&self.signature_bytes),
+            memory_bases: get(&self.memory_bases),
+            upstream_bytes: get(&self.upstream_bytes),
+            downstream_bytes: get(&self.downstream_bytes),
+            cache_write_errors: get(&self.cache_write_errors),
+        }
+    }
+
+    /// The counters and the requests waiting in the upstream's queue
+    /// (`queue`) as a JSON object.
+    pub fn to_json(&self, waiting: &[WaitView]) -> String {
+        #[derive(serde::Serialize)]
+        struct Stats<'a> {
+            #[serde(flatten)]
+            counters: StatsSnapshot,
+            queue: &'a [WaitView],
+        }
+        let stats = Stats {
+            counters: self.snapshot(),
+            queue: waiting,
+        };
+        serde_json::to_string(&stats).expect("integers and strings serialise") + "\n"
+    }
+}
+
+/// What the one log line of a relayed request says, besides the report.
+pub(super) struct RequestLog {
+    pub(super) url: String,
+    pub(super) status: StatusCode,
+    pub(super) cache: HeaderValue,
+    pub(super) basis: Option<String>,
+    pub(super) hsync: bool,
+    pub(super) started: Instant,
+}
+
+/// When the request arrived (a request extension).
+#[derive(Clone, Copy)]
+pub(super) struct Started(pub(super) Instant);
+
+/// Marks a response whose log line is written when its body ends.
+#[derive(Clone, Copy)]
+pub(super) struct LoggedAtEnd;
+
+pub(super) fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
+    ClientStats::add(&stats.upstream_bytes, report.upstream_bytes);
+    match &report.outcome {
+        super::transfer::Outcome::Complete { stored: true } => ClientStats::add(&stats.stored, 1),
+        super::transfer::Outcome::Interrupted {
+            partial_stored: true,
+        } => ClientStats::add(&stats.partial_stored, 1),
+        super::transfer::Outcome::Corrupt { .. } => ClientStats::add(&stats.digest_failures, 1),
+        _ => {}
+    }
+    tracing::info!(
+        method = "GET",
+        url = %log.url,
+        status = log.status.as_u16(),
+        cache = log.cache.to_str().unwrap_or(""),
+        coding = if log.hsync { "hsync" } else { "identity" },
+        basis = log.basis.as_deref().unwrap_or("-"),
+        upstream_bytes = report.upstream_bytes,
+        body_bytes = report.body_bytes,
+        outcome = ?report.outcome,
+        ms = log.started.elapsed().as_secs_f64() * 1e3,
+        "request"
+    );
+}

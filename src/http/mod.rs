@@ -1,0 +1,24 @@
+//! The HTTP layer both roles share: how a request arrives and is checked,
+//! the header rules every hop follows, and how a body travels. A role is a
+//! [`server::Handler`]; nothing here knows about deltas, caches or queues.
+//!
+//! - [`server`]: the accept loop, per-connection serving, limits, refusals.
+//! - [`inetd`]: the one connection on stdin/stdout.
+//! - [`head_guard`], [`upstream_guard`]: HTTP/1.1 framing checked on the raw
+//!   bytes, of requests and of upstream responses.
+//! - [`headers`]: pure functions over header maps (hsync names, hop-by-hop,
+//!   `Via` read and written in one place, `Max-Forwards`).
+//! - [`auth`]: the users file and the gate in front of a role.
+//! - [`tls`]: rustls configurations for both ends of the hsync link.
+//! - [`spool`], [`transfer_memory`]: a body parked on disk for a reader that
+//!   stopped reading, and the budget streamed codings share.
+
+pub mod auth;
+pub mod head_guard;
+pub mod headers;
+pub mod inetd;
+pub mod server;
+pub mod spool;
+pub mod tls;
+pub mod transfer_memory;
+pub mod upstream_guard;
