@@ -4,8 +4,8 @@
 //!
 //! Everything takes header maps and Unix seconds and returns values; the
 //! caller reads the clock and passes `now`. Main items: [`CacheControl`],
-//! [`storability`], [`freshness_lifetime`], [`current_age`], [`reuse`],
-//! [`may_serve_stale_on_error`], [`conditional_headers`],
+//! [`storability`], [`freshness_lifetime`], [`current_age`] (both at once:
+//! [`Age`]), [`reuse`], [`may_serve_stale_on_error`], [`conditional_headers`],
 //! [`merge_not_modified`], [`invalidates`] and the RFC 9211 [`CacheStatus`].
 //!
 //! Deliberately conservative where RFC 9111 allows a choice:
@@ -356,6 +356,39 @@ pub fn current_age(response: &HeaderMap, request_time: u64, response_time: u64, 
     let corrected_initial_age = apparent_age.max(corrected_age_value);
     let resident_time = now.saturating_sub(response_time);
     corrected_initial_age.saturating_add(resident_time)
+}
+
+/// A stored response's current age and freshness lifetime, in seconds:
+/// what [`reuse`] and [`may_serve_stale_on_error`] weigh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Age {
+    /// Its current age ([`current_age`]).
+    pub current: u64,
+    /// How long it stays fresh ([`freshness_lifetime`]).
+    pub lifetime: u64,
+}
+
+impl Age {
+    /// The age and lifetime of a response stored at `stored_at` (the
+    /// exchange that fetched or last revalidated it, taken as both its
+    /// request and its response time), at `now`.
+    pub fn of_stored(
+        status: StatusCode,
+        stored: &HeaderMap,
+        stored_at: u64,
+        now: u64,
+        shared: bool,
+    ) -> Age {
+        Age {
+            current: current_age(stored, stored_at, stored_at, now),
+            lifetime: freshness_lifetime(status, stored, stored_at, shared),
+        }
+    }
+
+    /// Seconds of freshness left; negative once stale (RFC 9211's `ttl`).
+    pub fn ttl(&self) -> i64 {
+        self.lifetime as i64 - self.current as i64
+    }
 }
 
 /// What to do with a stored response for a new request.

@@ -46,7 +46,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
-use crate::cache::freshness::{self, CacheControl, CacheStatus, Forward, Reuse, Storability};
+use crate::cache::freshness::{self, Age, CacheControl, CacheStatus, Forward, Reuse, Storability};
 use crate::cache::{CacheKey, CacheScope, CacheStore, Completeness, Entry, NewEntry};
 use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::headers::{
@@ -249,6 +249,12 @@ impl ClientProxy {
 
     fn is_shared(&self) -> bool {
         self.config.scope == CacheScope::Shared
+    }
+
+    /// A stored response's age and freshness lifetime at `now`, as this
+    /// cache (shared or private) counts them.
+    fn age_of(&self, status: StatusCode, stored: &HeaderMap, stored_at: u64, now: u64) -> Age {
+        Age::of_stored(status, stored, stored_at, now, self.is_shared())
     }
 
     /// The absolute URL of a request, or why it cannot be served (P-12).
@@ -463,14 +469,17 @@ impl ClientProxy {
         }
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
-        let now = unix_now();
-        let age = freshness::current_age(&stored, entry.meta.stored_at, entry.meta.stored_at, now);
-        let lifetime =
-            freshness::freshness_lifetime(status, &stored, entry.meta.stored_at, self.is_shared());
-        match freshness::reuse(&parts.headers, &stored, age, lifetime, self.is_shared()) {
+        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
+        match freshness::reuse(
+            &parts.headers,
+            &stored,
+            age.current,
+            age.lifetime,
+            self.is_shared(),
+        ) {
             Reuse::Serve => {
                 match self
-                    .respond_from_entry(entry, stored, age, parts, CacheStatus::hit(), true)
+                    .respond_from_entry(entry, stored, age.current, parts, CacheStatus::hit(), true)
                     .await
                 {
                     Ok(response) => {
@@ -499,19 +508,12 @@ impl ClientProxy {
             return None;
         }
         let status = StatusCode::from_u16(entry.status).ok()?;
-        let now = unix_now();
-        let age = freshness::current_age(&entry.headers, entry.stored_at, entry.stored_at, now);
-        let lifetime = freshness::freshness_lifetime(
-            status,
-            &entry.headers,
-            entry.stored_at,
-            self.is_shared(),
-        );
+        let age = self.age_of(status, &entry.headers, entry.stored_at, unix_now());
         let reuse = freshness::reuse(
             &parts.headers,
             &entry.headers,
-            age,
-            lifetime,
+            age.current,
+            age.lifetime,
             self.is_shared(),
         );
         if reuse != Reuse::Serve {
@@ -521,7 +523,7 @@ impl ClientProxy {
         let head = self.stored_head(
             status,
             entry.headers.clone(),
-            age,
+            age.current,
             parts,
             CacheStatus::hit(),
             entry.body.len() as u64,
@@ -994,7 +996,9 @@ impl ClientProxy {
             }
         })
         .await;
-        let age = freshness::current_age(&merged, now, now, now);
+        // Revalidated just now: aged from this exchange.
+        let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
+        let age = self.age_of(status, &merged, now, now).current;
         // As the store now describes it (the memory cache checks that).
         let mut entry = entry;
         entry.meta = kept_meta;
@@ -1041,26 +1045,22 @@ impl ClientProxy {
     ) -> Option<Response<ProxyBody>> {
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).ok()?;
-        let now = unix_now();
-        let age = freshness::current_age(&stored, entry.meta.stored_at, entry.meta.stored_at, now);
-        let lifetime =
-            freshness::freshness_lifetime(status, &stored, entry.meta.stored_at, self.is_shared());
+        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
         if !freshness::may_serve_stale_on_error(
             &parts.headers,
             &stored,
-            age,
-            lifetime,
+            age.current,
+            age.lifetime,
             self.is_shared(),
         ) {
             return None;
         }
-        let ttl = lifetime as i64 - age as i64;
         self.respond_from_entry(
             entry,
             stored,
-            age,
+            age.current,
             parts,
-            CacheStatus::stale_on_error(upstream_status, ttl),
+            CacheStatus::stale_on_error(upstream_status, age.ttl()),
             false,
         )
         .await
