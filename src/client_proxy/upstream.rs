@@ -1,4 +1,11 @@
-//! The client proxy's way upstream: two pooled hyper clients that both
+//! The client proxy's way upstream, the one place a trip upstream happens:
+//! the request as it goes ([`ClientProxy::outbound`]: Via, credentials,
+//! Host, the target's form), one send on a pooled or a held connection, and
+//! the answer's head checked within the upstream timeout
+//! ([`ClientProxy::checked`]). The queue wait on the way is
+//! [`super::queue_wait`]'s.
+//!
+//! Underneath: two pooled hyper clients that both
 //! connect to the configured upstream (the accelerator, or any HTTP server
 //! or proxy), one sending origin-form targets (gateway requests) and one
 //! absolute-form (forward-proxy requests, so the accelerator can refuse a
@@ -25,8 +32,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
 use http::uri::Authority;
-use http::{Request, Response, Uri};
+use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{
@@ -38,9 +47,10 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
+use super::{ClientProxy, ClientStats, Target};
 use crate::expiring::ExpiringMap;
-use crate::http::headers::{HSYNC_ACCEPT, check_response_head};
-use crate::http::server::ProxyBody;
+use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
+use crate::http::server::{ProxyBody, malformed_request_body};
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
@@ -530,6 +540,132 @@ impl hyper::rt::Write for UpstreamStream {
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
+}
+
+impl ClientProxy {
+    /// The request as it goes upstream.
+    pub(super) fn outbound(
+        &self,
+        parts: &Parts,
+        mut headers: HeaderMap,
+        target: &Target,
+        body: ProxyBody,
+    ) -> Request<ProxyBody> {
+        add_via(&mut headers, &self.config.via_name);
+        if let Some(credentials) = &self.config.upstream_credentials {
+            headers.insert(header::PROXY_AUTHORIZATION, credentials.clone());
+        }
+        let authority = target.url.authority().expect("targets are absolute");
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header"),
+        );
+        let mut request = Request::new(body);
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = target.url.clone();
+        if !target.forward {
+            // Gateway requests go to the upstream itself.
+            *request.uri_mut() = Uri::builder()
+                .scheme(self.upstream_scheme.clone())
+                .authority(self.upstream_authority.clone())
+                .path_and_query(target.url.path_and_query().expect("absolute").clone())
+                .build()
+                .expect("scheme, authority and path are valid");
+        }
+        *request.headers_mut() = headers;
+        request
+    }
+
+    /// Sends a request upstream once, on a pooled connection (the queue
+    /// is [`Self::send`]'s).
+    pub(super) async fn send_once(
+        &self,
+        request: Request<ProxyBody>,
+        target: &Target,
+    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+        self.checked(self.upstream.send(request, target.forward))
+            .await
+    }
+
+    /// The upstream's answer to a request `sent` (pooled or on a held
+    /// connection), within the upstream timeout and checked; `Err` is the
+    /// status and message for the user agent. After a malformed head the
+    /// connection must not be used again (`Upstream::send` sees to it for
+    /// pooled ones).
+    pub(super) async fn checked<E: std::error::Error + 'static>(
+        &self,
+        sent: impl Future<Output = Result<Response<Incoming>, E>>,
+    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+        match tokio::time::timeout(self.config.upstream_timeout, sent).await {
+            // The upstream's challenge is for us, not for the user agent
+            // (whose credentials never go upstream): a gateway error.
+            Ok(Ok(response)) if response.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+                ClientStats::add(&self.stats.upstream_errors, 1);
+                let what = if self.config.upstream_credentials.is_some() {
+                    "refused our credentials (check --upstream-user and its password)"
+                } else {
+                    "wants proxy credentials (give --upstream-user)"
+                };
+                Err((
+                    StatusCode::BAD_GATEWAY,
+                    format!("upstream {} {what}", self.upstream_authority),
+                ))
+            }
+            Ok(Ok(mut response)) => {
+                if let Err(message) = check_response_head(response.headers()) {
+                    ClientStats::add(&self.stats.upstream_errors, 1);
+                    return Err((
+                        StatusCode::BAD_GATEWAY,
+                        format!("upstream {}: {message}", self.upstream_authority),
+                    ));
+                }
+                // The reason phrase is the upstream's; ours comes from the
+                // status (P-18).
+                response
+                    .extensions_mut()
+                    .remove::<hyper::ext::ReasonPhrase>();
+                Ok(response)
+            }
+            Ok(Err(e)) if let Some(violation) = malformed_request_body(&e) => {
+                Err((StatusCode::BAD_REQUEST, violation.reason.to_string()))
+            }
+            Ok(Err(e)) => {
+                ClientStats::add(&self.stats.upstream_errors, 1);
+                Err((
+                    StatusCode::BAD_GATEWAY,
+                    format!(
+                        "upstream {} unreachable: {}",
+                        self.upstream_authority,
+                        error_chain(&e)
+                    ),
+                ))
+            }
+            Err(_) => {
+                ClientStats::add(&self.stats.upstream_errors, 1);
+                Err((
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!(
+                        "upstream {} sent no response head within {:?}",
+                        self.upstream_authority, self.config.upstream_timeout
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// An error and its sources, `: `-separated (hyper's client errors say
+/// little more than "Connect" on their own; the cause, such as a
+/// certificate the upstream's name does not match, is in the chain).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

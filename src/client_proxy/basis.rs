@@ -1,0 +1,137 @@
+//! Which cached body goes upstream as the basis of a fetch (DESIGN.md's
+//! second question): the same URL's stale or partial entry, else the
+//! longest-prefix entry of the same origin ([`crate::cache::select_basis`]),
+//! from memory when the memory cache holds it; and its signature, cut to
+//! what the upstream accepts.
+//!
+//! Leaves out: whether a stored response may be served at all
+//! ([`super::hit`]) and decoding against the basis ([`super::transfer`]).
+//!
+//! Main types: [`BasisOffer`], [`BasisBody`].
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+
+use super::{ClientProxy, ClientStats};
+use crate::cache::{CacheKey, Entry};
+use crate::http::headers::byte_sequence;
+
+/// The basis sent upstream.
+pub(super) struct BasisOffer {
+    pub(super) key: CacheKey,
+    /// The body the signature describes, even if the entry is replaced
+    /// meanwhile (D-A7).
+    pub(super) body: BasisBody,
+    /// `Hsync-Basis`.
+    pub(super) name: HeaderValue,
+    /// `Hsync-Signature`, cut to the budget.
+    pub(super) signature: HeaderValue,
+    /// Its length, decoded.
+    pub(super) signature_len: usize,
+}
+
+/// Where a basis's bytes are.
+pub(super) enum BasisBody {
+    /// The entry's body file, kept open.
+    File(std::fs::File),
+    /// The memory cache's copy.
+    Memory(Bytes),
+}
+
+impl ClientProxy {
+    /// Picks the basis for `key`: the stale or partial entry of the same
+    /// URL, else the longest-prefix entry of the same origin.
+    pub(super) async fn choose_basis(
+        &self,
+        key: &CacheKey,
+        same_url: Option<&Entry>,
+    ) -> Option<BasisOffer> {
+        let budget = self.signature_budget();
+        if let Some(entry) = same_url {
+            // D-B1: an entry kept for one user (Authorization, Set-Cookie,
+            // private) is never another request's basis, even for its URL.
+            let usable = entry.meta.shareable_as_basis || !self.is_shared();
+            return usable.then(|| basis_offer(entry, budget)).flatten();
+        }
+        // The choice is made in memory; only reading the entry needs a
+        // thread, unless the memory cache holds it.
+        let candidate = self.store.basis(key, self.config.scope)?;
+        if let Some(hot) = self.hot.get(candidate.key.digest().as_bytes(), &candidate)
+            && hot.is_intact()
+            && let Some(signature) = cut_signature(&hot.signature, budget)
+        {
+            ClientStats::add(&self.stats.memory_bases, 1);
+            return Some(BasisOffer {
+                name: byte_sequence(candidate.body_blake3.as_bytes()),
+                signature: byte_sequence(signature),
+                signature_len: signature.len(),
+                key: candidate.key,
+                body: BasisBody::Memory(hot.body.clone()),
+            });
+        }
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let entry = store.get(&candidate.key)?;
+            basis_offer(&entry, budget)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Signature bytes to send: what the upstream advertised, within our
+    /// own cap, else the default.
+    fn signature_budget(&self) -> usize {
+        self.upstream
+            .advertised()
+            .map_or(self.config.default_signature_bytes, |advertised| {
+                advertised
+                    .max_signature
+                    .min(self.config.max_signature_bytes)
+            })
+    }
+}
+
+/// The `Hsync-Basis` and cut `Hsync-Signature` for an entry, or `None` when
+/// it has no usable signature.
+fn basis_offer(entry: &Entry, budget: usize) -> Option<BasisOffer> {
+    let signature = cut_signature(&entry.signature, budget)?;
+    let digest = entry.meta.body_digest().ok()?;
+    Some(BasisOffer {
+        key: entry.meta.key().ok()?,
+        body: BasisBody::File(entry.body.try_clone().ok()?),
+        name: byte_sequence(digest.as_bytes()),
+        signature: byte_sequence(signature),
+        signature_len: signature.len(),
+    })
+}
+
+/// The signature cut to `budget` bytes at an entry boundary (the
+/// accelerator uses the blocks it gets); `None` when not even the header
+/// and one entry fit, or the signature is malformed.
+fn cut_signature(signature: &[u8], budget: usize) -> Option<&[u8]> {
+    const HEADER: usize = crate::hsync::SIGNATURE_HEADER_LEN;
+    let strong_len = u32::from_be_bytes(signature.get(8..12)?.try_into().ok()?) as usize;
+    if !(8..=32).contains(&strong_len) {
+        return None;
+    }
+    let entry_len = 4 + strong_len;
+    let room = budget.min(signature.len()).checked_sub(HEADER)?;
+    let entries = room / entry_len;
+    (entries > 0).then(|| &signature[..HEADER + entries * entry_len])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_cut_at_entry_boundaries() {
+        let mut sig = vec![0x72, 0x73, 0x01, 0x36, 0, 0, 4, 0, 0, 0, 0, 8];
+        sig.extend(std::iter::repeat_n(7u8, 12 * 10));
+        assert_eq!(cut_signature(&sig, 1000).unwrap().len(), sig.len());
+        assert_eq!(cut_signature(&sig, 12 + 12 * 3 + 5).unwrap().len(), 12 + 36);
+        assert_eq!(cut_signature(&sig, 20), None, "not one entry");
+        assert_eq!(cut_signature(&sig[..10], 1000), None, "no header");
+    }
+}

@@ -1,0 +1,118 @@
+//! What goes through uncached: HEAD misses and methods other than GET and
+//! HEAD, streamed both ways; a successful unsafe method invalidates the
+//! URL's entries (RFC 9111 §4.4). hsync never reaches a user agent as a
+//! content coding on these paths (P-25).
+//!
+//! Leaves out: GET misses, which are fetched with the hsync offer and may
+//! be stored ([`super::fetch`]).
+
+use std::sync::Arc;
+
+use http::header;
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::entry::{invalidate, strip_vary};
+use super::fetch::{HsyncCoded, hsync_coded};
+use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, error};
+use crate::cache::CacheKey;
+use crate::cache::freshness::{self, CacheStatus, Forward};
+use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, add_via, strip_hop_by_hop};
+use crate::http::server::{BodyError, ProxyBody};
+
+impl ClientProxy {
+    /// HEAD misses: passed through as they are.
+    pub(super) async fn pass(
+        &self,
+        parts: Parts,
+        body: Incoming,
+        target: Target,
+    ) -> Response<ProxyBody> {
+        ClientStats::add(&self.stats.passed, 1);
+        let headers = parts.headers.clone();
+        let outbound = self.outbound(
+            &parts,
+            headers,
+            &target,
+            body.map_err(BodyError::from).boxed(),
+        );
+        match self.send(outbound, &target).await {
+            Ok(response) => self.relay_plain(
+                &parts.method,
+                response,
+                CacheStatus::forwarded(Forward::Miss),
+            ),
+            Err((status, message)) => error(status, message),
+        }
+    }
+
+    /// Methods other than GET and HEAD: through, and a success invalidates
+    /// the stored entry (RFC 9111 §4.4, P-23).
+    pub(super) async fn pass_unsafe(
+        self: Arc<Self>,
+        parts: Parts,
+        body: Incoming,
+        target: Target,
+        key: CacheKey,
+    ) -> Response<ProxyBody> {
+        ClientStats::add(&self.stats.passed, 1);
+        let headers = parts.headers.clone();
+        let outbound = self.outbound(
+            &parts,
+            headers,
+            &target,
+            body.map_err(BodyError::from).boxed(),
+        );
+        let response = match self.send(outbound, &target).await {
+            Ok(response) => response,
+            Err((status, message)) => return error(status, message),
+        };
+        if freshness::invalidates(&parts.method, response.status()) {
+            let store = self.store.clone();
+            let _ = tokio::task::spawn_blocking(move || invalidate(&store, &key)).await;
+        }
+        self.relay_plain(
+            &parts.method,
+            response,
+            CacheStatus::forwarded(Forward::Method),
+        )
+    }
+
+    /// An upstream answer passed through as it is, but that hsync never
+    /// reaches a user agent as a content coding (P-25): we did not offer
+    /// it on these paths, so a coded body is an upstream's mistake (502),
+    /// and a HEAD answer loses the coding and the coded length.
+    fn relay_plain(
+        &self,
+        method: &Method,
+        response: Response<Incoming>,
+        outcome: CacheStatus,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = response.into_parts();
+        parts.version = http::Version::HTTP_11;
+        if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
+            return error(StatusCode::BAD_GATEWAY, format!("upstream response: {e}"));
+        }
+        if hsync_coded(&parts.headers) != HsyncCoded::No {
+            if *method != Method::HEAD {
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream sent an hsync body that was not asked for".into(),
+                );
+            }
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        for name in [HSYNC_BASIS, HSYNC_ACCEPT, HSYNC_SIGNATURE] {
+            parts.headers.remove(name);
+        }
+        strip_vary(&mut parts.headers, &["hsync-basis"]);
+        parts
+            .headers
+            .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
+        add_via(&mut parts.headers, &self.config.via_name);
+        Response::from_parts(parts, body.map_err(BodyError::from).boxed())
+    }
+}
