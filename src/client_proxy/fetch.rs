@@ -1,14 +1,17 @@
 //! Going upstream for a GET the cache could not answer: the request goes
 //! with the hsync offer, a basis ([`super::basis`]) and, for a stale entry,
-//! its validators; the answer is relayed, or a stale entry served, or
-//! refreshed by a 304.
+//! its validators. Everything the trip can end in is one [`Answer`], and
+//! [`ClientProxy::fetch`] turns each into the user agent's response in one
+//! match: a failure (or a stale entry served in its place), a 304 that
+//! refreshes the entry, an answer passed through, a body relayed, or a
+//! rebuilt body that failed its checks and is fetched once more whole.
 //!
 //! Leaves out: the trip itself and the queue wait on the way
 //! ([`super::upstream`], [`super::queue_wait`]), rebuilding, checking and
 //! storing the body ([`super::transfer`]), serving a stored entry
 //! ([`super::hit`]).
 //!
-//! Main type: [`Attempt`].
+//! Main types: [`Answer`], [`Attempt`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +20,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 
 use super::basis::{BasisBody, BasisOffer};
 use super::coalesce;
@@ -41,6 +45,65 @@ enum Attempt {
     First,
     /// After the first one's rebuilt body failed its checks.
     WithoutBasis,
+}
+
+/// What a fetch upstream ended in; [`ClientProxy::fetch_with`] answers
+/// each in one match.
+enum Answer {
+    /// No usable answer head: unreachable, timed out, refused our
+    /// credentials, malformed (the status and message for the user agent).
+    Unanswered {
+        /// The status chosen for the failure.
+        status: StatusCode,
+        /// Why.
+        message: String,
+    },
+    /// Upstream failed (no answer, or a 5xx) and the stale entry answered
+    /// instead (RFC 5861 `stale-if-error`).
+    ServedStale(Response<ProxyBody>),
+    /// A 304 to our validators: the stale entry is good again, with these
+    /// headers merged into it.
+    NotModified {
+        /// The entry revalidated.
+        entry: Entry,
+        /// The 304's headers.
+        headers: HeaderMap,
+        /// When the revalidation was asked (seconds since the epoch).
+        asked_at: u64,
+    },
+    /// An answer that can be neither used nor passed on (502): a broken
+    /// head, hsync layered with other codings, a basis we cannot read.
+    Unusable(String),
+    /// Coded against a basis we did not offer.
+    ForeignBasis,
+    /// Neither hsync-coded nor storable: passed through as it came.
+    PassedThrough(Response<ProxyBody>),
+    /// Relayed, rebuilt and checked (and stored when storable), whole or
+    /// streaming.
+    Relayed(Response<ProxyBody>),
+    /// The body rebuilt against our basis failed its checks before the
+    /// user agent saw a byte.
+    RebuiltWrong {
+        /// Why.
+        reason: String,
+    },
+    /// The body failed otherwise before the user agent saw a byte.
+    BodyFailed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// An answer head worth relaying, and what was decided about it.
+struct Relayable {
+    head: http::response::Parts,
+    body: Incoming,
+    /// Coded with hsync (against the basis offered).
+    hsync: bool,
+    /// To be stored (RFC 9111, and status 200).
+    storable: bool,
+    /// Its `Cache-Status`.
+    outcome: CacheStatus,
 }
 
 /// Request headers that make a request conditional.
@@ -76,7 +139,7 @@ impl ClientProxy {
         target: Target,
         key: CacheKey,
         stale: Option<Entry>,
-        leader: Option<coalesce::Leader>,
+        mut leader: Option<coalesce::Leader>,
         attempt: Attempt,
     ) -> Response<ProxyBody> {
         let basis = match attempt {
@@ -85,9 +148,57 @@ impl ClientProxy {
         };
         let stale_complete =
             stale.filter(|e| e.meta.completeness == Completeness::Complete && e.meta.status == 200);
+        // The leader stays until the answer is served from here, unless
+        // the answer's body carries it.
+        let answer = self
+            .ask(&parts, &target, &key, basis, stale_complete, &mut leader)
+            .await;
+        match answer {
+            Answer::Unanswered { status, message } => error(status, message),
+            Answer::ServedStale(response)
+            | Answer::PassedThrough(response)
+            | Answer::Relayed(response) => response,
+            Answer::NotModified {
+                entry,
+                headers,
+                asked_at,
+            } => self.refreshed(entry, &headers, &parts, asked_at).await,
+            Answer::Unusable(message) => error(StatusCode::BAD_GATEWAY, message),
+            Answer::ForeignBasis => {
+                ClientStats::add(&self.stats.digest_failures, 1);
+                error(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream coded against a basis we did not offer".into(),
+                )
+            }
+            Answer::RebuiltWrong { reason } if attempt == Attempt::First => {
+                // The basis is dropped by now; the retry cannot loop.
+                tracing::warn!(url = %key, %reason, "rebuilt body failed its checks; fetching it whole");
+                Box::pin(self.fetch_with(parts, target, key, None, None, Attempt::WithoutBasis))
+                    .await
+            }
+            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason } => error(
+                StatusCode::BAD_GATEWAY,
+                format!("the upstream body failed: {reason}; retry"),
+            ),
+        }
+    }
+
+    /// Asks upstream, offering hsync against `basis` and revalidating
+    /// `stale` (a complete 200), and reads the answer's head; a body worth
+    /// relaying goes on to [`relay`](Self::relay).
+    async fn ask(
+        &self,
+        parts: &Parts,
+        target: &Target,
+        key: &CacheKey,
+        basis: Option<BasisOffer>,
+        stale: Option<Entry>,
+        leader: &mut Option<coalesce::Leader>,
+    ) -> Answer {
         let mut headers = parts.headers.clone();
-        let revalidating = stale_complete.is_some();
-        if let Some(entry) = &stale_complete {
+        let revalidating = stale.is_some();
+        if let Some(entry) = &stale {
             // We answer the user agent's own conditions from the entry.
             for name in CONDITIONAL_HEADERS {
                 headers.remove(name);
@@ -100,46 +211,49 @@ impl ClientProxy {
             headers.insert(HSYNC_BASIS, offer.name.clone());
             headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
         }
-        let mut outbound = self.outbound(&parts, headers, &target, empty());
+        let mut outbound = self.outbound(parts, headers, target, empty());
         if let Some(observed) = parts.extensions.get::<Observed>() {
             // A navigation's wait goes along: the queue wait shows its
             // place on the waiting page.
             outbound.extensions_mut().insert(observed.clone());
         }
         let now = unix_now();
-        let response = match self.send(outbound, &target).await {
+        let response = match self.send(outbound, target).await {
             Ok(response) => response,
             Err((status, message)) => {
-                if let Some(entry) = stale_complete
-                    && let Some(response) = self.serve_stale_on_error(entry, &parts, None).await
+                if let Some(entry) = stale
+                    && let Some(response) = self.serve_stale_on_error(entry, parts, None).await
                 {
-                    return response;
+                    return Answer::ServedStale(response);
                 }
-                return error(status, message);
+                return Answer::Unanswered { status, message };
             }
         };
         let (mut rparts, rbody) = response.into_parts();
         rparts.version = http::Version::HTTP_11;
         if let Err(e) = strip_hop_by_hop(&mut rparts.headers) {
-            return error(StatusCode::BAD_GATEWAY, format!("upstream response: {e}"));
+            return Answer::Unusable(format!("upstream response: {e}"));
         }
 
         if rparts.status == StatusCode::NOT_MODIFIED
-            && let Some(entry) = stale_complete
+            && let Some(entry) = stale
         {
-            return self.refreshed(entry, &rparts.headers, &parts, now).await;
+            return Answer::NotModified {
+                entry,
+                headers: rparts.headers,
+                asked_at: now,
+            };
         }
         if rparts.status.is_server_error()
-            && let Some(entry) = stale_complete
+            && let Some(entry) = stale
             && let Some(response) = self
-                .serve_stale_on_error(entry, &parts, Some(rparts.status))
+                .serve_stale_on_error(entry, parts, Some(rparts.status))
                 .await
         {
-            return response;
+            return Answer::ServedStale(response);
         }
         if hsync_coded(&rparts.headers) == HsyncCoded::Layered {
-            return error(
-                StatusCode::BAD_GATEWAY,
+            return Answer::Unusable(
                 "upstream layered other codings with hsync; it cannot be undone here".into(),
             );
         }
@@ -147,11 +261,7 @@ impl ClientProxy {
         if hsync {
             let sent = basis.as_ref().map(|b| &b.name);
             if rparts.headers.get(HSYNC_BASIS) != sent {
-                ClientStats::add(&self.stats.digest_failures, 1);
-                return error(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream coded against a basis we did not offer".into(),
-                );
+                return Answer::ForeignBasis;
             }
             ClientStats::add(&self.stats.deltas, 1);
             rparts.headers.remove(header::CONTENT_ENCODING);
@@ -187,17 +297,48 @@ impl ClientProxy {
             }
         };
         if !hsync && !storable {
-            drop(leader);
+            drop(leader.take());
             ClientStats::add(&self.stats.passed, 1);
             rparts
                 .headers
                 .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
             add_via(&mut rparts.headers, &self.config.via_name);
-            return Response::from_parts(rparts, rbody.map_err(BodyError::from).boxed());
+            return Answer::PassedThrough(Response::from_parts(
+                rparts,
+                rbody.map_err(BodyError::from).boxed(),
+            ));
         }
+        let relayable = Relayable {
+            head: rparts,
+            body: rbody,
+            hsync,
+            storable,
+            outcome,
+        };
+        self.relay(parts, key, relayable, basis, now, leader).await
+    }
 
+    /// Relays an answer's body to the user agent: rebuilt from hsync
+    /// against `basis` or taken as it comes, checked, and stored when
+    /// storable. The leader goes with the body, until it ends.
+    async fn relay(
+        &self,
+        parts: &Parts,
+        key: &CacheKey,
+        answer: Relayable,
+        basis: Option<BasisOffer>,
+        asked_at: u64,
+        leader: &mut Option<coalesce::Leader>,
+    ) -> Answer {
+        let Relayable {
+            head: mut rparts,
+            body: rbody,
+            hsync,
+            storable,
+            outcome,
+        } = answer;
         let store_target = if storable {
-            self.begin_entry(&key, &parts.headers, &rparts, now, hsync)
+            self.begin_entry(key, &parts.headers, &rparts, asked_at, hsync)
                 .await
         } else {
             None
@@ -217,12 +358,7 @@ impl ClientProxy {
                     ..
                 }) => match FileBasis::new(file) {
                     Ok(file) => (ClientBasis::File(file), Some(key)),
-                    Err(e) => {
-                        return error(
-                            StatusCode::BAD_GATEWAY,
-                            format!("cannot read the basis: {e}"),
-                        );
-                    }
+                    Err(e) => return Answer::Unusable(format!("cannot read the basis: {e}")),
                 },
                 None => (ClientBasis::None, None),
             };
@@ -260,6 +396,7 @@ impl ClientProxy {
                 .map_or_else(Instant::now, |s| s.0),
         };
         rparts.extensions.insert(LoggedAtEnd);
+        let leader = leader.take();
         let relayed = transfer::relay(
             rbody,
             Relay {
@@ -282,22 +419,14 @@ impl ClientProxy {
             Relayed::Whole(body) => {
                 // Ours now, whatever upstream said (a coded length, or none).
                 rparts.headers.remove(header::CONTENT_LENGTH);
-                Response::from_parts(rparts, full(body))
+                Answer::Relayed(Response::from_parts(rparts, full(body)))
             }
-            Relayed::Stream(body) => Response::from_parts(rparts, body),
+            Relayed::Stream(body) => Answer::Relayed(Response::from_parts(rparts, body)),
             Relayed::Failed {
                 reason,
                 corrupt: true,
-            } if attempt == Attempt::First && had_basis => {
-                // The basis is dropped by now; the retry cannot loop.
-                tracing::warn!(url = %key, %reason, "rebuilt body failed its checks; fetching it whole");
-                Box::pin(self.fetch_with(parts, target, key, None, None, Attempt::WithoutBasis))
-                    .await
-            }
-            Relayed::Failed { reason, .. } => error(
-                StatusCode::BAD_GATEWAY,
-                format!("the upstream body failed: {reason}; retry"),
-            ),
+            } if had_basis => Answer::RebuiltWrong { reason },
+            Relayed::Failed { reason, .. } => Answer::BodyFailed { reason },
         }
     }
 }
