@@ -21,6 +21,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::sync::oneshot;
 
 use super::basis::{BasisBody, BasisOffer};
 use super::coalesce;
@@ -127,6 +128,35 @@ impl ClientProxy {
         leader: Option<coalesce::Leader>,
     ) -> Response<ProxyBody> {
         self.fetch_with(parts, target, key, stale, leader, Attempt::First)
+            .await
+    }
+
+    /// Fetches for a navigation: the fetch runs as a task of its own, so
+    /// that when it has waited `--queue-page-after` in the upstream's
+    /// queue the user agent can be given the waiting page while the wait
+    /// goes on.
+    pub(super) async fn fetch_navigation(
+        self: Arc<Self>,
+        mut parts: Parts,
+        target: Target,
+        key: CacheKey,
+        stale: Option<Entry>,
+        leader: Option<coalesce::Leader>,
+    ) -> Response<ProxyBody> {
+        let navigation = self.waits.begin_navigation(&key, &mut parts);
+        let (mut sender, result) = oneshot::channel();
+        let fetch = self.clone().fetch(parts, target, key, stale, leader);
+        tokio::spawn(async move {
+            tokio::select! {
+                response = fetch => {
+                    let _ = sender.send(response);
+                }
+                // Nobody will take the answer any more: stop waiting.
+                () = sender.closed() => {}
+            }
+        });
+        self.waits
+            .watch_navigation(navigation, result, &self.config.via_name)
             .await
     }
 

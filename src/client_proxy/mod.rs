@@ -224,6 +224,21 @@ impl ClientProxy {
         &self.store
     }
 
+    /// The waits in the upstream's queue.
+    pub fn queue_waits(&self) -> &Arc<QueueWaits> {
+        &self.waits
+    }
+
+    /// Serves QUEUE callbacks on `listener` (`--queue-callback`) for ever;
+    /// `X-Node` tells the upstream where it is only if the configuration
+    /// names it ([`QueueWaitConfig::node`]).
+    pub fn serve_queue_callbacks(
+        &self,
+        listener: tokio::net::TcpListener,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        queue_wait::callback::serve_callbacks(listener, self.waits.clone())
+    }
+
     fn is_shared(&self) -> bool {
         self.config.scope == CacheScope::Shared
     }
@@ -379,7 +394,12 @@ impl ClientProxy {
             return self.pass(parts, body, target).await;
         }
         let navigation = queue_wait::page::is_navigation(&parts.method, &parts.headers);
-        if navigation && let Some(response) = self.attach_to_wait(&key, &parts.headers).await {
+        if navigation
+            && let Some(response) = self
+                .waits
+                .attach(&key, &parts.headers, &self.config.via_name)
+                .await
+        {
             return response;
         }
         let leader = match self.in_flight.join(key.digest()) {

@@ -7,7 +7,7 @@
 //! - PARQ: at each `Retry-After`, with `X-Queued: position=…; ID=…`. In
 //!   the synchronous part (the answer keeps its connection) the place is
 //!   kept by the connection, so later polls go on a connection of our own
-//!   ([`HeldConnection`]): the pool cannot promise the same one twice, and
+//!   ([`HeldConnection`](super::upstream::HeldConnection)): the pool cannot promise the same one twice, and
 //!   the upstream forgives one lost connection only.
 //! - Active Queueing 0.1 (seed 001): the place is the connection. An
 //!   answer that came on a pooled connection is given up (the connection
@@ -26,12 +26,17 @@
 //! no reload picks up within [`PARK_EXPIRY`] is dropped, with its place
 //! upstream and any answer it got; every wait ends by `--queue-wait-max`.
 //!
+//! The polls themselves, the step of a trip upstream that waits, are
+//! `polls.rs`'s; this file keeps what a wait shows and how a navigation
+//! watches it (registry, stats view, parking behind the page).
+//!
 //! Main types: [`QueueWaitConfig`], [`QueueWaits`], [`Wait`],
 //! [`WaitView`].
 
 pub mod callback;
 pub mod page;
 pub mod place;
+mod polls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -41,19 +46,16 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode, Version};
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use http::{Response, StatusCode};
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 
-use super::upstream::{HeldConnection, PooledConnection};
-use super::{ClientProxy, ClientStats, Target, coalesce, empty, error};
-use crate::cache::{CacheKey, Entry};
+use super::{ClientStats, error};
+use crate::cache::CacheKey;
 use crate::http::server::ProxyBody;
-use crate::queue::{QueueId, X_NODE, X_QUEUE, X_QUEUED};
+use crate::queue::QueueId;
 use page::{PAGE_REFRESH, PageView, WaitKey, waiting_page};
-use place::{Dialect, EtaEstimate, Place};
+use place::Dialect;
 
 /// Waiting requests listed in `/.rproxy/stats` at most (the oldest).
 pub const MAX_LISTED_WAITS: usize = 100;
@@ -404,296 +406,75 @@ impl Drop for Watching {
     }
 }
 
-/// The request again, for one more try (the body was sent with the first).
-fn again(parts: &Parts, body: ProxyBody) -> Request<ProxyBody> {
-    let mut request = Request::new(body);
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = parts.uri.clone();
-    *request.version_mut() = parts.version;
-    *request.headers_mut() = parts.headers.clone();
-    request
+/// A navigation's wait, begun before its fetch: what the fetch reports its
+/// place to ([`Observed`]) and the key its page is parked under.
+pub(in crate::client_proxy) struct NavigationWait {
+    key: WaitKey,
+    wait: Arc<Wait>,
 }
 
-/// Reads a queued answer's body to its end, so its connection can carry
-/// the next request; false when it is too large, fails or takes too long.
-async fn drain(response: Response<Incoming>, within: Duration) -> bool {
-    let body = Limited::new(response.into_body(), MAX_QUEUED_BODY);
-    matches!(
-        tokio::time::timeout(within, body.collect()).await,
-        Ok(Ok(_))
-    )
-}
-
-impl ClientProxy {
-    /// The waits in the upstream's queue.
-    pub fn queue_waits(&self) -> &Arc<QueueWaits> {
-        &self.waits
-    }
-
-    /// Serves QUEUE callbacks on `listener` (`--queue-callback`) for ever;
-    /// `X-Node` tells the upstream where it is only if the configuration
-    /// names it ([`QueueWaitConfig::node`]).
-    pub fn serve_queue_callbacks(
-        &self,
-        listener: tokio::net::TcpListener,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        callback::serve_callbacks(listener, self.waits.clone())
-    }
-
-    /// Sends a request upstream, offering PARQ; when the upstream queues a
-    /// GET or HEAD, waits in its queue (see the module doc) for at most
-    /// `--queue-wait-max`. `Err` is the status and message for the user
-    /// agent.
-    pub(super) async fn send(
-        &self,
-        request: Request<ProxyBody>,
-        target: &Target,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
-        let started = Instant::now();
-        let (mut parts, body) = request.into_parts();
-        // The queue headers of this hop are ours, never the user agent's.
-        parts.headers.remove(&X_QUEUED);
-        parts.headers.remove(&X_NODE);
-        parts.headers.insert(X_QUEUE.clone(), OFFER_PARQ);
-        if let Some(node) = &self.waits.node {
-            parts.headers.insert(X_NODE.clone(), node.clone());
-        }
-        let response = self.send_once(again(&parts, body), target).await?;
-        if !matches!(parts.method, Method::GET | Method::HEAD) {
-            return Ok(response);
-        }
-        let Some(place) = Place::read(response.status(), response.version(), response.headers())
-        else {
-            return Ok(response);
-        };
-        // A navigation can be given the waiting page, and then waits in
-        // the background; any other request waits with its user agent on
-        // the line.
-        let (wait, max) = match parts.extensions.get::<Observed>() {
-            Some(Observed(wait)) => (wait.clone(), self.waits.config.wait_max),
-            None => (
-                Arc::new(Wait::new(target.url.to_string(), started)),
-                self.waits.config.held_max.min(self.waits.config.wait_max),
-            ),
-        };
-        let give_up = wait.since + max;
-        let registered = self.waits.register(wait);
-        self.wait_in_queue(&mut parts, response, place, target, &registered, give_up)
-            .await
-    }
-
-    /// The wait itself, from the first queued answer on.
-    async fn wait_in_queue(
-        &self,
-        parts: &mut Parts,
-        mut response: Response<Incoming>,
-        mut place: Place,
-        target: &Target,
-        registered: &Registered<'_>,
-        give_up: Instant,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
-        let wait = &registered.wait;
-        let mut progress = EtaEstimate::default();
-        let mut held: Option<HeldConnection> = None;
-        let mut lost_connections = 0;
-        loop {
-            let now = Instant::now();
-            progress.observe(place.position, now);
-            let eta = place.eta.or_else(|| progress.eta());
-            // A legacy place on a pooled connection cannot be polled on
-            // that connection: a place on a held one is taken at once.
-            let moving = place.dialect == Dialect::Legacy && held.is_none();
-            let come_back = if moving {
-                Duration::ZERO
-            } else {
-                place.come_back_after()
-            };
-            let at = now + come_back;
-            let shown = Shown {
-                dialect: place.dialect,
-                position: place.position,
-                length: place.length,
-                eta,
-                next_poll: at,
-            };
-            wait.shown.send_replace(Some(shown));
-            registered.set_id(place.id);
-            if at > give_up {
-                tracing::info!(
-                    url = %wait.url,
-                    dialect = ?place.dialect,
-                    position = place.position,
-                    waited_secs = wait.since.elapsed().as_secs(),
-                    back_in_secs = come_back.as_secs(),
-                    may_wait_secs = give_up.saturating_duration_since(wait.since).as_secs(),
-                    "gave up waiting in the upstream's queue"
-                );
-                // The place and its ID are ours, not the user agent's.
-                response.headers_mut().remove(&X_QUEUE);
-                response.headers_mut().remove(&X_QUEUED);
-                return Ok(response);
-            }
-            ClientStats::add(&self.stats.queue_waits, 1);
-            tracing::info!(
-                url = %wait.url,
-                dialect = ?place.dialect,
-                position = place.position,
-                length = place.length,
-                eta_secs = shown.eta().map(|e| e.as_secs()),
-                back_in_secs = come_back.as_secs_f64(),
-                waited_secs = wait.since.elapsed().as_secs(),
-                "queued upstream; waiting"
-            );
-            // Leave the answer's connection as the next poll needs it.
-            match (&held, place.held) {
-                (Some(_), true) => {
-                    if !drain(response, self.config.upstream_timeout).await {
-                        held = None;
-                    }
-                }
-                (None, true) if place.dialect == Dialect::Legacy => {
-                    if response.version() == Version::HTTP_11
-                        && let Some(pooled) = response.extensions().get::<PooledConnection>()
-                    {
-                        // Closed once dropped: the upstream frees the
-                        // place it held by it.
-                        pooled.retire();
-                    }
-                    drop(response);
-                }
-                (None, true) => {
-                    // PARQ Sq on a pooled connection: read to the end, so
-                    // the connection goes back to the pool rather than
-                    // closing, which would cost the place its one allowed
-                    // disconnection.
-                    drain(response, self.config.upstream_timeout).await;
-                }
-                (_, false) => {
-                    held = None;
-                    drop(response);
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(at) => {}
-                () = wait.wake.notified() => {
-                    tracing::info!(url = %wait.url, "woken by a QUEUE callback");
-                }
-            }
-            let offer = match place.dialect {
-                Dialect::Parq => OFFER_PARQ,
-                Dialect::Legacy => OFFER_LEGACY,
-            };
-            parts.headers.insert(X_QUEUE.clone(), offer);
-            match place.claim() {
-                Some(claim) => parts.headers.insert(X_QUEUED.clone(), claim),
-                None => parts.headers.remove(&X_QUEUED),
-            };
-            response = if place.held {
-                match self
-                    .send_held(&mut held, again(parts, empty()), target)
-                    .await
-                {
-                    Ok(response) => response,
-                    Err(message) => {
-                        held = None;
-                        lost_connections += 1;
-                        if lost_connections > MAX_LOST_CONNECTIONS {
-                            return Err((
-                                StatusCode::BAD_GATEWAY,
-                                format!("lost our place in the upstream's queue: {message}"),
-                            ));
-                        }
-                        tracing::info!(url = %wait.url, %message, "lost the connection holding our queue place; asking again");
-                        parts.headers.insert(X_QUEUE.clone(), OFFER_PARQ);
-                        parts.headers.remove(&X_QUEUED);
-                        self.send_once(again(parts, empty()), target).await?
-                    }
-                }
-            } else {
-                self.send_once(again(parts, empty()), target).await?
-            };
-            match Place::read(response.status(), response.version(), response.headers()) {
-                Some(next) => place = next,
-                None => return Ok(response),
-            }
-        }
-    }
-
-    /// Sends on the held connection, opening it first if there is none or
-    /// the upstream closed it. `Err` says why the connection failed.
-    async fn send_held(
-        &self,
-        held: &mut Option<HeldConnection>,
-        request: Request<ProxyBody>,
-        target: &Target,
-    ) -> Result<Response<Incoming>, String> {
-        if held.as_ref().is_none_or(HeldConnection::is_closed) {
-            let opened = tokio::time::timeout(self.config.connect_timeout, self.upstream.hold());
-            *held = Some(match opened.await {
-                Ok(Ok(connection)) => connection,
-                Ok(Err(e)) => return Err(format!("cannot connect: {e}")),
-                Err(_) => return Err("connect timed out".into()),
-            });
-        }
-        let connection = held.as_mut().expect("opened above");
-        self.checked(connection.send(request, target.forward))
-            .await
-            .map_err(|(_, message)| message)
-    }
-
+impl QueueWaits {
     /// A navigation that a background wait for the same request (same
     /// cache key, same credentials and cookies) is parked for: picks it
     /// up, and answers with its result, or with the page again while it
     /// still waits. `None` when no wait is parked for it.
-    pub(super) async fn attach_to_wait(
-        &self,
+    pub(in crate::client_proxy) async fn attach(
+        self: &Arc<Self>,
         key: &CacheKey,
         headers: &HeaderMap,
+        via_name: &HeaderValue,
     ) -> Option<Response<ProxyBody>> {
         let wait_key = WaitKey::new(&key.digest(), headers);
-        let parked = self.waits.unpark(&wait_key)?;
+        let parked = self.unpark(&wait_key)?;
         tracing::debug!(url = %parked.wait.url, "picked up a parked queue wait");
-        let page_at = Instant::now() + self.waits.config.page_after;
-        Some(self.watch(wait_key, parked, page_at).await)
+        let page_at = Instant::now() + self.config.page_after;
+        Some(self.watch(wait_key, parked, page_at, via_name).await)
     }
 
-    /// Fetches for a navigation: the fetch runs as a task of its own, so
-    /// that when it has waited `--queue-page-after` in the upstream's
-    /// queue the user agent can be given the waiting page while the wait
-    /// goes on.
-    pub(super) async fn fetch_navigation(
-        self: Arc<Self>,
-        mut parts: Parts,
-        target: Target,
-        key: CacheKey,
-        stale: Option<Entry>,
-        leader: Option<coalesce::Leader>,
-    ) -> Response<ProxyBody> {
+    /// Begins the wait of a navigation about to be fetched: the request
+    /// carries it, so that the queue wait on the way shows its place.
+    pub(in crate::client_proxy) fn begin_navigation(
+        &self,
+        key: &CacheKey,
+        parts: &mut Parts,
+    ) -> NavigationWait {
         let wait_key = WaitKey::new(&key.digest(), &parts.headers);
         let wait = Arc::new(Wait::new(key.to_string(), Instant::now()));
         parts.extensions.insert(Observed(wait.clone()));
-        let (mut sender, result) = oneshot::channel();
-        let fetch = self.clone().fetch(parts, target, key, stale, leader);
-        tokio::spawn(async move {
-            tokio::select! {
-                response = fetch => {
-                    let _ = sender.send(response);
-                }
-                // Nobody will take the answer any more: stop waiting.
-                () = sender.closed() => {}
-            }
-        });
-        let page_at = wait.since + self.waits.config.page_after;
-        self.watch(wait_key, Parked { wait, result }, page_at).await
+        NavigationWait {
+            key: wait_key,
+            wait,
+        }
+    }
+
+    /// Waits for the answer of a navigation's fetch, running as a task of
+    /// its own; after `--queue-page-after` in the upstream's queue, the
+    /// user agent gets the waiting page while the wait goes on.
+    pub(in crate::client_proxy) async fn watch_navigation(
+        self: &Arc<Self>,
+        navigation: NavigationWait,
+        result: oneshot::Receiver<Response<ProxyBody>>,
+        via_name: &HeaderValue,
+    ) -> Response<ProxyBody> {
+        let NavigationWait { key, wait } = navigation;
+        let page_at = wait.since + self.config.page_after;
+        self.watch(key, Parked { wait, result }, page_at, via_name)
+            .await
     }
 
     /// Waits for a background fetch's answer; once `page_at` has passed
     /// while it waits in the upstream's queue, parks it and answers with
     /// the waiting page instead.
-    async fn watch(&self, key: WaitKey, parked: Parked, page_at: Instant) -> Response<ProxyBody> {
+    async fn watch(
+        self: &Arc<Self>,
+        key: WaitKey,
+        parked: Parked,
+        page_at: Instant,
+        via_name: &HeaderValue,
+    ) -> Response<ProxyBody> {
         let mut shown = parked.wait.shown.subscribe();
         let mut watching = Watching {
-            waits: self.waits.clone(),
+            waits: self.clone(),
             key,
             parked: Some(parked),
         };
@@ -719,9 +500,9 @@ impl ClientProxy {
                 continue;
             }
             let mut page = waiting_page(&parked.wait.page_view(&now_shown), PAGE_REFRESH);
-            crate::http::headers::add_via(page.headers_mut(), &self.config.via_name);
+            crate::http::headers::add_via(page.headers_mut(), via_name);
             let parked = watching.parked.take().expect("present until returned");
-            match self.waits.park(key, parked) {
+            match self.park(key, parked) {
                 Ok(()) => return page,
                 Err(parked) => {
                     // No room to park: wait on, without a page.
