@@ -161,6 +161,13 @@ pub struct Seen {
     pub headers: HeaderMap,
 }
 
+impl Seen {
+    /// The value of header `name`, when there is one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
 /// The requests an [`Origin`] saw, in arrival order.
 pub struct Requests {
     seen: Mutex<Vec<Seen>>,
