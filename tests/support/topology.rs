@@ -111,6 +111,16 @@ impl<H> Server<H> {
     }
 }
 
+/// The handler's own methods (an origin's counters, a role's store) on
+/// the handle.
+impl<H> std::ops::Deref for Server<H> {
+    type Target = H;
+
+    fn deref(&self) -> &H {
+        &self.handler
+    }
+}
+
 impl<H> Drop for Server<H> {
     fn drop(&mut self) {
         for task in &self.tasks {
