@@ -185,8 +185,9 @@ pub struct ProxyError {
     /// Stream offset of the byte that broke the framing, for the log.
     at: Option<u64>,
     /// Headers the situation adds (a challenge, `Retry-After`, a queue
-    /// place).
-    headers: HeaderMap,
+    /// place); boxed, since most refusals have none and a `Result` carrying
+    /// a whole `HeaderMap` inline is large on every happy path.
+    headers: Option<Box<HeaderMap>>,
     /// The connection cannot be trusted after this message (its framing
     /// was refused), so it is closed.
     close: bool,
@@ -199,7 +200,7 @@ impl ProxyError {
             kind,
             message: message.into(),
             at: None,
-            headers: HeaderMap::new(),
+            headers: None,
             close: false,
         }
     }
@@ -287,7 +288,7 @@ impl ProxyError {
     /// Every upload slot busy (503); the queue's headers go with it.
     pub fn slots_busy(message: impl Into<String>, queue_headers: HeaderMap) -> Self {
         let mut error = Self::new(ErrorKind::SlotsBusy, message);
-        error.headers = queue_headers;
+        error.headers = Some(Box::new(queue_headers));
         error
     }
 
@@ -319,7 +320,7 @@ impl ProxyError {
 
     /// The same refusal with one more header.
     pub fn with_header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
-        self.headers.insert(name, value);
+        self.headers.get_or_insert_default().insert(name, value);
         self
     }
 
@@ -362,7 +363,9 @@ impl ProxyError {
     pub fn into_response(self) -> Response<ProxyBody> {
         let mut response = text_response(self.status(), self.message);
         let headers = response.headers_mut();
-        headers.extend(self.headers);
+        if let Some(extra) = self.headers {
+            headers.extend(*extra);
+        }
         if self.close {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
