@@ -927,6 +927,33 @@ async fn stats_count_coded_passed_and_refused_requests() {
     assert_eq!(origin.requests(), 2);
 }
 
+#[tokio::test]
+async fn stats_count_a_bad_request_and_an_unreachable_origin_under_different_faults() {
+    // A port that was just free: nothing listens there.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let accelerator = Accelerator::start(config(closed)).await;
+    let accel = accelerator.addr;
+    let foreign = "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n";
+    assert!(raw_status(accel, foreign).await.starts_with("HTTP/1.1 400"));
+    let (status, _, _) = fetch(accel, get("/v2.js", &[])).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (_, _, body) = fetch(accel, get("/.rproxy/stats", &[])).await;
+    let json = String::from_utf8(body).unwrap();
+    for expected in [
+        "\"refused\":2",
+        "\"refused_client\":1",
+        "\"refused_upstream\":1",
+        "\"refused_overload\":0",
+        "\"refused_proxy\":0",
+    ] {
+        assert!(json.contains(expected), "{expected} not in {json}");
+    }
+}
+
 /// Sends one request on `sender`'s connection; returns status, headers and
 /// the whole body.
 async fn fetch_on(
