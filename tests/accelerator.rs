@@ -19,19 +19,14 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::accelerator::AcceleratorConfig;
 use rproxy::hsync::{DecodeLimits, Decoder, EncoderOptions};
 use rproxy::http::headers::byte_sequence;
-use rproxy::http::server::{ConnectionLimits, serve};
+use rproxy::http::server::ConnectionLimits;
+use support::topology::{Accelerator, Listen, Origin, accelerator_config, origin};
 use support::{accelerator_signature, pseudo_text, random_bytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// The scripted origin: fixed routes, and a count of requests it saw.
-struct Origin {
-    addr: SocketAddr,
-    requests: Arc<AtomicUsize>,
-}
 
 fn body_v1() -> Vec<u8> {
     pseudo_text(1, 200_000)
@@ -167,55 +162,20 @@ fn secret_page(path: &str, balance: u32) -> Vec<u8> {
 /// The balance on every page the origin serves.
 const BALANCE: u32 = 317;
 
+/// The scripted origin: fixed routes, counting the requests it saw.
 async fn start_origin() -> Origin {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(AtomicUsize::new(0));
-    let counter = requests.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let counter = counter.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    async move { Ok::<_, std::convert::Infallible>(origin_response(request).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    Origin { addr, requests }
+    origin(|request, _| origin_response(request)).await
 }
 
+/// The accelerator settings of these tests: a fast zstd level.
 fn config(origin: SocketAddr) -> AcceleratorConfig {
     AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
         encoder: EncoderOptions {
             zstd_level: 3,
             ..EncoderOptions::default()
         },
-        connect_timeout: Duration::from_secs(2),
-        origin_timeout: Duration::from_secs(5),
-        basis_store_bytes: 16 << 20,
-        max_stored_body: 4 << 20,
-        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
+        ..accelerator_config(origin)
     }
-}
-
-async fn start_accelerator(config: AcceleratorConfig) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accelerator = Arc::new(Accelerator::new(config).unwrap());
-    tokio::spawn(serve(
-        listener,
-        accelerator,
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    addr
 }
 
 /// A connection to `accel` (with a receive buffer of `recv_buffer` bytes
@@ -271,9 +231,9 @@ fn offer(basis: &[u8]) -> Vec<(&'static str, HeaderValue)> {
 #[tokio::test]
 async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let basis = body_v1();
-    let (status, headers, stream) = fetch(accel, get("/v2.js", &offer(&basis))).await;
+    let (status, headers, stream) = fetch(accel.addr, get("/v2.js", &offer(&basis))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-encoding"], "hsync");
     assert!(headers.get("content-length").is_none());
@@ -344,8 +304,8 @@ static CPU: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
     let _cpu = CPU.lock().await;
     let origin = start_origin().await;
-    let adapting = start_accelerator(config(origin.addr)).await;
-    let fixed = start_accelerator(AcceleratorConfig {
+    let adapting = Accelerator::start(config(origin.addr)).await;
+    let fixed = Accelerator::start(AcceleratorConfig {
         adapt_entropy_coding: false,
         ..config(origin.addr)
     })
@@ -354,13 +314,13 @@ async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
     let ratio = |stream: &[u8]| stream.len() as f64 / body;
 
     // 24 MB/s: a tenth of what the encoder codes at on one core here.
-    let slow = ratio(&fetch_random_text(adapting, Some(24e6)).await);
+    let slow = ratio(&fetch_random_text(adapting.addr, Some(24e6)).await);
     assert!(slow < 0.78, "slow reader got {slow:.3}x");
-    let fixed_fast = ratio(&fetch_random_text(fixed, None).await);
+    let fixed_fast = ratio(&fetch_random_text(fixed.addr, None).await);
     assert!(fixed_fast < 0.78, "without adapting: {fixed_fast:.3}x");
     // At least a fifth of the windows uncoded (all but the first 11 of 24
     // on an idle machine: 8 MiB on the wire before adapting).
-    let fast = ratio(&fetch_random_text(adapting, None).await);
+    let fast = ratio(&fetch_random_text(adapting.addr, None).await);
     assert!(fast > 0.80, "fast reader got {fast:.3}x");
 }
 
@@ -370,24 +330,19 @@ async fn entropy_coding_is_kept_for_a_slow_link_and_dropped_for_a_fast_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn d_s6_encoders_beyond_the_limit_wait_for_a_turn() {
     let origin = start_origin().await;
-    let accel = start_accelerator(AcceleratorConfig {
+    let accel = Accelerator::start(AcceleratorConfig {
         max_encoders: 1,
         ..config(origin.addr)
     })
     .await;
     // fetch_random_text checks each body.
     tokio::join!(
-        fetch_random_text(accel, None),
-        fetch_random_text(accel, None)
+        fetch_random_text(accel.addr, None),
+        fetch_random_text(accel.addr, None)
     );
-    let stats = stats_of(accel).await;
+    let stats = accel.stats().await;
     assert!(stats["encoder_waits"].as_u64().unwrap() > 0, "{stats}");
     assert_eq!(stats["coded"].as_u64(), Some(2));
-}
-
-async fn stats_of(accel: SocketAddr) -> serde_json::Value {
-    let (_, _, body) = fetch(accel, get("/.rproxy/stats", &[])).await;
-    serde_json::from_slice(&body).unwrap()
 }
 
 /// Decodes an hsync stream against `basis`.
@@ -402,23 +357,23 @@ fn decode_stream(basis: &[u8], stream: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn a_basis_the_accelerator_served_gets_codec_3() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
-    let without_store = start_accelerator(AcceleratorConfig {
+    let accel = Accelerator::start(config(origin.addr)).await;
+    let without_store = Accelerator::start(AcceleratorConfig {
         basis_store_bytes: 0,
         ..config(origin.addr)
     })
     .await;
     // The client gets release 2 from scratch; the accelerator keeps it.
     let offer_none = [("accept-encoding", HeaderValue::from_static("hsync"))];
-    let (_, _, stream) = fetch(accel, get("/v2.js", &offer_none)).await;
+    let (_, _, stream) = fetch(accel.addr, get("/v2.js", &offer_none)).await;
     let v2 = decode_stream(&[], &stream);
     assert!(v2 == body_v2());
     // Release 3 against it: codec 3 (header byte 5), smaller than rsync.
-    let (status, _, coded) = fetch(accel, get("/v3.js", &offer(&v2))).await;
+    let (status, _, coded) = fetch(accel.addr, get("/v3.js", &offer(&v2))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(coded[5], 3, "literal codec of the stream header");
     assert!(decode_stream(&v2, &coded) == body_v3());
-    let (_, _, rsync) = fetch(without_store, get("/v3.js", &offer(&v2))).await;
+    let (_, _, rsync) = fetch(without_store.addr, get("/v3.js", &offer(&v2))).await;
     assert_eq!(rsync[5], 2);
     assert!(decode_stream(&v2, &rsync) == body_v3());
     assert!(
@@ -429,7 +384,7 @@ async fn a_basis_the_accelerator_served_gets_codec_3() {
     );
     // A basis it never served falls back to rsync.
     let other = pseudo_text(77, 50_000);
-    let (_, _, stream) = fetch(accel, get("/v3.js", &offer(&other))).await;
+    let (_, _, stream) = fetch(accel.addr, get("/v3.js", &offer(&other))).await;
     assert_eq!(stream[5], 2);
     assert!(decode_stream(&other, &stream) == body_v3());
 }
@@ -437,9 +392,9 @@ async fn a_basis_the_accelerator_served_gets_codec_3() {
 #[tokio::test]
 async fn an_offer_without_a_basis_gets_a_from_scratch_stream() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let headers = [("accept-encoding", HeaderValue::from_static("hsync"))];
-    let (status, response, stream) = fetch(accel, get("/v2.js", &headers)).await;
+    let (status, response, stream) = fetch(accel.addr, get("/v2.js", &headers)).await;
     assert_eq!(
         (status, &response["content-encoding"]),
         (StatusCode::OK, &HeaderValue::from_static("hsync"))
@@ -456,7 +411,7 @@ async fn an_offer_without_a_basis_gets_a_from_scratch_stream() {
 #[tokio::test]
 async fn requests_that_must_not_be_coded_pass_through_untouched() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let basis = body_v1();
     // No offer; an offer with Range; HEAD; an origin that coded its body;
     // an origin that forbids transforms; an error status.
@@ -472,7 +427,7 @@ async fn requests_that_must_not_be_coded_pass_through_untouched() {
     ];
     for (request, want_status, want_coding) in cases {
         let uri = request.uri().clone();
-        let (status, headers, body) = fetch(accel, request).await;
+        let (status, headers, body) = fetch(accel.addr, request).await;
         assert_eq!(status, want_status, "{uri}");
         assert_eq!(
             headers.get("content-encoding").map(|v| v.to_str().unwrap()),
@@ -489,7 +444,7 @@ async fn requests_that_must_not_be_coded_pass_through_untouched() {
         .header("accept-encoding", "hsync")
         .body(Empty::new())
         .unwrap();
-    let (status, headers, body) = fetch(accel, head).await;
+    let (status, headers, body) = fetch(accel.addr, head).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("content-encoding").is_none() && body.is_empty());
 }
@@ -525,7 +480,7 @@ async fn origin_saw(
 #[tokio::test]
 async fn p14_the_origin_sees_no_hop_by_hop_or_hsync_headers() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let mut headers = offer(&body_v1());
     headers.extend([
         ("connection", HeaderValue::from_static("keep-alive, X-Foo")),
@@ -540,7 +495,7 @@ async fn p14_the_origin_sees_no_hop_by_hop_or_hsync_headers() {
             HeaderValue::from_static("Bearer end-to-end"),
         ),
     ]);
-    let seen = origin_saw(accel, &headers).await;
+    let seen = origin_saw(accel.addr, &headers).await;
     for gone in [
         "connection",
         "x-foo",
@@ -564,7 +519,7 @@ async fn p14_the_origin_sees_no_hop_by_hop_or_hsync_headers() {
 #[tokio::test]
 async fn a_declined_offer_is_removed_from_accept_encoding() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let headers = [
         (
             "accept-encoding",
@@ -572,7 +527,7 @@ async fn a_declined_offer_is_removed_from_accept_encoding() {
         ),
         ("range", HeaderValue::from_static("bytes=0-1")),
     ];
-    let seen = origin_saw(accel, &headers).await;
+    let seen = origin_saw(accel.addr, &headers).await;
     assert_eq!(seen["accept-encoding"], ["gzip;q=0.5"]);
 }
 
@@ -595,36 +550,40 @@ async fn raw_status(addr: SocketAddr, request: &str) -> String {
 #[tokio::test]
 async fn p12_a7_foreign_targets_and_connect_are_refused_without_an_origin_request() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     for request in [
         "GET http://169.254.169.254/latest/meta-data HTTP/1.1\r\nHost: 169.254.169.254\r\n\r\n",
         "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n",
         "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
     ] {
-        let status = raw_status(accel, request).await;
+        let status = raw_status(accel.addr, request).await;
         assert!(status.starts_with("HTTP/1.1 400"), "{request:?} → {status}");
     }
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(origin.requests(), 0);
     // Absolute-form for our own origin is fine.
     let ours = format!(
         "GET http://{}/v2.js HTTP/1.1\r\nHost: {}\r\n\r\n",
         origin.addr, origin.addr
     );
-    assert!(raw_status(accel, &ours).await.starts_with("HTTP/1.1 200"));
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+    assert!(
+        raw_status(accel.addr, &ours)
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    assert_eq!(origin.requests(), 1);
 }
 
 #[tokio::test]
 async fn p15_a_request_that_already_passed_us_is_a_loop() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let headers = [(
         "via",
         HeaderValue::from_static("1.1 client, 1.1 accel-test"),
     )];
-    let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+    let (status, _, _) = fetch(accel.addr, get("/v2.js", &headers)).await;
     assert_eq!(status, StatusCode::LOOP_DETECTED);
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(origin.requests(), 0);
 }
 
 #[tokio::test]
@@ -635,9 +594,9 @@ async fn p22_an_unreachable_origin_is_a_502_at_once() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let accel = start_accelerator(config(closed)).await;
+    let accel = Accelerator::start(config(closed)).await;
     let started = std::time::Instant::now();
-    let (status, _, body) = fetch(accel, get("/v2.js", &offer(&body_v1()))).await;
+    let (status, _, body) = fetch(accel.addr, get("/v2.js", &offer(&body_v1()))).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert!(String::from_utf8_lossy(&body).contains("origin unreachable"));
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -646,13 +605,13 @@ async fn p22_an_unreachable_origin_is_a_502_at_once() {
 #[tokio::test]
 async fn p22_an_origin_that_sends_no_head_in_time_is_a_504_within_the_timeout_and_a_second() {
     let origin = start_origin().await;
-    let accel = start_accelerator(AcceleratorConfig {
+    let accel = Accelerator::start(AcceleratorConfig {
         origin_timeout: Duration::from_secs(1),
         ..config(origin.addr)
     })
     .await;
     let started = std::time::Instant::now();
-    let (status, _, body) = fetch(accel, get("/hang", &offer(&body_v1()))).await;
+    let (status, _, body) = fetch(accel.addr, get("/hang", &offer(&body_v1()))).await;
     let waited = started.elapsed();
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert!(
@@ -664,47 +623,34 @@ async fn p22_an_origin_that_sends_no_head_in_time_is_a_504_within_the_timeout_an
         waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
         "answered after {waited:?}"
     );
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(origin.requests(), 1);
 }
 
 /// An origin whose one response (chunked, no length, so it is coded as
 /// it streams) sends what the test pushes into the returned sender, and
 /// counts the bytes the accelerator took from it.
-async fn start_streaming_origin() -> (
-    SocketAddr,
-    tokio::sync::mpsc::Sender<Bytes>,
-    Arc<AtomicUsize>,
-) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+async fn start_streaming_origin() -> (Origin, tokio::sync::mpsc::Sender<Bytes>, Arc<AtomicUsize>) {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
     let taken = Arc::new(AtomicUsize::new(0));
     let counter = taken.clone();
-    tokio::spawn(async move {
-        let (stream, _) = listener.accept().await.unwrap();
-        let rx = std::sync::Mutex::new(Some(rx));
-        let service = hyper::service::service_fn(move |_request| {
-            let mut rx = rx.lock().unwrap().take().expect("one request");
-            let counter = counter.clone();
-            async move {
-                let chunks = futures_util_stream(move |cx| {
-                    rx.poll_recv(cx).map(|chunk| {
-                        chunk.map(|chunk: Bytes| {
-                            counter.fetch_add(chunk.len(), Ordering::SeqCst);
-                            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk))
-                        })
+    let rx = std::sync::Mutex::new(Some(rx));
+    let origin = origin(move |_request, _| {
+        let mut rx = rx.lock().unwrap().take().expect("one request");
+        let counter = counter.clone();
+        async move {
+            let chunks = futures_util_stream(move |cx| {
+                rx.poll_recv(cx).map(|chunk| {
+                    chunk.map(|chunk: Bytes| {
+                        counter.fetch_add(chunk.len(), Ordering::SeqCst);
+                        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk))
                     })
-                });
-                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::StreamBody::new(
-                    chunks,
-                )))
-            }
-        });
-        let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service)
-            .await;
-    });
-    (addr, tx, taken)
+                })
+            });
+            Response::new(http_body_util::StreamBody::new(chunks))
+        }
+    })
+    .await;
+    (origin, tx, taken)
 }
 
 /// A `Stream` from a poll function.
@@ -741,13 +687,13 @@ fn small_windows(origin: SocketAddr) -> AcceleratorConfig {
 #[tokio::test]
 async fn the_first_frames_leave_before_the_origin_has_finished() {
     let (origin, to_origin, _) = start_streaming_origin().await;
-    let accel = start_accelerator(small_windows(origin)).await;
+    let accel = Accelerator::start(small_windows(origin.addr)).await;
     let body = pseudo_text(7, 400_000);
     to_origin
         .send(Bytes::copy_from_slice(&body[..200_000]))
         .await
         .unwrap();
-    let mut sender = connect(accel, None).await;
+    let mut sender = connect(accel.addr, None).await;
     let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
     let response = tokio::time::timeout(
         Duration::from_secs(5),
@@ -784,10 +730,10 @@ async fn origin_read_for_a_stalled_client(
     config: impl FnOnce(SocketAddr) -> AcceleratorConfig,
 ) -> usize {
     let (origin, to_origin, taken) = start_streaming_origin().await;
-    let accel = start_accelerator(config(origin)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     // A small receive buffer, as a real link's receiver drains as bytes
     // arrive; loopback would otherwise let it grow to many MiB.
-    let mut sender = connect(accel, Some(64 << 10)).await;
+    let mut sender = connect(accel.addr, Some(64 << 10)).await;
     let offer = [("accept-encoding", HeaderValue::from_static("hsync"))];
     let feeder = tokio::spawn(async move {
         // 256 MiB of random text (nothing for zstd to take off but a
@@ -881,9 +827,9 @@ async fn start_short_origin(declared: usize, close: bool) -> SocketAddr {
 #[tokio::test]
 async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     // /echo answers a few hundred bytes.
-    let (status, headers, stream) = fetch(accel, get("/echo", &offer(&body_v1()))).await;
+    let (status, headers, stream) = fetch(accel.addr, get("/echo", &offer(&body_v1()))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-encoding"], "hsync");
     assert_eq!(
@@ -902,8 +848,8 @@ async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
 #[tokio::test]
 async fn a_small_body_the_origin_cuts_is_a_clean_502() {
     let origin = start_short_origin(5000, true).await;
-    let accel = start_accelerator(config(origin)).await;
-    let (status, headers, body) = fetch(accel, get("/cut", &offer(&body_v1()))).await;
+    let accel = Accelerator::start(config(origin)).await;
+    let (status, headers, body) = fetch(accel.addr, get("/cut", &offer(&body_v1()))).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert!(headers.get("content-encoding").is_none());
     assert!(
@@ -916,13 +862,13 @@ async fn a_small_body_the_origin_cuts_is_a_clean_502() {
 #[tokio::test]
 async fn a_small_body_the_origin_does_not_finish_in_time_is_a_504() {
     let origin = start_short_origin(5000, false).await;
-    let accel = start_accelerator(AcceleratorConfig {
+    let accel = Accelerator::start(AcceleratorConfig {
         origin_timeout: Duration::from_secs(1),
         ..config(origin)
     })
     .await;
     let started = std::time::Instant::now();
-    let (status, _, body) = fetch(accel, get("/stall", &offer(&body_v1()))).await;
+    let (status, _, body) = fetch(accel.addr, get("/stall", &offer(&body_v1()))).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert!(
         String::from_utf8_lossy(&body).contains("no whole body within"),
@@ -941,26 +887,29 @@ fn an_origin_with_a_path_or_tls_is_refused_at_start() {
     ] {
         let mut config = config("127.0.0.1:1".parse().unwrap());
         config.origin = origin.parse().unwrap();
-        assert!(Accelerator::new(config).is_err(), "{origin}");
+        assert!(
+            rproxy::accelerator::Accelerator::new(config).is_err(),
+            "{origin}"
+        );
     }
 }
 
 #[tokio::test]
 async fn stats_count_coded_passed_and_refused_requests() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let basis = body_v1();
-    let (_, _, stream) = fetch(accel, get("/v2.js", &offer(&basis))).await;
-    fetch(accel, get("/v2.js", &[])).await;
+    let (_, _, stream) = fetch(accel.addr, get("/v2.js", &offer(&basis))).await;
+    fetch(accel.addr, get("/v2.js", &[])).await;
     fetch(
-        accel,
+        accel.addr,
         get(
             "/v2.js",
             &[("via", HeaderValue::from_static("1.1 accel-test"))],
         ),
     )
     .await;
-    let (status, headers, body) = fetch(accel, get("/.rproxy/stats", &[])).await;
+    let (status, headers, body) = fetch(accel.addr, get("/.rproxy/stats", &[])).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "application/json");
     let json = String::from_utf8(body).unwrap();
@@ -975,7 +924,34 @@ async fn stats_count_coded_passed_and_refused_requests() {
         assert!(json.contains(&expected), "{expected} not in {json}");
     }
     // The stats request never reaches the origin.
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(origin.requests(), 2);
+}
+
+#[tokio::test]
+async fn stats_count_a_bad_request_and_an_unreachable_origin_under_different_faults() {
+    // A port that was just free: nothing listens there.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let accelerator = Accelerator::start(config(closed)).await;
+    let accel = accelerator.addr;
+    let foreign = "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n";
+    assert!(raw_status(accel, foreign).await.starts_with("HTTP/1.1 400"));
+    let (status, _, _) = fetch(accel, get("/v2.js", &[])).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (_, _, body) = fetch(accel, get("/.rproxy/stats", &[])).await;
+    let json = String::from_utf8(body).unwrap();
+    for expected in [
+        "\"refused\":2",
+        "\"refused_client\":1",
+        "\"refused_upstream\":1",
+        "\"refused_overload\":0",
+        "\"refused_proxy\":0",
+    ] {
+        assert!(json.contains(expected), "{expected} not in {json}");
+    }
 }
 
 /// Sends one request on `sender`'s connection; returns status, headers and
@@ -1066,9 +1042,9 @@ async fn stats_on(
 #[tokio::test]
 async fn d_b3_guesses_at_private_bodies_never_get_the_held_basis_coding() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
-    victim_fetches(accel).await;
-    let mut attacker = connect(accel, None).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    victim_fetches(accel.addr).await;
+    let mut attacker = connect(accel.addr, None).await;
     let mut guesses = 0;
     for (path, _) in PRIVATE_PAGES {
         // A guess that is certainly wrong: what every guess must look like.
@@ -1112,9 +1088,9 @@ async fn d_b3_guesses_at_private_bodies_never_get_the_held_basis_coding() {
 #[tokio::test]
 async fn d_b3_no_stats_counter_tells_a_held_basis() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
-    victim_fetches(accel).await;
-    let mut attacker = connect(accel, None).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    victim_fetches(accel.addr).await;
+    let mut attacker = connect(accel.addr, None).await;
     let public = secret_page("/public", BALANCE);
     let before = stats_on(&mut attacker).await;
     let (_, _, miss) = fetch_on(&mut attacker, guess(&secret_page("/public", 1))).await;
@@ -1135,13 +1111,13 @@ async fn d_b3_no_stats_counter_tells_a_held_basis() {
 #[tokio::test]
 async fn d_b3_an_operator_who_opts_in_keeps_private_bodies_too() {
     let origin = start_origin().await;
-    let accel = start_accelerator(AcceleratorConfig {
+    let accel = Accelerator::start(AcceleratorConfig {
         basis_store_private: true,
         ..config(origin.addr)
     })
     .await;
-    victim_fetches(accel).await;
-    let mut guesser = connect(accel, None).await;
+    victim_fetches(accel.addr).await;
+    let mut guesser = connect(accel.addr, None).await;
     for (path, _) in PRIVATE_PAGES {
         let page = secret_page(path, BALANCE);
         let (_, _, stream) = fetch_on(&mut guesser, guess(&page)).await;
@@ -1155,7 +1131,7 @@ async fn d_b3_an_operator_who_opts_in_keeps_private_bodies_too() {
 #[tokio::test]
 async fn p_25_via_naming_us_with_odd_whitespace_or_case_is_a_loop() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     for via in [
         "1.1  accel-test",
         "1.1\taccel-test",
@@ -1164,13 +1140,13 @@ async fn p_25_via_naming_us_with_odd_whitespace_or_case_is_a_loop() {
         "1.0 other,1.1   Accel-Test",
     ] {
         let headers = [("via", HeaderValue::from_str(via).unwrap())];
-        let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+        let (status, _, _) = fetch(accel.addr, get("/v2.js", &headers)).await;
         assert_eq!(status, StatusCode::LOOP_DETECTED, "{via:?}");
     }
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(origin.requests(), 0);
     // Another hop with our name in its comment is no loop.
     let headers = [("via", HeaderValue::from_static("1.1 other (accel-test)"))];
-    let (status, _, _) = fetch(accel, get("/v2.js", &headers)).await;
+    let (status, _, _) = fetch(accel.addr, get("/v2.js", &headers)).await;
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -1181,7 +1157,7 @@ async fn p_25_via_naming_us_with_odd_whitespace_or_case_is_a_loop() {
 #[tokio::test]
 async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
     let origin = start_origin().await;
-    let accel = start_accelerator(config(origin.addr)).await;
+    let accel = Accelerator::start(config(origin.addr)).await;
     let trace = Request::builder()
         .method("TRACE")
         .uri("/v2.js")
@@ -1191,7 +1167,7 @@ async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
         .header("x-probe", "seen")
         .body(Empty::new())
         .unwrap();
-    let (status, headers, body) = fetch(accel, trace).await;
+    let (status, headers, body) = fetch(accel.addr, trace).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "message/http");
     let echo = String::from_utf8(body).unwrap();
@@ -1204,7 +1180,7 @@ async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
         "OPTIONS * HTTP/1.1\r\nHost: origin.test\r\nMax-Forwards: 0\r\n\r\n",
         "OPTIONS /v2.js HTTP/1.1\r\nHost: origin.test\r\nMax-Forwards: 0\r\n\r\n",
     ] {
-        let mut stream = TcpStream::connect(accel).await.unwrap();
+        let mut stream = TcpStream::connect(accel.addr).await.unwrap();
         stream.write_all(request.as_bytes()).await.unwrap();
         let response = String::from_utf8(read_response(&mut stream).await).unwrap();
         assert!(
@@ -1216,7 +1192,7 @@ async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
             "{response}"
         );
     }
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(origin.requests(), 0);
     // One hop left: forwarded, with none left for the origin.
     let trace = Request::builder()
         .method("TRACE")
@@ -1225,14 +1201,14 @@ async fn p_25_trace_and_options_with_max_forwards_0_are_answered_here() {
         .header("max-forwards", "1")
         .body(Empty::new())
         .unwrap();
-    let (status, _, body) = fetch(accel, trace).await;
+    let (status, _, body) = fetch(accel.addr, trace).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         String::from_utf8(body)
             .unwrap()
             .contains("max-forwards: 0\n")
     );
-    assert_eq!(origin.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(origin.requests(), 1);
 }
 
 /// Reads one response with a Content-Length (or none: empty) off `stream`.
@@ -1282,16 +1258,13 @@ async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
 #[tokio::test]
 async fn p_25_an_idle_keep_alive_connection_is_closed_without_a_408() {
     let origin = start_origin().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let accel = listener.local_addr().unwrap();
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_millis(300),
         ..ConnectionLimits::default()
     };
-    let accelerator = Arc::new(Accelerator::new(config(origin.addr)).unwrap());
-    tokio::spawn(serve(listener, accelerator, limits, std::future::pending()));
+    let accel = Accelerator::start_with(config(origin.addr), Listen::with_limits(limits)).await;
 
-    let mut kept_alive = TcpStream::connect(accel).await.unwrap();
+    let mut kept_alive = TcpStream::connect(accel.addr).await.unwrap();
     kept_alive
         .write_all(b"GET /missing HTTP/1.1\r\nHost: origin.test\r\n\r\n")
         .await
@@ -1305,7 +1278,7 @@ async fn p_25_an_idle_keep_alive_connection_is_closed_without_a_408() {
         String::from_utf8_lossy(&rest)
     );
 
-    let mut silent = TcpStream::connect(accel).await.unwrap();
+    let mut silent = TcpStream::connect(accel.addr).await.unwrap();
     let rest = read_to_close(&mut silent).await;
     assert!(
         rest.is_empty(),
@@ -1313,7 +1286,7 @@ async fn p_25_an_idle_keep_alive_connection_is_closed_without_a_408() {
         String::from_utf8_lossy(&rest)
     );
 
-    let mut slow = TcpStream::connect(accel).await.unwrap();
+    let mut slow = TcpStream::connect(accel.addr).await.unwrap();
     slow.write_all(b"GET /missing HTTP/1.1\r\nHost: origin.test\r\n\r\nGET /mis")
         .await
         .unwrap();
@@ -1344,11 +1317,11 @@ fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
     runtime.block_on(async {
         let _cpu = CPU.lock().await;
         let origin = start_origin().await;
-        let accel = start_accelerator(config(origin.addr)).await;
+        let accel = Accelerator::start(config(origin.addr)).await;
         let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
         let mut stalled = Vec::new();
         for _ in 0..32 {
-            let mut sender = connect(accel, Some(64 << 10)).await;
+            let mut sender = connect(accel.addr, Some(64 << 10)).await;
             let response = sender
                 .send_request(get("/random.txt", &from_scratch))
                 .await
@@ -1360,7 +1333,7 @@ fn l_13_readers_that_stop_reading_hold_no_thread_and_a_bystander_is_served() {
         let basis = body_v1();
         let (status, headers, stream) = tokio::time::timeout(
             Duration::from_secs(3),
-            fetch(accel, get("/v2.js", &offer(&basis))),
+            fetch(accel.addr, get("/v2.js", &offer(&basis))),
         )
         .await
         .expect("the bystander answered while 32 readers stall");
@@ -1429,19 +1402,19 @@ fn l_13_stalled_readers_cost_little_memory_once_their_bodies_are_spooled() {
         .unwrap();
     runtime.block_on(async {
         let origin = start_origin().await;
-        let accel = start_accelerator(config(origin.addr)).await;
+        let accel = Accelerator::start(config(origin.addr)).await;
         let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
         let body = random_text().slice(..EIGHT_MIB);
         // One whole body first, so that what one-off allocations (pools,
         // the runtime's threads) cost is in the baseline.
-        let (_, _, stream) = fetch(accel, get("/random8.txt", &from_scratch)).await;
+        let (_, _, stream) = fetch(accel.addr, get("/random8.txt", &from_scratch)).await;
         assert!(decode_stream(&[], &stream) == body);
         drop(stream);
         give_back_freed_memory();
         let before = resident_bytes();
         let mut stalled = Vec::new();
         for _ in 0..STALLED_READERS {
-            let mut sender = connect(accel, Some(64 << 10)).await;
+            let mut sender = connect(accel.addr, Some(64 << 10)).await;
             let response = sender
                 .send_request(get("/random8.txt", &from_scratch))
                 .await
@@ -1453,7 +1426,7 @@ fn l_13_stalled_readers_cost_little_memory_once_their_bodies_are_spooled() {
         let all = (STALLED_READERS as u64 + 1) * EIGHT_MIB as u64;
         let finished = tokio::time::timeout(Duration::from_secs(30), async {
             loop {
-                let stats = stats_of(accel).await;
+                let stats = accel.stats().await;
                 if stats["coded_body_bytes"].as_u64() >= Some(all) {
                     return stats;
                 }
@@ -1462,9 +1435,10 @@ fn l_13_stalled_readers_cost_little_memory_once_their_bodies_are_spooled() {
         })
         .await
         .expect("every encoder finished while its reader stalled");
-        assert_eq!(
-            finished["spooled"].as_u64(),
-            Some(STALLED_READERS as u64),
+        // Every stalled reader's body was parked (the warm-up fetch's too,
+        // when a loaded machine made its reader pause past 100 ms).
+        assert!(
+            finished["spooled"].as_u64() >= Some(STALLED_READERS as u64),
             "{finished}"
         );
         give_back_freed_memory();
@@ -1511,7 +1485,7 @@ fn l_14_concurrent_codings_stay_within_the_transfer_memory() {
     runtime.block_on(async {
         let origin = start_origin().await;
         let budget = 12 << 20;
-        let accel = start_accelerator(AcceleratorConfig {
+        let accel = Accelerator::start(AcceleratorConfig {
             transfer_memory: budget,
             basis_store_bytes: 0,
             ..config(origin.addr)
@@ -1520,7 +1494,7 @@ fn l_14_concurrent_codings_stay_within_the_transfer_memory() {
         let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
         // One body whole first, checked, so that one-off allocations are
         // in the baseline.
-        let (_, _, stream) = fetch(accel, get("/random2/0", &from_scratch)).await;
+        let (_, _, stream) = fetch(accel.addr, get("/random2/0", &from_scratch)).await;
         assert!(decode_stream(&[], &stream) == random_text().slice(..2 << 20));
         drop(stream);
         give_back_freed_memory();
@@ -1530,7 +1504,7 @@ fn l_14_concurrent_codings_stay_within_the_transfer_memory() {
             .map(|n| {
                 let request = get(&format!("/random2/{n}"), &from_scratch);
                 tokio::spawn(async move {
-                    let mut sender = connect(accel, None).await;
+                    let mut sender = connect(accel.addr, None).await;
                     let response = sender.send_request(request).await.unwrap();
                     assert_eq!(response.headers()["content-encoding"], "hsync");
                     let mut body = response.into_body();
@@ -1597,8 +1571,8 @@ async fn l_13_a_spooled_stream_whose_origin_fails_ends_with_an_error() {
     // More than the sockets' buffers and the channels hold, so that the
     // encoder waits for the client and parks the body.
     let origin = start_cut_origin(random_text().slice(..16 << 20), cut_here).await;
-    let accel = start_accelerator(config(origin)).await;
-    let mut sender = connect(accel, Some(64 << 10)).await;
+    let accel = Accelerator::start(config(origin)).await;
+    let mut sender = connect(accel.addr, Some(64 << 10)).await;
     let from_scratch = [("accept-encoding", HeaderValue::from_static("hsync"))];
     let response = sender
         .send_request(get("/cut", &from_scratch))
@@ -1606,7 +1580,7 @@ async fn l_13_a_spooled_stream_whose_origin_fails_ends_with_an_error() {
         .unwrap();
     assert_eq!(response.headers()["content-encoding"], "hsync");
     tokio::time::timeout(Duration::from_secs(5), async {
-        while stats_of(accel).await["spooled"].as_u64() != Some(1) {
+        while accel.stats().await["spooled"].as_u64() != Some(1) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -1636,14 +1610,13 @@ async fn l_13_a_spooled_stream_whose_origin_fails_ends_with_an_error() {
 #[tokio::test]
 async fn l_13_a_reader_that_never_reads_is_closed_at_the_idle_timeout() {
     let origin = start_origin().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let accel = listener.local_addr().unwrap();
-    let accelerator = Arc::new(Accelerator::new(config(origin.addr)).unwrap());
     let limits = ConnectionLimits {
         idle_timeout: Duration::from_secs(1),
         ..ConnectionLimits::default()
     };
-    tokio::spawn(serve(listener, accelerator, limits, std::future::pending()));
+    let accelerator =
+        Accelerator::start_with(config(origin.addr), Listen::with_limits(limits)).await;
+    let accel = accelerator.addr;
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(64 << 10).unwrap();
     let mut stream = socket.connect(accel).await.unwrap();

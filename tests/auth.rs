@@ -14,17 +14,16 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::cache::CacheStore;
+use rproxy::accelerator::Accelerator;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::demo::static_origin::StaticOrigin;
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, CheckLimits, basic_credentials};
-use rproxy::http::server::{ConnectionLimits, Handler, ProxyBody, serve};
-use tempfile::TempDir;
+use rproxy::http::server::{Handler, ProxyBody};
+use support::topology::{Listen, Server, accelerator_config, serve, temp_store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpSocket;
 
 const PAGE: &str = "/index.html";
 
@@ -172,18 +171,6 @@ impl RecordingOrigin {
     }
 }
 
-async fn listen<H: Handler>(handler: Arc<H>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        handler,
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    addr
-}
-
 fn authenticator(user: &str, password: &str, realm: &str) -> Authenticator {
     let mut file = AuthFile::default();
     file.set(user, password).unwrap();
@@ -191,12 +178,11 @@ fn authenticator(user: &str, password: &str, realm: &str) -> Authenticator {
 }
 
 struct Pair {
-    origin: Arc<RecordingOrigin>,
+    origin: Server<RecordingOrigin>,
     origin_addr: SocketAddr,
-    accelerator: SocketAddr,
-    client: Arc<AuthGate<ClientProxy>>,
+    accelerator: Server<AuthGate<Accelerator>>,
+    client: Server<AuthGate<ClientProxy>>,
     client_addr: SocketAddr,
-    _cache: TempDir,
 }
 
 /// Origin ← accelerator (user "accel" / "s3cret") ← client proxy (user
@@ -204,47 +190,36 @@ struct Pair {
 /// `upstream_password` (none: no credentials).
 async fn start_pair(upstream_password: Option<&str>) -> Pair {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    let origin = Arc::new(RecordingOrigin {
+    let origin = RecordingOrigin {
         files: Arc::new(StaticOrigin::new(data).unwrap()),
         seen: Mutex::new(Vec::new()),
-    });
-    let origin_addr = listen(origin.clone()).await;
-    let accelerator = Accelerator::new(AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
-        connect_timeout: Duration::from_secs(2),
-        origin_timeout: Duration::from_secs(5),
-        basis_store_bytes: 16 << 20,
-        max_stored_body: 4 << 20,
-        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
-    })
-    .unwrap();
-    let accelerator = Arc::new(AuthGate::new(
+    };
+    let origin = serve(Arc::new(origin), Listen::default()).await;
+    let accelerator = Accelerator::new(accelerator_config(origin.addr)).unwrap();
+    let accelerator = AuthGate::new(
         accelerator,
         Some(authenticator("accel", "s3cret", "accelerator")),
-    ));
-    let accelerator_addr = listen(accelerator).await;
-    let cache = tempfile::tempdir().unwrap();
-    let store = CacheStore::open(cache.path().join("cache"), 64 << 20).unwrap();
+    );
+    let accelerator = serve(Arc::new(accelerator), Listen::default()).await;
+    let (cache, store) = temp_store(64 << 20);
     let client = ClientProxy::new(
         ClientConfig {
             upstream_credentials: upstream_password.map(|p| basic_credentials("accel", p)),
-            ..support::proxy::client_config(&format!("http://{accelerator_addr}"))
+            ..support::proxy::client_config(&format!("http://{}", accelerator.addr))
         },
         store,
     )
     .unwrap();
-    let client = Arc::new(AuthGate::new(
-        client,
-        Some(authenticator("alice", "wonderland", "rproxy")),
-    ));
-    let client_addr = listen(client.clone()).await;
+    let client = AuthGate::new(client, Some(authenticator("alice", "wonderland", "rproxy")));
+    let client = serve(Arc::new(client), Listen::default())
+        .await
+        .keeping(cache);
     Pair {
+        origin_addr: origin.addr,
+        client_addr: client.addr,
         origin,
-        origin_addr,
-        accelerator: accelerator_addr,
+        accelerator,
         client,
-        client_addr,
-        _cache: cache,
     }
 }
 
@@ -407,14 +382,14 @@ async fn the_accelerator_refuses_a_client_proxy_without_its_credentials() {
     }
     // And the accelerator asked directly says 407 itself.
     let pair = start_pair(Some("s3cret")).await;
-    let reply = get(pair.accelerator, PAGE, &[]).await;
+    let reply = get(pair.accelerator.addr, PAGE, &[]).await;
     assert_eq!(reply.status, 407);
     assert_eq!(
         reply.header("Proxy-Authenticate"),
         Some("Basic realm=\"accelerator\"")
     );
     let ok = credentials("accel", "s3cret");
-    let reply = get(pair.accelerator, PAGE, &[("Proxy-Authorization", &ok)]).await;
+    let reply = get(pair.accelerator.addr, PAGE, &[("Proxy-Authorization", &ok)]).await;
     assert_eq!(reply.status, 200, "{}", reply.head);
 }
 
@@ -440,7 +415,7 @@ async fn a_5_a_guessing_peer_gets_429_with_retry_after() {
 
 /// The bundled sample site behind a users file of alice / wonderland and
 /// bob / builder.
-async fn start_gate() -> (Arc<AuthGate<StaticOrigin>>, SocketAddr) {
+async fn start_gate() -> (Server<AuthGate<StaticOrigin>>, SocketAddr) {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let mut users = AuthFile::default();
     users.set("alice", "wonderland").unwrap();
@@ -449,7 +424,8 @@ async fn start_gate() -> (Arc<AuthGate<StaticOrigin>>, SocketAddr) {
         StaticOrigin::new(data).unwrap(),
         Some(Authenticator::new(&users, "rproxy").unwrap()),
     ));
-    let addr = listen(gate.clone()).await;
+    let gate = serve(gate, Listen::default()).await;
+    let addr = gate.addr;
     (gate, addr)
 }
 

@@ -15,7 +15,6 @@
 mod support;
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -25,22 +24,21 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::cache::{CacheKey, CacheStore, Completeness, IndexEntry};
-use rproxy::client_proxy::{ClientConfig, ClientProxy, StatsSnapshot};
+use rproxy::accelerator::AcceleratorConfig;
+use rproxy::cache::{CacheKey, Completeness, IndexEntry};
+use rproxy::client_proxy::{ClientConfig, StatsSnapshot};
 use rproxy::hsync::{Encoder, EncoderOptions};
 use rproxy::http::headers::{byte_sequence, parse_byte_sequence};
-use rproxy::http::server::{BodyError, ConnectionLimits, ProxyBody, serve};
+use rproxy::http::server::{BodyError, ProxyBody};
 use sha2::Digest;
+use support::topology::{Accelerator, Cache, Listen, accelerator_config, origin};
 use support::{accelerator_signature, pseudo_text, reference_signature};
-use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 // ---------------------------------------------------------------------------
 // Test data
@@ -167,105 +165,8 @@ fn ok(headers: &[(&str, &str)], body: impl Into<Bytes>) -> Response<ProxyBody> {
 // ---------------------------------------------------------------------------
 // Scripted servers: origin, tap, hostile accelerator
 
-/// A request a scripted server saw.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
-impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
 /// A scripted HTTP/1.1 server on 127.0.0.1:0 that logs every request.
-#[derive(Clone)]
-struct Server {
-    addr: SocketAddr,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    count: watch::Receiver<usize>,
-}
-
-impl Server {
-    fn requests(&self) -> usize {
-        self.seen.lock().unwrap().len()
-    }
-
-    /// The requests for `path`, in order.
-    fn seen_for(&self, path: &str) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.uri.path() == path)
-            .cloned()
-            .collect()
-    }
-
-    fn requests_to(&self, path: &str) -> usize {
-        self.seen_for(path).len()
-    }
-
-    /// Waits until the server has seen `n` requests.
-    async fn wait_for_requests(&self, n: usize) {
-        let mut count = self.count.clone();
-        tokio::time::timeout(Duration::from_secs(5), count.wait_for(|c| *c >= n))
-            .await
-            .expect("the server saw the request in time")
-            .unwrap();
-    }
-}
-
-/// Starts a server whose `handler` gets each request and the number of
-/// earlier requests for the same path.
-async fn start_server<F, Fut>(handler: F) -> Server
-where
-    F: Fn(Request<Incoming>, usize) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
-    let (count_tx, count) = watch::channel(0usize);
-    let count_tx = Arc::new(count_tx);
-    let handler = Arc::new(handler);
-    let log = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let (handler, log, count_tx) = (handler.clone(), log.clone(), count_tx.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    let earlier = {
-                        let mut log = log.lock().unwrap();
-                        let earlier = log
-                            .iter()
-                            .filter(|s| s.uri.path() == request.uri().path())
-                            .count();
-                        log.push(Seen {
-                            method: request.method().clone(),
-                            uri: request.uri().clone(),
-                            headers: request.headers().clone(),
-                        });
-                        earlier
-                    };
-                    count_tx.send_modify(|c| *c += 1);
-                    let reply = (*handler)(request, earlier);
-                    async move { Ok::<_, Infallible>(reply.await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    Server { addr, seen, count }
-}
+type Server = support::topology::Origin;
 
 fn if_none_match_has(request: &Request<Incoming>, tag: &str) -> bool {
     request
@@ -451,12 +352,11 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
 }
 
 async fn start_origin() -> Server {
-    start_server(origin_reply).await
+    origin(origin_reply).await
 }
 
-fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
-    AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
+async fn start_accelerator(origin: SocketAddr) -> Accelerator {
+    Accelerator::start(AcceleratorConfig {
         encoder: EncoderOptions {
             zstd_level: 3,
             // Small windows: a stream has many frames, so half of one
@@ -464,25 +364,9 @@ fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
             window_bytes: 16 << 10,
             ..EncoderOptions::default()
         },
-        connect_timeout: Duration::from_secs(2),
-        origin_timeout: Duration::from_secs(5),
-        basis_store_bytes: 16 << 20,
-        max_stored_body: 4 << 20,
-        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
-    }
-}
-
-async fn start_accelerator(origin: SocketAddr) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accelerator = Arc::new(Accelerator::new(accelerator_config(origin)).unwrap());
-    tokio::spawn(serve(
-        listener,
-        accelerator,
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    addr
+        ..accelerator_config(origin)
+    })
+    .await
 }
 
 /// What the tap does with the accelerator's answers.
@@ -512,7 +396,7 @@ async fn start_tap(target: SocketAddr) -> Tap {
     let mode = Arc::new(Mutex::new(TapMode::Pass));
     let cut_from = Arc::new(Mutex::new(0));
     let (m, c) = (mode.clone(), cut_from.clone());
-    let server = start_server(move |request, _| {
+    let server = origin(move |request, _| {
         let mode = *m.lock().unwrap();
         let cut_from = c.clone();
         async move {
@@ -559,23 +443,15 @@ fn client_config(upstream: SocketAddr) -> ClientConfig {
     }
 }
 
-struct Proxy {
-    addr: SocketAddr,
-    proxy: Arc<ClientProxy>,
-    _cache: TempDir,
-}
+type Proxy = support::topology::ClientProxy;
 
 impl Proxy {
-    fn stats(&self) -> StatsSnapshot {
-        self.proxy.stats().snapshot()
-    }
-
     fn entry(&self, url: &str) -> Option<IndexEntry> {
-        self.proxy.store().lookup(&CacheKey::parse(url).unwrap())
+        self.store().lookup(&CacheKey::parse(url).unwrap())
     }
 
     fn stored_len(&self) -> usize {
-        self.proxy.store().len()
+        self.store().len()
     }
 
     /// Changes the byte at `at` of `url`'s stored body in place (same
@@ -583,7 +459,6 @@ impl Proxy {
     fn flip_stored_byte(&self, url: &str, at: usize) {
         let key = CacheKey::parse(url).unwrap();
         let body_file = self
-            .proxy
             .store()
             .root()
             .join(key.entry_path())
@@ -596,7 +471,6 @@ impl Proxy {
     /// The stored body and signature of `url`.
     fn body_and_signature(&self, url: &str) -> (Vec<u8>, Vec<u8>) {
         let mut entry = self
-            .proxy
             .store()
             .get(&CacheKey::parse(url).unwrap())
             .expect("stored");
@@ -628,32 +502,10 @@ impl Proxy {
     }
 }
 
-async fn start_proxy(config: ClientConfig) -> Proxy {
-    start_proxy_with_budget(config, 64 << 20).await
-}
-
-async fn start_proxy_with_budget(config: ClientConfig, cache_bytes: u64) -> Proxy {
-    let cache = tempfile::tempdir().unwrap();
-    let store = CacheStore::open(cache.path().join("cache"), cache_bytes).unwrap();
-    let proxy = Arc::new(ClientProxy::new(config, store).unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        proxy.clone(),
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    Proxy {
-        addr,
-        proxy,
-        _cache: cache,
-    }
-}
-
 /// origin → accelerator → tap → client proxy.
 struct Stack {
     origin: Server,
+    _accelerator: Accelerator,
     tap: Tap,
     proxy: Proxy,
 }
@@ -666,11 +518,16 @@ impl Stack {
     async fn start_with(tweak: impl FnOnce(&mut ClientConfig)) -> Stack {
         let origin = start_origin().await;
         let accelerator = start_accelerator(origin.addr).await;
-        let tap = start_tap(accelerator).await;
+        let tap = start_tap(accelerator.addr).await;
         let mut config = client_config(tap.server.addr);
         tweak(&mut config);
-        let proxy = start_proxy(config).await;
-        Stack { origin, tap, proxy }
+        let proxy = Proxy::start(config).await;
+        Stack {
+            origin,
+            _accelerator: accelerator,
+            tap,
+            proxy,
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -896,7 +753,7 @@ async fn a_similar_url_is_the_basis_and_the_new_release_comes_as_a_small_delta()
 #[tokio::test]
 async fn a_large_body_is_stored_whole_by_the_background_writer() {
     let stack = Stack::start().await;
-    let plain = start_proxy(client_config(stack.origin.addr)).await;
+    let plain = Proxy::start(client_config(stack.origin.addr)).await;
     for (proxy, coded) in [(&stack.proxy, true), (&plain, false)] {
         let url = stack.url("/large.txt");
         let reply = send(
@@ -934,7 +791,12 @@ async fn a_large_body_is_stored_whole_by_the_background_writer() {
 #[tokio::test]
 async fn a_cache_write_failing_in_the_background_still_serves_every_byte() {
     let stack = Stack::start().await;
-    let proxy = start_proxy_with_budget(client_config(stack.tap.server.addr), 3 << 20).await;
+    let proxy = Proxy::start_with(
+        client_config(stack.tap.server.addr),
+        Cache::Temp(3 << 20),
+        Listen::default(),
+    )
+    .await;
     let url = stack.url("/large.txt");
     for _ in 0..2 {
         let reply = send(
@@ -1079,7 +941,6 @@ async fn a_hit_served_from_memory_never_outlives_its_entry() {
     // Wreck the body on disk: a hit from memory does not read it again.
     let key = CacheKey::parse(&url).unwrap();
     let body_file = stack
-        .proxy
         .proxy
         .store()
         .root()
@@ -1276,7 +1137,7 @@ async fn p23_a_post_passes_with_its_body_and_invalidates_the_entry() {
 #[tokio::test]
 async fn with_a_plain_origin_upstream_it_is_an_ordinary_caching_proxy() {
     let origin = start_origin().await;
-    let proxy = start_proxy(client_config(origin.addr)).await;
+    let proxy = Proxy::start(client_config(origin.addr)).await;
     let get = |path: &str| send(proxy.addr, forward(Method::GET, origin.addr, path));
     let url = |path: &str| format!("http://{}{path}", origin.addr);
 
@@ -1339,7 +1200,7 @@ enum Hostile {
 /// An "accelerator" that serves /app-1.js plainly (so the client seeds its
 /// cache) and answers /app-2.js per `behaviour`.
 async fn start_hostile(behaviour: Hostile) -> Server {
-    start_server(move |request, _| async move {
+    origin(move |request, _| async move {
         let body = match request.uri().path() {
             "/app-2.js" => release(2),
             // Rebuilds to less than the client relays whole.
@@ -1415,7 +1276,7 @@ async fn start_hostile(behaviour: Hostile) -> Server {
 /// stored as `/app-1.js`: the basis its next requests offer.
 async fn seeded_behind(behaviour: Hostile) -> (Server, Proxy) {
     let hostile = start_hostile(behaviour).await;
-    let proxy = start_proxy(client_config(hostile.addr)).await;
+    let proxy = Proxy::start(client_config(hostile.addr)).await;
     let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
     assert!(seed.body() == release(1));
     proxy
@@ -1546,7 +1407,7 @@ async fn d_a5_a_small_body_is_checked_before_its_head_and_sent_with_a_length() {
 #[tokio::test]
 async fn d_a5_a_small_plain_body_failing_the_origins_content_digest_is_a_clean_502() {
     let origin = start_origin().await;
-    let proxy = start_proxy(client_config(origin.addr)).await;
+    let proxy = Proxy::start(client_config(origin.addr)).await;
     let reply = send(
         proxy.addr,
         forward(Method::GET, origin.addr, "/bad-digest-small.js"),
@@ -1563,7 +1424,7 @@ async fn d_a5_a_small_plain_body_failing_the_origins_content_digest_is_a_clean_5
 #[tokio::test]
 async fn a_small_body_slower_than_the_upstream_wait_streams_instead() {
     let origin = start_origin().await;
-    let proxy = start_proxy(ClientConfig {
+    let proxy = Proxy::start(ClientConfig {
         upstream_timeout: Duration::from_secs(1),
         ..client_config(origin.addr)
     })
@@ -1636,7 +1497,7 @@ async fn d_a4_a_coded_body_failing_the_origins_content_digest_is_aborted_and_not
 #[tokio::test]
 async fn d_a5_a_plain_body_failing_the_origins_content_digest_never_looks_complete() {
     let origin = start_origin().await;
-    let proxy = start_proxy(client_config(origin.addr)).await;
+    let proxy = Proxy::start(client_config(origin.addr)).await;
     let reply = send(
         proxy.addr,
         forward(Method::GET, origin.addr, "/bad-digest.js"),
@@ -1664,7 +1525,7 @@ async fn d_a5_a_plain_body_failing_the_origins_content_digest_never_looks_comple
 async fn d_a7_an_echoed_basis_other_than_the_offered_one_is_a_502() {
     for behaviour in [Hostile::WrongBasis, Hostile::NoBasis] {
         let hostile = start_hostile(behaviour).await;
-        let proxy = start_proxy(client_config(hostile.addr)).await;
+        let proxy = Proxy::start(client_config(hostile.addr)).await;
         let url = |path: &str| format!("http://{}{path}", hostile.addr);
         let seed = send(proxy.addr, forward(Method::GET, hostile.addr, "/app-1.js")).await;
         assert!(seed.body() == release(1));
@@ -1876,7 +1737,7 @@ async fn p22_an_unreachable_upstream_is_a_502_at_once() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let proxy = start_proxy(client_config(closed)).await;
+    let proxy = Proxy::start(client_config(closed)).await;
     let started = Instant::now();
     let reply = send(proxy.addr, forward(Method::GET, closed, "/fresh.js")).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
@@ -2094,7 +1955,6 @@ async fn a_9_a_set_cookie_on_a_304_is_hers_and_never_replayed_to_another_user() 
         );
     }
     let stored = stack
-        .proxy
         .proxy
         .store()
         .get(&CacheKey::parse(&stack.url("/sliding.js")).unwrap())
@@ -2321,7 +2181,7 @@ fn l_13_readers_that_stop_reading_hold_no_thread() {
         .unwrap();
     runtime.block_on(async {
         let origin = start_origin().await;
-        let proxy = start_proxy(client_config(origin.addr)).await;
+        let proxy = Proxy::start(client_config(origin.addr)).await;
         let stored = send(proxy.addr, forward(Method::GET, origin.addr, "/large.txt")).await;
         assert!(stored.body() == large_body());
         proxy
@@ -2417,7 +2277,7 @@ async fn p_25_max_forwards_0_is_answered_here_and_a_loop_is_a_loop_however_space
 /// blocks), never the unchecked window.
 #[tokio::test]
 async fn c_v3_a_cut_before_a_windows_sig_keeps_only_the_checked_prefix() {
-    let upstream = start_server(|_request, _| async move {
+    let upstream = origin(|_request, _| async move {
         let body = release(1);
         let mut encoder = Encoder::new(
             None,
@@ -2453,7 +2313,7 @@ async fn c_v3_a_cut_before_a_windows_sig_keeps_only_the_checked_prefix() {
         )
     })
     .await;
-    let proxy = start_proxy(client_config(upstream.addr)).await;
+    let proxy = Proxy::start(client_config(upstream.addr)).await;
     let request = forward(Method::GET, upstream.addr, "/app-1.js");
     let (received, complete) = receive_frames(proxy.addr, request, usize::MAX).await;
     assert!(!complete);
@@ -2488,7 +2348,7 @@ async fn c_v3_a_cut_before_a_windows_sig_keeps_only_the_checked_prefix() {
 #[tokio::test]
 async fn l_13_a_stalled_user_agents_body_is_spooled_and_the_relay_finishes() {
     let origin = start_origin().await;
-    let proxy = start_proxy(client_config(origin.addr)).await;
+    let proxy = Proxy::start(client_config(origin.addr)).await;
     let mut stalled = Vec::new();
     for i in 0..8 {
         let target = format!("http://{}/large.txt?copy={i}", origin.addr);

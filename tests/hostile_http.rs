@@ -27,11 +27,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::cache::{CacheKey, CacheStore, Completeness};
-use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::http::server::{ConnectionLimits, Handler, ProxyBody, serve};
-use tempfile::TempDir;
+use rproxy::accelerator::AcceleratorConfig;
+use rproxy::cache::{CacheKey, Completeness};
+use rproxy::client_proxy::ClientConfig;
+use rproxy::http::server::{Handler, ProxyBody};
+use support::topology::{
+    Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -124,70 +126,39 @@ impl Handler for Origin {
     }
 }
 
-async fn listen<H: Handler>(handler: Arc<H>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        handler,
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    addr
-}
-
-async fn start_accelerator(origin: SocketAddr) -> SocketAddr {
-    let accelerator = Accelerator::new(AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
-        connect_timeout: Duration::from_secs(2),
+async fn start_accelerator(origin: SocketAddr) -> Accelerator {
+    Accelerator::start(AcceleratorConfig {
         origin_timeout: Duration::from_secs(3),
         basis_store_bytes: 1 << 20,
         max_stored_body: 64 << 10,
-        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
+        ..accelerator_config(origin)
     })
-    .unwrap();
-    listen(Arc::new(accelerator)).await
+    .await
 }
 
-struct Client {
-    addr: SocketAddr,
-    proxy: Arc<ClientProxy>,
-    _cache: TempDir,
+type Client = ClientProxy;
+
+/// A caching client proxy in front of `upstream`, with short timeouts and
+/// a small cache.
+async fn start_client(upstream: SocketAddr) -> Client {
+    let config = ClientConfig {
+        upstream_timeout: Duration::from_secs(3),
+        lock_timeout: Duration::from_secs(3),
+        max_object_bytes: 1 << 20,
+        memory_cache_bytes: 1 << 20,
+        ..support::proxy::client_config(&format!("http://{upstream}"))
+    };
+    ClientProxy::start_with(config, Cache::Temp(8 << 20), Listen::default()).await
 }
 
 impl Client {
-    async fn start(upstream: SocketAddr) -> Client {
-        let cache = tempfile::tempdir().unwrap();
-        let store = CacheStore::open(cache.path().join("cache"), 8 << 20).unwrap();
-        let proxy = Arc::new(
-            ClientProxy::new(
-                ClientConfig {
-                    upstream_timeout: Duration::from_secs(3),
-                    lock_timeout: Duration::from_secs(3),
-                    max_object_bytes: 1 << 20,
-                    memory_cache_bytes: 1 << 20,
-                    ..support::proxy::client_config(&format!("http://{upstream}"))
-                },
-                store,
-            )
-            .unwrap(),
-        );
-        let addr = listen(proxy.clone()).await;
-        Client {
-            addr,
-            proxy,
-            _cache: cache,
-        }
-    }
-
     fn stored(&self) -> usize {
-        self.proxy.store().len()
+        self.store().len()
     }
 
     /// The entry for `url`, whatever its completeness.
     fn entry(&self, url: &str) -> Option<Completeness> {
-        self.proxy
-            .store()
+        self.store()
             .lookup(&CacheKey::parse(url).unwrap())
             .map(|e| e.completeness)
     }
@@ -196,19 +167,19 @@ impl Client {
 /// The recording origin, with the client proxy (an ordinary caching proxy
 /// whose upstream is the origin) and the accelerator in front of it.
 struct Rig {
-    origin: Arc<Origin>,
+    origin: Server<Origin>,
     origin_addr: SocketAddr,
-    accelerator: SocketAddr,
+    accelerator: Accelerator,
     client: Client,
 }
 
 impl Rig {
     async fn start() -> Rig {
-        let origin = Arc::new(Origin::default());
-        let origin_addr = listen(origin.clone()).await;
+        let origin = serve(Arc::new(Origin::default()), Listen::default()).await;
+        let origin_addr = origin.addr;
         Rig {
             accelerator: start_accelerator(origin_addr).await,
-            client: Client::start(origin_addr).await,
+            client: start_client(origin_addr).await,
             origin,
             origin_addr,
         }
@@ -223,7 +194,7 @@ impl Rig {
             },
             Front {
                 name: "accelerator",
-                addr: self.accelerator,
+                addr: self.accelerator.addr,
                 prefix: String::new(),
             },
         ]
@@ -1342,7 +1313,7 @@ async fn fake_connection(fake: Arc<Fake>, id: usize, mut stream: TcpStream) {
 struct FakeRig {
     fake: Arc<Fake>,
     fake_addr: SocketAddr,
-    accelerator: SocketAddr,
+    accelerator: Accelerator,
     direct: Client,
     chain: Client,
 }
@@ -1352,8 +1323,8 @@ impl FakeRig {
         let (fake, fake_addr) = start_fake().await;
         let accelerator = start_accelerator(fake_addr).await;
         FakeRig {
-            direct: Client::start(fake_addr).await,
-            chain: Client::start(accelerator).await,
+            direct: start_client(fake_addr).await,
+            chain: start_client(accelerator.addr).await,
             fake,
             fake_addr,
             accelerator,
@@ -1367,7 +1338,7 @@ impl FakeRig {
     /// (name, listener, target, the client proxy whose cache is behind it).
     fn fronts(&self, path: &str) -> [(&'static str, SocketAddr, String, Option<&Client>); 3] {
         [
-            ("accelerator", self.accelerator, path.to_owned(), None),
+            ("accelerator", self.accelerator.addr, path.to_owned(), None),
             (
                 "client proxy",
                 self.direct.addr,

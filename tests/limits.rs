@@ -4,6 +4,8 @@
 //! the connection cap. The accelerator in front of a recording origin
 //! stands for both roles: the limits live in the shared connection layer.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,10 +15,11 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
-use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, serve};
+use rproxy::accelerator::AcceleratorConfig;
+use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody};
+use support::topology::{Accelerator, Listen, Server, accelerator_config, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// Large enough that loopback socket buffers cannot hold it.
 const BIG: usize = 64 << 20;
@@ -47,38 +50,24 @@ impl Handler for Origin {
 }
 
 struct Stack {
-    origin: Arc<Origin>,
+    origin: Server<Origin>,
+    _accelerator: Accelerator,
     addr: SocketAddr,
 }
 
 async fn start(limits: ConnectionLimits) -> Stack {
-    let origin = Arc::new(Origin::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let origin_addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        origin.clone(),
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    let accelerator = Accelerator::new(AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
-        connect_timeout: Duration::from_secs(2),
-        origin_timeout: Duration::from_secs(5),
+    let origin = serve(Arc::new(Origin::default()), Listen::default()).await;
+    let config = AcceleratorConfig {
         basis_store_bytes: 0,
         max_stored_body: 0,
-        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
-    })
-    .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        Arc::new(accelerator),
-        limits,
-        std::future::pending(),
-    ));
-    Stack { origin, addr }
+        ..accelerator_config(origin.addr)
+    };
+    let accelerator = Accelerator::start_with(config, Listen::with_limits(limits)).await;
+    Stack {
+        addr: accelerator.addr,
+        origin,
+        _accelerator: accelerator,
+    }
 }
 
 impl Stack {
@@ -334,14 +323,8 @@ async fn a_held_connection_outlives_the_header_timeout_once() {
         idle_timeout: Duration::from_secs(1),
         ..ConnectionLimits::default()
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        Arc::new(Holder),
-        limits,
-        std::future::pending(),
-    ));
+    let holder = serve(Arc::new(Holder), Listen::with_limits(limits)).await;
+    let addr = holder.addr;
 
     // Plain: idle past the header timeout, the connection is gone.
     let mut plain = TcpStream::connect(addr).await.unwrap();

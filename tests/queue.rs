@@ -4,21 +4,24 @@
 //! in that order, PARQ, legacy and passive alike; a newcomer never
 //! overtakes them; auth comes before a place.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
-use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
+use rproxy::http::server::{BodyError, Handler, ProxyBody};
 use rproxy::queue::QueueConfig;
+use support::topology::{Listen, Server, accelerator_config, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{Mutex, mpsc};
 
 /// `/slow` sends one chunk, then its end once the test sends on `finish`;
@@ -81,8 +84,9 @@ fn tokio_stream_from(
 
 struct Stack {
     addr: SocketAddr,
-    origin: Arc<Origin>,
+    origin: Server<Origin>,
     finish: mpsc::Sender<()>,
+    _gate: Server<AuthGate<Accelerator>>,
 }
 
 async fn start(state: Option<std::path::PathBuf>) -> Stack {
@@ -100,28 +104,18 @@ async fn start_with(
         requests: AtomicUsize::new(0),
         queue_headers: AtomicUsize::new(0),
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let origin_addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        origin.clone(),
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
+    let origin = serve(origin, Listen::default()).await;
     let mut queue = QueueConfig::new(1.try_into().unwrap(), 100);
     // Retries come at once here rather than after Retry-After (30 s).
     queue.retry_slack = Duration::from_secs(600);
     tweak(&mut queue);
     let accelerator = Accelerator::new(AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
-        connect_timeout: Duration::from_secs(2),
-        origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 0,
         max_stored_body: 0,
         queue: Some(queue),
         queue_state: state,
         max_encoders: 0,
-        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
+        ..accelerator_config(origin.addr)
     })
     .unwrap();
     let mut users = AuthFile::default();
@@ -130,21 +124,15 @@ async fn start_with(
         accelerator,
         Some(Authenticator::new(&users, "rproxy").unwrap()),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    if let Some(slots) = gate.role().slots() {
-        tokio::spawn(slots.clone().run_timer(addr));
-    }
-    tokio::spawn(serve(
-        listener,
-        Arc::new(gate),
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
+    let slots = gate.role().slots().cloned();
+    let gate = serve(Arc::new(gate), Listen::default())
+        .await
+        .with_slot_timer(slots.as_ref());
     Stack {
-        addr,
+        addr: gate.addr,
         origin,
         finish,
+        _gate: gate,
     }
 }
 

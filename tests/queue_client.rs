@@ -21,11 +21,12 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::accelerator::AcceleratorConfig;
+use rproxy::client_proxy::ClientConfig;
 use rproxy::client_proxy::queue_wait::QueueWaitConfig;
-use rproxy::client_proxy::{ClientConfig, ClientProxy};
-use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody, serve};
+use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody};
 use rproxy::queue::{Callback, QueueConfig, QueueId};
+use support::topology::{Accelerator, Cache, ClientProxy, Listen, Server, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -89,8 +90,9 @@ impl futures_core::Stream for Receiver {
 }
 
 struct Accel {
+    _accelerator: Accelerator,
     addr: SocketAddr,
-    origin: Arc<Origin>,
+    origin: Server<Origin>,
     finish: mpsc::Sender<()>,
     /// The connection holding the one slot with `/slow`.
     holder: TcpStream,
@@ -103,34 +105,16 @@ async fn accelerator(queue: QueueConfig) -> Accel {
         finish: tokio::sync::Mutex::new(Some(finish_rx)),
         paths: Mutex::new(Vec::new()),
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let origin_addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        origin.clone(),
-        patient(),
-        std::future::pending(),
-    ));
-    let accelerator = Accelerator::new(AcceleratorConfig {
+    let origin = serve(origin, Listen::with_limits(patient())).await;
+    let config = AcceleratorConfig {
         via_name: HeaderValue::from_static("accel-test"),
         basis_store_bytes: 0,
         max_stored_body: 0,
         queue: Some(queue),
-        ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse().unwrap())
-    })
-    .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    if let Some(slots) = accelerator.slots() {
-        tokio::spawn(slots.clone().run_timer(addr));
-    }
-    tokio::spawn(serve(
-        listener,
-        Arc::new(accelerator),
-        patient(),
-        std::future::pending(),
-    ));
-    let mut holder = TcpStream::connect(addr).await.unwrap();
+        ..AcceleratorConfig::for_origin(format!("http://{}", origin.addr).parse().unwrap())
+    };
+    let accelerator = Accelerator::start_with(config, Listen::with_limits(patient())).await;
+    let mut holder = TcpStream::connect(accelerator.addr).await.unwrap();
     holder
         .write_all(b"GET /slow HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n")
         .await
@@ -142,7 +126,8 @@ async fn accelerator(queue: QueueConfig) -> Accel {
         "the holder is served"
     );
     Accel {
-        addr,
+        addr: accelerator.addr,
+        _accelerator: accelerator,
         origin,
         finish,
         holder,
@@ -151,11 +136,10 @@ async fn accelerator(queue: QueueConfig) -> Accel {
 
 impl Accel {
     /// Ends the `/slow` body: the slot is free.
-    async fn free_the_slot(mut self) -> (Arc<Origin>, SocketAddr) {
+    async fn free_the_slot(&mut self) {
         self.finish.send(()).await.unwrap();
         let mut rest = Vec::new();
         self.holder.read_to_end(&mut rest).await.unwrap();
-        (self.origin, self.addr)
     }
 }
 
@@ -232,40 +216,16 @@ async fn relay(upstream: SocketAddr, legacy: bool) -> (SocketAddr, Log) {
 // ---------------------------------------------------------------------------
 // The client proxy and user agents
 
-struct Client {
-    addr: SocketAddr,
-    proxy: Arc<ClientProxy>,
-    _cache: tempfile::TempDir,
-}
+type Client = ClientProxy;
 
 async fn client(upstream: SocketAddr, queue: QueueWaitConfig) -> Client {
-    let cache = tempfile::tempdir().unwrap();
-    let store = rproxy::cache::CacheStore::open(cache.path().join("cache"), 1 << 20).unwrap();
-    let proxy = Arc::new(
-        ClientProxy::new(
-            ClientConfig {
-                max_object_bytes: 1 << 20,
-                memory_cache_bytes: 0,
-                queue,
-                ..support::proxy::client_config(&format!("http://{upstream}"))
-            },
-            store,
-        )
-        .unwrap(),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        proxy.clone(),
-        patient(),
-        std::future::pending(),
-    ));
-    Client {
-        addr,
-        proxy,
-        _cache: cache,
-    }
+    let config = ClientConfig {
+        max_object_bytes: 1 << 20,
+        memory_cache_bytes: 0,
+        queue,
+        ..support::proxy::client_config(&format!("http://{upstream}"))
+    };
+    ClientProxy::start_with(config, Cache::Temp(1 << 20), Listen::with_limits(patient())).await
 }
 
 /// Waits of at most `wait_max`, whether the user agent holds its
@@ -336,10 +296,10 @@ fn requests_on(log: &Log) -> Vec<usize> {
 
 #[tokio::test(start_paused = true)]
 async fn parq_waits_keep_their_sq_places_on_held_connections_first_come_first_served() {
-    let accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
+    let mut accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
     let (relayed, log) = relay(accel.addr, false).await;
     let client = client(relayed, waits(300)).await;
-    let waiting = client.proxy.queue_waits().clone();
+    let waiting = client.handler.queue_waits().clone();
 
     let a = tokio::spawn(exchange(client.addr, get("/a", "")));
     until("A waits", || waiting.waiting() == 1).await;
@@ -373,7 +333,8 @@ async fn parq_waits_keep_their_sq_places_on_held_connections_first_come_first_se
     // still queued, in Sq, on connections of their own. The slot frees
     // at 55 s; A is served at its next poll (60 s), then B (100 s).
     tokio::time::sleep(Duration::from_secs(55)).await;
-    let (origin, _) = accel.free_the_slot().await;
+    accel.free_the_slot().await;
+    let origin = &accel.origin;
     let a = a.await.unwrap();
     let b = b.await.unwrap();
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");
@@ -411,10 +372,10 @@ async fn legacy_waits_poll_one_held_connection_between_poll_min_and_poll_max() {
     let mut queue = QueueConfig::new(1.try_into().unwrap(), 100);
     queue.legacy_poll_min = Duration::from_secs(45);
     queue.legacy_poll_max = Duration::from_secs(120);
-    let accel = accelerator(queue).await;
+    let mut accel = accelerator(queue).await;
     let (relayed, log) = relay(accel.addr, true).await;
     let client = client(relayed, waits(300)).await;
-    let waiting = client.proxy.queue_waits().clone();
+    let waiting = client.handler.queue_waits().clone();
 
     let started = Instant::now();
     let a = tokio::spawn(exchange(client.addr, get("/a", "")));
@@ -438,7 +399,8 @@ async fn legacy_waits_poll_one_held_connection_between_poll_min_and_poll_max() {
     );
 
     tokio::time::sleep(Duration::from_secs(100)).await;
-    let (origin, _) = accel.free_the_slot().await;
+    accel.free_the_slot().await;
+    let origin = &accel.origin;
     let a = a.await.unwrap();
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");
     assert_eq!(*origin.paths.lock().unwrap(), ["/slow", "/a"]);
@@ -479,9 +441,9 @@ async fn legacy_waits_poll_one_held_connection_between_poll_min_and_poll_max() {
 
 #[tokio::test(start_paused = true)]
 async fn a_navigation_gets_a_waiting_page_and_its_reload_gets_the_answer() {
-    let accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
+    let mut accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
     let client = client(accel.addr, waits(300)).await;
-    let waiting = client.proxy.queue_waits().clone();
+    let waiting = client.handler.queue_waits().clone();
 
     let started = Instant::now();
     let page = exchange(client.addr, get("/page?a=1&b=%3C2%3E", BROWSER)).await;
@@ -543,7 +505,8 @@ async fn a_navigation_gets_a_waiting_page_and_its_reload_gets_the_answer() {
 
     // The slot frees; the background wait is served at its next poll
     // (30 s after the first answer), and the next reload gets that answer.
-    let (origin, _) = accel.free_the_slot().await;
+    accel.free_the_slot().await;
+    let origin = &accel.origin;
     let mut answer = String::new();
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -622,7 +585,7 @@ const ID: &str = "0123456789abcdef0123456789abcdef";
 async fn a_background_wait_nobody_comes_back_for_is_dropped() {
     let (upstream, heads) = parq_upstream(10, usize::MAX).await;
     let client = client(upstream, waits(300)).await;
-    let waiting = client.proxy.queue_waits().clone();
+    let waiting = client.handler.queue_waits().clone();
     let page = exchange(client.addr, get("/page", BROWSER)).await;
     assert!(page.starts_with("HTTP/1.1 503"), "{page}");
     assert!(body(&page).contains("<td>9 of 12</td>"), "{page}");
@@ -647,7 +610,7 @@ async fn a_background_wait_nobody_comes_back_for_is_dropped() {
 async fn a_background_wait_ends_at_queue_wait_max_with_the_upstreams_503() {
     let (upstream, heads) = parq_upstream(10, usize::MAX).await;
     let client = client(upstream, waits(25)).await;
-    let waiting = client.proxy.queue_waits().clone();
+    let waiting = client.handler.queue_waits().clone();
     let page = exchange(client.addr, get("/page", BROWSER)).await;
     assert!(page.starts_with("HTTP/1.1 503"), "{page}");
     // Reloads keep it parked; at 25 s it gives up, and the reload after
@@ -688,8 +651,8 @@ async fn a_queue_callback_wakes_its_wait_and_junk_is_dropped() {
         },
     )
     .await;
-    tokio::spawn(client.proxy.serve_queue_callbacks(callbacks));
-    let waiting = client.proxy.queue_waits().clone();
+    tokio::spawn(client.handler.serve_queue_callbacks(callbacks));
+    let waiting = client.handler.queue_waits().clone();
     let started = Instant::now();
     let answer = tokio::spawn(exchange(client.addr, get("/file", "")));
     until("the request waits", || waiting.waiting() == 1).await;
@@ -830,7 +793,7 @@ async fn a_request_its_user_agent_waits_on_gives_up_by_its_own_bound() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_given_up_at_the_head_does_not_keep_the_free_slot_from_the_next() {
-    let accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
+    let mut accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
     // A's user agent is on the line: its client proxy answers it by 45 s.
     let impatient = client(
         accel.addr,
@@ -843,16 +806,17 @@ async fn a_wait_given_up_at_the_head_does_not_keep_the_free_slot_from_the_next()
     let patient = client(accel.addr, waits(600)).await;
     let started = Instant::now();
     let a = tokio::spawn(exchange(impatient.addr, get("/a", "")));
-    until("A waits", || impatient.proxy.queue_waits().waiting() == 1).await;
+    until("A waits", || impatient.handler.queue_waits().waiting() == 1).await;
     let b = tokio::spawn(exchange(patient.addr, get("/b", "")));
-    until("B waits", || patient.proxy.queue_waits().waiting() == 1).await;
+    until("B waits", || patient.handler.queue_waits().waiting() == 1).await;
 
     // A gives up at its poll at 30 s (the next, at 60 s, would be too
     // late), leaving its place at the head upstream until its lifetime
     // lapses (Retry-After 30 s + 300 s).
     let a = a.await.unwrap();
     assert!(a.starts_with("HTTP/1.1 503"), "{a}");
-    let (origin, _) = accel.free_the_slot().await;
+    accel.free_the_slot().await;
+    let origin = &accel.origin;
 
     // The slot waits for A only until its Retry-After and a grace (70 s):
     // B, at position 2, polls at 50 s (held for A) and at 100 s (served).
@@ -871,10 +835,10 @@ async fn a_wait_given_up_at_the_head_does_not_keep_the_free_slot_from_the_next()
 
 #[tokio::test(start_paused = true)]
 async fn a_11_the_stats_show_waits_by_place_never_by_url_or_query() {
-    let accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
+    let mut accel = accelerator(QueueConfig::new(1.try_into().unwrap(), 100)).await;
     let (relayed, _log) = relay(accel.addr, false).await;
     let client = client(relayed, waits(300)).await;
-    let waiting = client.proxy.queue_waits().clone();
+    let waiting = client.handler.queue_waits().clone();
     let alice = tokio::spawn(exchange(
         client.addr,
         get("/account/statement?token=alice-secret-token", BROWSER),
@@ -893,7 +857,6 @@ async fn a_11_the_stats_show_waits_by_place_never_by_url_or_query() {
     ] {
         assert!(!text.contains(private), "{private} in the stats: {now}");
     }
-    let (origin, _) = accel.free_the_slot().await;
-    drop(origin);
+    accel.free_the_slot().await;
     alice.abort();
 }

@@ -11,16 +11,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response, Version};
+use http::{Request, Response, Version};
 use hyper::body::Incoming;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::accelerator::Accelerator;
 use rproxy::cache::CacheStore;
-use rproxy::client_proxy::{ClientConfig, ClientProxy};
+use rproxy::client_proxy::ClientConfig;
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, serve, serve_tls};
+use rproxy::http::server::{Handler, Peer, ProxyBody};
+use support::topology::{Cache, ClientProxy, Listen, Server, accelerator_config, serve};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const OLD: &str = "/jquery/3.7.0/jquery.js";
 const NEW: &str = "/jquery/3.7.1/jquery.js";
@@ -61,11 +62,9 @@ impl Handler for Recording {
 }
 
 struct Pair {
-    origin: SocketAddr,
-    accelerator: Arc<Recording>,
-    accelerator_addr: SocketAddr,
-    client: Arc<ClientProxy>,
-    client_addr: SocketAddr,
+    origin: Server<StaticOrigin>,
+    accelerator: Server<Recording>,
+    client: ClientProxy,
     _dir: TempDir,
 }
 
@@ -75,39 +74,20 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path());
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let origin = listener.local_addr().unwrap();
     let files =
         StaticOrigin::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")).unwrap();
-    tokio::spawn(serve(
-        listener,
-        Arc::new(files),
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
+    let origin = serve(Arc::new(files), Listen::default()).await;
 
-    let accelerator = Accelerator::new(AcceleratorConfig {
-        via_name: HeaderValue::from_static("accel-test"),
-        connect_timeout: Duration::from_secs(2),
-        origin_timeout: Duration::from_secs(5),
-        basis_store_bytes: 16 << 20,
-        max_stored_body: 4 << 20,
-        ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
-    })
-    .unwrap();
+    let accelerator = Accelerator::new(accelerator_config(origin.addr)).unwrap();
     let accelerator = Arc::new(Recording {
         inner: Arc::new(accelerator),
         seen: Mutex::new(Vec::new()),
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let accelerator_addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_tls(
-        listener,
-        accelerator.clone(),
-        ConnectionLimits::default(),
-        rproxy::http::tls::server_config(&cert, &key).unwrap(),
-        std::future::pending(),
-    ));
+    let over_tls = Listen {
+        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+        ..Listen::default()
+    };
+    let accelerator = serve(accelerator, over_tls).await;
 
     let ca = if trust_own {
         cert
@@ -120,31 +100,16 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
     let mut tls = (*rproxy::http::tls::client_config(Some(&ca)).unwrap()).clone();
     tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let store = CacheStore::open(dir.path().join("cache"), 64 << 20).unwrap();
-    let client = Arc::new(
-        ClientProxy::new(
-            ClientConfig {
-                memory_cache_bytes: 0,
-                upstream_tls: Some(Arc::new(tls)),
-                ..support::proxy::client_config(&format!("https://{accelerator_addr}"))
-            },
-            store,
-        )
-        .unwrap(),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client_addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        client.clone(),
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
+    let config = ClientConfig {
+        memory_cache_bytes: 0,
+        upstream_tls: Some(Arc::new(tls)),
+        ..support::proxy::client_config(&format!("https://{}", accelerator.addr))
+    };
+    let client = ClientProxy::start_with(config, Cache::Store(store), Listen::default()).await;
     Pair {
         origin,
         accelerator,
-        accelerator_addr,
         client,
-        client_addr,
         _dir: dir,
     }
 }
@@ -174,11 +139,11 @@ impl Pair {
 #[tokio::test]
 async fn over_http2_the_newer_release_comes_as_a_delta_on_one_connection() {
     let pair = start(true, &[b"h2", b"http/1.1"]).await;
-    let old = format!("http://{}{OLD}", pair.origin);
-    let new = format!("http://{}{NEW}", pair.origin);
-    assert_eq!(get(pair.client_addr, &old).await, (200, data(OLD)));
-    assert_eq!(get(pair.client_addr, &new).await, (200, data(NEW)));
-    let stats = pair.client.stats().snapshot();
+    let old = format!("http://{}{OLD}", pair.origin.addr);
+    let new = format!("http://{}{NEW}", pair.origin.addr);
+    assert_eq!(get(pair.client.addr, &old).await, (200, data(OLD)));
+    assert_eq!(get(pair.client.addr, &new).await, (200, data(NEW)));
+    let stats = pair.client.stats();
     assert_eq!(stats.deltas, 2, "both came as hsync streams");
     let (from_delta, total) = (stats.upstream_bytes, data(NEW).len() + data(OLD).len());
     assert!(
@@ -188,7 +153,7 @@ async fn over_http2_the_newer_release_comes_as_a_delta_on_one_connection() {
 
     // Gateway form too: the HTTP/2 authority names the accelerator itself.
     assert_eq!(
-        get(pair.client_addr, "/index.html").await,
+        get(pair.client.addr, "/index.html").await,
         (200, data("/index.html"))
     );
 
@@ -198,7 +163,7 @@ async fn over_http2_the_newer_release_comes_as_a_delta_on_one_connection() {
         "/jquery/3.7.0/jquery.js?b",
         "/index.html?c",
     ]
-    .map(|path| tokio::spawn(get(pair.client_addr, path)));
+    .map(|path| tokio::spawn(get(pair.client.addr, path)));
     for fetch in fetches {
         assert_eq!(fetch.await.unwrap().0, 200);
     }
@@ -219,8 +184,8 @@ async fn over_http2_the_newer_release_comes_as_a_delta_on_one_connection() {
     // The accelerator's own stats answer over HTTP/2 too, where the
     // target names the accelerator (before, they went to the origin).
     let (status, body) = get(
-        pair.client_addr,
-        &format!("http://{}/.rproxy/stats", pair.accelerator_addr),
+        pair.client.addr,
+        &format!("http://{}/.rproxy/stats", pair.accelerator.addr),
     )
     .await;
     let body = String::from_utf8_lossy(&body);
@@ -232,16 +197,16 @@ async fn over_http2_the_newer_release_comes_as_a_delta_on_one_connection() {
 #[tokio::test]
 async fn over_http1_on_tls_the_exchange_is_the_same() {
     let pair = start(true, &[b"http/1.1"]).await;
-    let old = format!("http://{}{OLD}", pair.origin);
-    let new = format!("http://{}{NEW}", pair.origin);
-    assert_eq!(get(pair.client_addr, &old).await, (200, data(OLD)));
-    assert_eq!(get(pair.client_addr, &new).await, (200, data(NEW)));
+    let old = format!("http://{}{OLD}", pair.origin.addr);
+    let new = format!("http://{}{NEW}", pair.origin.addr);
+    assert_eq!(get(pair.client.addr, &old).await, (200, data(OLD)));
+    assert_eq!(get(pair.client.addr, &new).await, (200, data(NEW)));
     assert_eq!(
-        get(pair.client_addr, "/index.html").await,
+        get(pair.client.addr, "/index.html").await,
         (200, data("/index.html"))
     );
     // The page too came as an hsync stream (from scratch: no basis).
-    assert_eq!(pair.client.stats().snapshot().deltas, 3);
+    assert_eq!(pair.client.stats().deltas, 3);
     let seen = pair.seen();
     assert_eq!(seen.len(), 3);
     assert!(
@@ -253,8 +218,8 @@ async fn over_http1_on_tls_the_exchange_is_the_same() {
 #[tokio::test]
 async fn an_untrusted_certificate_is_a_502_and_nothing_is_fetched() {
     let pair = start(false, &[b"h2", b"http/1.1"]).await;
-    let old = format!("http://{}{OLD}", pair.origin);
-    let (status, body) = get(pair.client_addr, &old).await;
+    let old = format!("http://{}{OLD}", pair.origin.addr);
+    let (status, body) = get(pair.client.addr, &old).await;
     let body = String::from_utf8_lossy(&body);
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("certificate"), "says why: {body}");

@@ -53,14 +53,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
+use crate::http::error::{Fault, ProxyError};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
 };
 use crate::http::server::{
-    BodyError, ConnectionNumber, Handler, ProxyBody, bad_request_body, counted,
-    malformed_request_body, text_response,
+    BodyError, ConnectionNumber, Handler, ProxyBody, counted, malformed_request_body,
 };
 use crate::http::spool::{BodyFeed, Spool, SpoolDisk};
 use crate::http::tls::TlsSession;
@@ -160,7 +160,17 @@ pub struct Stats {
     requests: AtomicU64,
     coded: AtomicU64,
     passed: AtomicU64,
+    /// Every refusal the role made, whoever was at fault: the sum of the
+    /// four below.
     refused: AtomicU64,
+    /// Refusals by fault, so that an origin outage (upstream) does not
+    /// read like clients sending bad requests.
+    refused_client: AtomicU64,
+    refused_upstream: AtomicU64,
+    refused_overload: AtomicU64,
+    refused_proxy: AtomicU64,
+    /// Answered from the upload queue (503 with or without a place): an
+    /// overload answer, counted apart from refusals as before.
     queued: AtomicU64,
     body_bytes: AtomicU64,
     stream_bytes: AtomicU64,
@@ -174,15 +184,31 @@ impl Stats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts a refusal, in the total and under its fault.
+    fn refused(&self, fault: Fault) {
+        Self::add(&self.refused, 1);
+        let by_fault = match fault {
+            Fault::Client => &self.refused_client,
+            Fault::Upstream => &self.refused_upstream,
+            Fault::Overload => &self.refused_overload,
+            Fault::Proxy => &self.refused_proxy,
+        };
+        Self::add(by_fault, 1);
+    }
+
     /// The counters as a JSON object.
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{}}}\n",
+            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"refused_client\":{},\"refused_upstream\":{},\"refused_overload\":{},\"refused_proxy\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
             get(&self.passed),
             get(&self.refused),
+            get(&self.refused_client),
+            get(&self.refused_upstream),
+            get(&self.refused_overload),
+            get(&self.refused_proxy),
             get(&self.queued),
             get(&self.body_bytes),
             get(&self.stream_bytes),
@@ -274,23 +300,19 @@ impl Accelerator {
         self.slots.as_ref()
     }
 
-    /// Refuses a request with a short plain-text error, counted.
-    fn refuse(&self, status: StatusCode, message: String) -> Response<ProxyBody> {
-        Stats::add(&self.stats.refused, 1);
-        Self::error(status, message)
-    }
-
-    /// Answers with a short plain-text error.
-    fn error(status: StatusCode, message: String) -> Response<ProxyBody> {
-        tracing::info!(status = status.as_u16(), %message, "refused");
-        text_response(status, message)
+    /// Refuses a request: counted under its fault, logged, answered.
+    fn refuse(&self, error: ProxyError) -> Response<ProxyBody> {
+        self.stats.refused(error.fault());
+        error.log_and_respond()
     }
 
     /// The origin-form target, or why the request cannot go to our origin
     /// (P-12, A-7: nothing goes anywhere but the configured origin).
-    fn origin_target(&self, request: &Request<Incoming>) -> Result<PathAndQuery, String> {
+    fn origin_target(&self, request: &Request<Incoming>) -> Result<PathAndQuery, ProxyError> {
         if request.method() == Method::CONNECT {
-            return Err("the accelerator does not tunnel (CONNECT)".into());
+            return Err(ProxyError::bad_request(
+                "the accelerator does not tunnel (CONNECT)",
+            ));
         }
         let uri = request.uri();
         if let Some(authority) = uri.authority().filter(|a| !names_us(request, a)) {
@@ -299,16 +321,18 @@ impl Accelerator {
                 .eq_ignore_ascii_case(self.origin_authority.host());
             let port = |a: &Authority| a.port_u16().unwrap_or(80);
             if !same_host || port(authority) != port(&self.origin_authority) {
-                return Err(format!(
+                return Err(ProxyError::bad_request(format!(
                     "this accelerator serves only http://{}; {uri} is elsewhere",
                     self.origin_authority
-                ));
+                )));
             }
         }
         match uri.path_and_query() {
             Some(target) if target.as_str().starts_with('/') => Ok(target.clone()),
             _ if request.method() == Method::OPTIONS => Ok(PathAndQuery::from_static("*")),
-            _ => Err(format!("request target {uri} is not a path")),
+            _ => Err(ProxyError::bad_request(format!(
+                "request target {uri} is not a path"
+            ))),
         }
     }
 
@@ -334,16 +358,13 @@ impl Accelerator {
         }
         let target = match self.origin_target(&request) {
             Ok(target) => target,
-            Err(message) => return self.refuse(StatusCode::BAD_REQUEST, message),
+            Err(refusal) => return self.refuse(refusal),
         };
         if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
-            return self.refuse(
-                StatusCode::LOOP_DETECTED,
-                format!(
-                    "request already passed {}",
-                    self.config.via_name.to_str().unwrap_or("us")
-                ),
-            );
+            return self.refuse(ProxyError::loop_detected(format!(
+                "request already passed {}",
+                self.config.via_name.to_str().unwrap_or("us")
+            )));
         }
         let method = request.method().clone();
         if max_forwards(&method, request.headers_mut()) == Hop::Answer {
@@ -393,7 +414,7 @@ impl Accelerator {
             .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok());
 
         if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
-            return self.refuse(StatusCode::BAD_REQUEST, error.to_string());
+            return self.refuse(ProxyError::bad_request(error.to_string()));
         }
         parts.headers.remove(HSYNC_SIGNATURE);
         parts.headers.remove(HSYNC_BASIS);
@@ -438,22 +459,19 @@ impl Accelerator {
                 .await
             {
                 Err(_) => {
-                    return self.refuse(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        format!(
-                            "origin sent no response head within {:?}",
-                            self.config.origin_timeout
-                        ),
-                    );
+                    return self.refuse(ProxyError::upstream_timeout(format!(
+                        "origin sent no response head within {:?}",
+                        self.config.origin_timeout
+                    )));
                 }
+                // The exchange failed on the client's body, not the origin.
                 Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
-                    return bad_request_body(violation);
+                    return self.refuse(ProxyError::malformed_request(violation));
                 }
                 Ok(Err(error)) => {
-                    return self.refuse(
-                        StatusCode::BAD_GATEWAY,
-                        format!("origin unreachable: {error}"),
-                    );
+                    return self.refuse(ProxyError::upstream_unreachable(format!(
+                        "origin unreachable: {error}"
+                    )));
                 }
                 Ok(Ok(response)) => response,
             };
@@ -462,10 +480,9 @@ impl Accelerator {
             if let Some(connected) = connection.connection_metadata().as_ref() {
                 connected.poison();
             }
-            return self.refuse(
-                StatusCode::BAD_GATEWAY,
-                format!("origin response: {message}"),
-            );
+            return self.refuse(ProxyError::bad_upstream_response(format!(
+                "origin response: {message}"
+            )));
         }
         let framing = upstream_guard::last_exchange(&connection);
         let (mut parts, body) = response.into_parts();
@@ -477,7 +494,9 @@ impl Accelerator {
         // answer 1.0 and lose chunked framing).
         parts.version = http::Version::HTTP_11;
         if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
-            return self.refuse(StatusCode::BAD_GATEWAY, format!("origin response: {error}"));
+            return self.refuse(ProxyError::bad_upstream_response(format!(
+                "origin response: {error}"
+            )));
         }
         add_via(&mut parts.headers, &self.config.via_name);
 
@@ -562,7 +581,7 @@ impl Accelerator {
                     parts,
                     Full::new(stream).map_err(|never| match never {}).boxed(),
                 ),
-                Err((status, message)) => self.refuse(status, message),
+                Err(refusal) => self.refuse(refusal),
             };
         }
         let pacer = self.config.adapt_entropy_coding.then(Pacer::new);
@@ -666,7 +685,7 @@ async fn encode_whole(
     coding: Coding,
     method: Method,
     uri: Uri,
-) -> Result<Bytes, (StatusCode, String)> {
+) -> Result<Bytes, ProxyError> {
     let Coding {
         mut encoder,
         encoders,
@@ -677,19 +696,23 @@ async fn encode_whole(
     } = coding;
     let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
         Err(_) => {
-            return Err((
-                StatusCode::GATEWAY_TIMEOUT,
-                format!("origin sent no whole body within {:?}", origin.timeout),
-            ));
+            return Err(ProxyError::upstream_timeout(format!(
+                "origin sent no whole body within {:?}",
+                origin.timeout
+            )));
         }
         Ok(Err(error)) => {
-            return Err((StatusCode::BAD_GATEWAY, format!("origin body: {error}")));
+            return Err(ProxyError::bad_upstream_response(format!(
+                "origin body: {error}"
+            )));
         }
         Ok(Ok(body)) => body.to_bytes(),
     };
     if let Some(violation) = origin.framing.as_ref().and_then(ExchangeCheck::violation) {
         let error = ExchangeCheck::error(violation);
-        return Err((StatusCode::BAD_GATEWAY, format!("origin body: {error}")));
+        return Err(ProxyError::bad_upstream_response(format!(
+            "origin body: {error}"
+        )));
     }
     let task_stats = stats.clone();
     let coded = encoders
@@ -714,11 +737,8 @@ async fn encode_whole(
         .await;
     match coded {
         Some(Ok(stream)) => Ok(stream),
-        Some(Err(error)) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("hsync: {error}"))),
-        None => Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the encoder panicked".to_string(),
-        )),
+        Some(Err(error)) => Err(ProxyError::internal(format!("hsync: {error}"))),
+        None => Err(ProxyError::internal("the encoder panicked")),
     }
 }
 

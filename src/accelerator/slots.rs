@@ -19,9 +19,8 @@ use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use crate::http::server::{
-    ConnectionNumber, HoldConnection, Peer, ProxyBody, counted, text_response,
-};
+use crate::http::error::ProxyError;
+use crate::http::server::{ConnectionNumber, HoldConnection, Peer, ProxyBody, counted};
 use crate::queue::headers::{parse_offer, parse_x_node, parse_x_queued};
 use crate::queue::{
     Admission, Completion, ConnectionId, IdGenerator, QueueConfig, QueueRequest, ReplyForm,
@@ -162,8 +161,9 @@ impl Slots {
                 )
             }
         };
-        let mut response = text_response(StatusCode::SERVICE_UNAVAILABLE, message);
-        response.headers_mut().extend(headers);
+        // Not logged as a refusal: the lines above say more (the place, the
+        // reason no place was given), and the role counts these as queued.
+        let mut response = ProxyError::slots_busy(message, headers).into_response();
         if let Some(hold) = hold {
             response.extensions_mut().insert(hold);
         }

@@ -33,10 +33,11 @@ use std::time::UNIX_EPOCH;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Empty};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
+use crate::http::error::ProxyError;
 use crate::http::server::{BodyError, Handler, ProxyBody};
 
 /// Largest chunk read from a file and sent as one body frame (bytes).
@@ -93,21 +94,16 @@ impl StaticOrigin {
     async fn answer(&self, request: &Request<Incoming>) -> Response<ProxyBody> {
         let method = request.method();
         if method != Method::GET && method != Method::HEAD {
-            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return response;
+            return ProxyError::method_not_allowed("only GET and HEAD", "GET, HEAD")
+                .into_response();
         }
         let uri = request.uri();
         // Origin-form, or absolute-form which a server must accept too
         // (RFC 9112 §3.2.2; a caching proxy in front sends it).
         let http = uri.scheme().is_none_or(|s| *s == http::uri::Scheme::HTTP);
         if !http || !uri.path().starts_with('/') {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "the target must be a path or an http URL",
-            );
+            return ProxyError::bad_request("the target must be a path or an http URL")
+                .into_response();
         }
         let Some(segments) = decode_path(uri.path()) else {
             return not_found();
@@ -316,22 +312,10 @@ fn empty() -> ProxyBody {
     Empty::new().map_err(|never| match never {}).boxed()
 }
 
+// The origin's refusals (here and in `answer`) are answers to its own
+// clients, not incidents of a proxy: built, not logged.
 fn not_found() -> Response<ProxyBody> {
-    text(StatusCode::NOT_FOUND, "not found")
-}
-
-fn text(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(format!("{message}\n")))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+    ProxyError::not_found().into_response()
 }
 
 /// A file's first `len` bytes as a body, read in chunks of at most

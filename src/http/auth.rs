@@ -37,14 +37,15 @@ use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{Output, PasswordHash, PasswordHasher, SaltString};
 use argon2::{Algorithm, Argon2, Block, Params, Version};
 use base64::Engine as _;
+use http::Response;
 use http::{HeaderMap, HeaderValue, header};
-use http::{Response, StatusCode};
 use hyper::Request;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::http::server::{Handler, Peer, ProxyBody, text_response};
+use crate::http::error::ProxyError;
+use crate::http::server::{Handler, Peer, ProxyBody};
 
 mod budget;
 
@@ -490,37 +491,18 @@ impl<H: Handler> AuthGate<H> {
                 self.role.clone().handle(request).instrument(span).await
             }
             Err(refusal) => {
-                let (status, message) = match refusal {
-                    Refusal::Unauthorized => (
-                        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-                        "proxy authentication required: send Proxy-Authorization: Basic".to_owned(),
-                    ),
-                    Refusal::Throttled(seconds) => (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        format!("too many failed logins from this address; retry in {seconds} s"),
-                    ),
-                    Refusal::Busy(seconds) => (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        format!("too many password checks under way; retry in {seconds} s"),
-                    ),
+                let refusal = match refusal {
+                    Refusal::Unauthorized => ProxyError::unauthenticated(auth.challenge().clone()),
+                    Refusal::Throttled(seconds) => ProxyError::logins_throttled(seconds),
+                    Refusal::Busy(seconds) => ProxyError::auth_busy(seconds),
                 };
-                tracing::info!(
+                let _request = tracing::info_span!(
+                    "request",
                     method = %request.method(),
-                    url = %request.uri(),
-                    status = status.as_u16(),
-                    "refused: not authenticated"
-                );
-                let mut response = text_response(status, message);
-                let headers = response.headers_mut();
-                match refusal {
-                    Refusal::Unauthorized => {
-                        headers.insert(header::PROXY_AUTHENTICATE, auth.challenge().clone());
-                    }
-                    Refusal::Throttled(seconds) | Refusal::Busy(seconds) => {
-                        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-                    }
-                }
-                response
+                    url = %request.uri()
+                )
+                .entered();
+                refusal.log_and_respond()
             }
         }
     }

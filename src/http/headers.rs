@@ -9,6 +9,8 @@ use base64::Engine;
 use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use crate::http::error::{ErrorKind, ProxyError};
+
 /// `Hsync-Basis`: `:<base64 blake3 of the basis body>:` (RFC 8941 byte
 /// sequence), sent by the client and echoed by the accelerator.
 pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
@@ -351,22 +353,21 @@ pub fn strip_unkeyed(headers: &mut HeaderMap) {
 /// pass on, since the next hop may read the message differently.
 ///
 /// # Errors
-/// The status (400 or 411) and what is wrong.
+/// A bad request, or a length required (an HTTP/1.0 body).
 pub fn check_request_head(
     version: http::Version,
     method: &http::Method,
     headers: &HeaderMap,
-) -> Result<(), (http::StatusCode, String)> {
-    let bad = |message: &str| Err((http::StatusCode::BAD_REQUEST, message.to_owned()));
+) -> Result<(), ProxyError> {
+    let bad = |message: &str| Err(ProxyError::bad_request(message));
     let hosts = headers.get_all(header::HOST).iter().count();
     if hosts > 1 || (hosts == 0 && version == http::Version::HTTP_11) {
         return bad("an HTTP/1.1 request needs exactly one Host field");
     }
     if let Some(name) = headers.keys().find(|name| name.as_str().contains('_')) {
-        return Err((
-            http::StatusCode::BAD_REQUEST,
-            format!("header name {name} has an underscore (ambiguous behind some servers)"),
-        ));
+        return Err(ProxyError::bad_request(format!(
+            "header name {name} has an underscore (ambiguous behind some servers)"
+        )));
     }
     let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
     match (codings.next(), codings.next()) {
@@ -383,9 +384,9 @@ pub fn check_request_head(
     if version == http::Version::HTTP_10 && sends_content && !has_body_framing {
         // Its body would be delimited by the close, which nobody behind us
         // can be trusted to read the same way.
-        return Err((
-            http::StatusCode::LENGTH_REQUIRED,
-            "an HTTP/1.0 request with content needs Content-Length".to_owned(),
+        return Err(ProxyError::new(
+            ErrorKind::LengthRequired,
+            "an HTTP/1.0 request with content needs Content-Length",
         ));
     }
     Ok(())

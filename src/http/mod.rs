@@ -3,6 +3,8 @@
 //! [`server::Handler`]; nothing here knows about deltas, caches or queues.
 //!
 //! - [`server`]: the accept loop, per-connection serving, limits, refusals.
+//! - [`error`]: why a request was refused and who was at fault; the one
+//!   place a refusal's status and log reason are chosen.
 //! - [`inetd`]: the one connection on stdin/stdout.
 //! - [`head_guard`], [`upstream_guard`]: HTTP/1.1 framing checked on the raw
 //!   bytes, of requests and of upstream responses.
@@ -14,6 +16,7 @@
 //!   stopped reading, and the budget streamed codings share.
 
 pub mod auth;
+pub mod error;
 pub mod head_guard;
 pub mod headers;
 pub mod inetd;

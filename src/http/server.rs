@@ -15,9 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode, header};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -29,6 +27,7 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
+use crate::http::error::ProxyError;
 use crate::http::head_guard::{Framing, Part, Violation};
 use crate::http::headers::{check_request_head, strip_unkeyed};
 use crate::http::tls::TlsSession;
@@ -220,20 +219,9 @@ pub fn upstream_client_builder() -> hyper_util::client::legacy::Builder {
     builder
 }
 
-/// A plain-text response, for errors and refusals.
-pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(message + "\n"))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
+/// Kept here for the roles that still choose their statuses themselves
+/// (the client proxy, until it speaks [`ProxyError`]).
+pub use crate::http::error::text_response;
 
 /// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
 /// for loops, so the two checks agree on what an entry is).
@@ -251,31 +239,24 @@ fn refuse_early(
     let target_len = uri.scheme_str().map_or(0, |s| s.len() + 3)
         + uri.authority().map_or(0, |a| a.as_str().len())
         + uri.path_and_query().map_or(0, |p| p.as_str().len());
-    let malformed = check_request_head(request.version(), request.method(), request.headers());
-    let (status, message) = if let Err(refusal) = malformed {
+    let refusal = if let Err(refusal) =
+        check_request_head(request.version(), request.method(), request.headers())
+    {
         refusal
     } else if target_len > limits.max_target_bytes {
-        (
-            StatusCode::URI_TOO_LONG,
-            format!(
-                "request target of {target_len} bytes; at most {}",
-                limits.max_target_bytes
-            ),
-        )
+        ProxyError::target_too_long(target_len, limits.max_target_bytes)
     } else if via_hops(request.headers()) > limits.max_hops {
-        (
-            StatusCode::LOOP_DETECTED,
-            format!("the request passed more than {} proxies", limits.max_hops),
-        )
+        ProxyError::loop_detected(format!(
+            "the request passed more than {} proxies",
+            limits.max_hops
+        ))
     } else {
         return None;
     };
-    tracing::info!(method = %request.method(), status = status.as_u16(), %message, "refused");
-    let mut response = text_response(status, message);
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    Some(response)
+    let _request = tracing::info_span!("request", method = %request.method()).entered();
+    // Refused before its body was read: what follows on the connection
+    // cannot be told apart from it.
+    Some(refusal.closing().log_and_respond())
 }
 
 /// The violation of a request body the guard refused on a connection, if
@@ -310,17 +291,8 @@ pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Opti
 
 /// The answer to a request whose body the guard refused.
 pub fn bad_request_body(violation: Violation) -> Response<ProxyBody> {
-    tracing::info!(status = 400, reason = %violation.reason, at = violation.at, "refused");
-    let mut response = text_response(StatusCode::BAD_REQUEST, violation.reason.to_string());
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
+    ProxyError::malformed_request(violation).log_and_respond()
 }
-
-/// The answer to a client that sent no whole request head in time.
-const REQUEST_TIMEOUT: &[u8] =
-    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
 
 /// Set by a role on a response after which the client is expected to stay
 /// silent on the connection for a while, and come back on it (a queued
@@ -497,14 +469,10 @@ async fn serve_http1<I, S>(
     let mut io = connection.into_parts().io.into_inner();
     match result {
         _ if let Some(violation) = io.io.refusal() => {
-            tracing::info!(status = 400, reason = %violation.reason, at = violation.at, "refused");
-            let message = format!("{}\n", violation.reason);
-            let response = format!(
-                "HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\
-                 Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\r\n{message}",
-                message.len()
-            );
-            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(response.as_bytes()))
+            // hyper gave up on the connection: the answer goes out raw.
+            let refusal = ProxyError::malformed_request(violation);
+            refusal.log();
+            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&refusal.to_http1()))
                 .await;
         }
         Ok(()) => {}
@@ -519,8 +487,8 @@ async fn serve_http1<I, S>(
         }
         Err(error) if error.is_timeout() && !io.idle_expired => {
             tracing::debug!("no whole request head in time: 408");
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), io.write_all(REQUEST_TIMEOUT)).await;
+            let answer = ProxyError::request_timeout().to_http1();
+            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&answer)).await;
         }
         Err(error) => tracing::debug!(%error, "connection ended with an error"),
     }

@@ -1,13 +1,15 @@
 //! Shared helpers for the hsync integration tests: deterministic test data,
 //! signatures made the way the accelerator makes them, encoding and decoding
 //! with arbitrary chunking, and taking streams apart into frames or building
-//! them by hand; and the client proxy's test settings and user agent
-//! ([`proxy`], [`user_agent`]).
+//! them by hand; the client proxy's test settings and user agent
+//! ([`proxy`], [`user_agent`]); and starting origins, accelerators and
+//! client proxies in one call each ([`topology`]).
 //!
 //! Not every test binary uses every helper.
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod topology;
 pub mod user_agent;
 
 use std::io::Read;

@@ -1,0 +1,476 @@
+//! Why a request was not served, and who was at fault: the one place a
+//! refusal's status code, its log line and its metric reason are chosen.
+//!
+//! A handler names the situation (`ProxyError::upstream_timeout(..)`,
+//! `ProxyError::bad_request(..)`) and says what happened in words; the
+//! [`ErrorKind`] it picks decides the status, the [`Fault`] and the
+//! reason label, each in one `match`, so a 400 can never be counted as
+//! the origin's failure nor a 502 as the client's.
+//!
+//! Leaves out: answers that are not refusals (a 304, a queue page with a
+//! place in it is still a refusal, a 200 is not), and the errors of the
+//! layers below (`hsync`, the cache store), which keep their own enums
+//! and are turned into a `ProxyError` where a request meets them.
+//!
+//! Main types: [`ProxyError`], [`ErrorKind`], [`Fault`].
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+
+use crate::http::head_guard::Violation;
+
+/// [`crate::http::server::ProxyBody`], spelled out so that the error model
+/// depends on nothing above it (the server and the headers use it).
+type ProxyBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Who a refusal is on: what an operator reads first, and what the
+/// counters split by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// The request itself (malformed, not allowed, not authenticated):
+    /// nothing for the operator to fix.
+    Client,
+    /// The origin or the next proxy: unreachable, late, or answered
+    /// something we cannot relay.
+    Upstream,
+    /// We are full: slots, password checks. Retrying later helps.
+    Overload,
+    /// Our own bug or failure: the encoder failed or panicked.
+    Proxy,
+}
+
+impl Fault {
+    /// The name used in logs and counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::Client => "client",
+            Fault::Upstream => "upstream",
+            Fault::Overload => "overload",
+            Fault::Proxy => "proxy",
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The situation a request was refused in; it alone decides the status,
+/// the fault and the reason label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A request we cannot act on: its target, headers or body (400).
+    BadRequest,
+    /// An HTTP/1.0 request with content and no `Content-Length` (411).
+    LengthRequired,
+    /// A request target longer than the configured limit (414).
+    TargetTooLong,
+    /// No whole request head within the header timeout (408).
+    RequestTimeout,
+    /// A method this hop does not serve at all (405).
+    MethodNotAllowed,
+    /// Something this hop does not do, such as tunnelling (501).
+    NotImplemented,
+    /// No such resource (404; the demo's static origin).
+    NotFound,
+    /// The request came round to us again, or passed too many proxies
+    /// (508): a routing loop in front of us, refused as the request's.
+    Loop,
+    /// `only-if-cached` and nothing fresh stored (504, RFC 9111
+    /// §5.2.1.7): the client asked not to go upstream.
+    NotCached,
+    /// No or wrong proxy credentials (407).
+    Unauthenticated,
+    /// Too many failed logins from this address (429): the client's.
+    LoginsThrottled,
+    /// Too many password checks under way at once (429): ours, since the
+    /// client did nothing wrong.
+    AuthBusy,
+    /// Every upload slot is busy; the answer may carry a queue place
+    /// (503).
+    SlotsBusy,
+    /// The upstream could not be reached or broke off the exchange (502).
+    UpstreamUnreachable,
+    /// The upstream sent no head, or no whole body, in time (504).
+    UpstreamTimeout,
+    /// The upstream's answer cannot be relayed: bad framing, a cut body
+    /// (502).
+    BadUpstreamResponse,
+    /// Our own failure, such as the encoder's (500).
+    Internal,
+}
+
+impl ErrorKind {
+    /// The status code a refusal of this kind answers with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::LengthRequired => StatusCode::LENGTH_REQUIRED,
+            ErrorKind::TargetTooLong => StatusCode::URI_TOO_LONG,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Loop => StatusCode::LOOP_DETECTED,
+            ErrorKind::NotCached => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            ErrorKind::LoginsThrottled | ErrorKind::AuthBusy => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::SlotsBusy => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::UpstreamUnreachable | ErrorKind::BadUpstreamResponse => {
+                StatusCode::BAD_GATEWAY
+            }
+            ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Who a refusal of this kind is on.
+    pub fn fault(self) -> Fault {
+        match self {
+            ErrorKind::BadRequest
+            | ErrorKind::LengthRequired
+            | ErrorKind::TargetTooLong
+            | ErrorKind::RequestTimeout
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::NotImplemented
+            | ErrorKind::NotFound
+            | ErrorKind::Loop
+            | ErrorKind::NotCached
+            | ErrorKind::Unauthenticated
+            | ErrorKind::LoginsThrottled => Fault::Client,
+            ErrorKind::AuthBusy | ErrorKind::SlotsBusy => Fault::Overload,
+            ErrorKind::UpstreamUnreachable
+            | ErrorKind::UpstreamTimeout
+            | ErrorKind::BadUpstreamResponse => Fault::Upstream,
+            ErrorKind::Internal => Fault::Proxy,
+        }
+    }
+
+    /// A short fixed label for logs and metrics (the message varies, this
+    /// does not).
+    pub fn reason(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::LengthRequired => "length_required",
+            ErrorKind::TargetTooLong => "target_too_long",
+            ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
+            ErrorKind::NotImplemented => "not_implemented",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Loop => "loop",
+            ErrorKind::NotCached => "not_cached",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::LoginsThrottled => "logins_throttled",
+            ErrorKind::AuthBusy => "auth_busy",
+            ErrorKind::SlotsBusy => "slots_busy",
+            ErrorKind::UpstreamUnreachable => "upstream_unreachable",
+            ErrorKind::UpstreamTimeout => "upstream_timeout",
+            ErrorKind::BadUpstreamResponse => "bad_upstream_response",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// A refused request: what kind of refusal, the text the client reads,
+/// and the headers that go with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ProxyError {
+    kind: ErrorKind,
+    message: String,
+    /// Stream offset of the byte that broke the framing, for the log.
+    at: Option<u64>,
+    /// Headers the situation adds (a challenge, `Retry-After`, a queue
+    /// place); boxed, since most refusals have none and a `Result` carrying
+    /// a whole `HeaderMap` inline is large on every happy path.
+    headers: Option<Box<HeaderMap>>,
+    /// The connection cannot be trusted after this message (its framing
+    /// was refused), so it is closed.
+    close: bool,
+}
+
+impl ProxyError {
+    /// A refusal of `kind`, saying `message` to the client.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ProxyError {
+            kind,
+            message: message.into(),
+            at: None,
+            headers: None,
+            close: false,
+        }
+    }
+
+    /// A request we cannot act on (400).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::BadRequest, message)
+    }
+
+    /// A request whose framing the head guard refused (400, connection
+    /// closed): what follows on the connection cannot be told apart.
+    pub fn malformed_request(violation: Violation) -> Self {
+        let mut error = Self::bad_request(violation.reason.to_string()).closing();
+        error.at = Some(violation.at);
+        error
+    }
+
+    /// A request target over the limit (414).
+    pub fn target_too_long(len: usize, max: usize) -> Self {
+        Self::new(
+            ErrorKind::TargetTooLong,
+            format!("request target of {len} bytes; at most {max}"),
+        )
+    }
+
+    /// A client that sent no whole request head in time (408): no body,
+    /// since the client may not be reading at all.
+    pub fn request_timeout() -> Self {
+        Self::new(ErrorKind::RequestTimeout, "").closing()
+    }
+
+    /// A request that came back to us, or passed too many proxies (508).
+    pub fn loop_detected(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Loop, message)
+    }
+
+    /// A method this hop does not serve (405), with the `Allow` it does.
+    pub fn method_not_allowed(message: impl Into<String>, allow: &'static str) -> Self {
+        Self::new(ErrorKind::MethodNotAllowed, message)
+            .with_header(header::ALLOW, HeaderValue::from_static(allow))
+    }
+
+    /// Something this hop does not do, such as CONNECT (501).
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotImplemented, message)
+    }
+
+    /// No such resource (404).
+    pub fn not_found() -> Self {
+        Self::new(ErrorKind::NotFound, "not found")
+    }
+
+    /// `only-if-cached` with nothing fresh stored (504).
+    pub fn not_cached(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotCached, message)
+    }
+
+    /// No or wrong proxy credentials (407), with the challenge to answer.
+    pub fn unauthenticated(challenge: HeaderValue) -> Self {
+        Self::new(
+            ErrorKind::Unauthenticated,
+            "proxy authentication required: send Proxy-Authorization: Basic",
+        )
+        .with_header(header::PROXY_AUTHENTICATE, challenge)
+    }
+
+    /// Too many failed logins from this address (429).
+    pub fn logins_throttled(retry_after_secs: u64) -> Self {
+        Self::new(
+            ErrorKind::LoginsThrottled,
+            format!("too many failed logins from this address; retry in {retry_after_secs} s"),
+        )
+        .with_header(header::RETRY_AFTER, HeaderValue::from(retry_after_secs))
+    }
+
+    /// Too many password checks under way (429).
+    pub fn auth_busy(retry_after_secs: u64) -> Self {
+        Self::new(
+            ErrorKind::AuthBusy,
+            format!("too many password checks under way; retry in {retry_after_secs} s"),
+        )
+        .with_header(header::RETRY_AFTER, HeaderValue::from(retry_after_secs))
+    }
+
+    /// Every upload slot busy (503); the queue's headers go with it.
+    pub fn slots_busy(message: impl Into<String>, queue_headers: HeaderMap) -> Self {
+        let mut error = Self::new(ErrorKind::SlotsBusy, message);
+        error.headers = Some(Box::new(queue_headers));
+        error
+    }
+
+    /// The upstream could not be reached or broke off (502).
+    pub fn upstream_unreachable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::UpstreamUnreachable, message)
+    }
+
+    /// The upstream was too slow (504).
+    pub fn upstream_timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::UpstreamTimeout, message)
+    }
+
+    /// The upstream's answer cannot be relayed (502).
+    pub fn bad_upstream_response(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::BadUpstreamResponse, message)
+    }
+
+    /// Our own failure (500).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+
+    /// The same refusal, closing the connection after it.
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
+    }
+
+    /// The same refusal with one more header.
+    pub fn with_header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
+        self.headers.get_or_insert_default().insert(name, value);
+        self
+    }
+
+    /// The situation.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The status code the client gets.
+    pub fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        self.kind.fault()
+    }
+
+    /// What the client reads.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// One `info` line: refusals are answers, not our errors, and an
+    /// operator filters them by `fault` (an `upstream` run means the
+    /// origin is down, a `proxy` one is a bug to report).
+    pub fn log(&self) {
+        tracing::info!(
+            status = self.status().as_u16(),
+            fault = self.fault().as_str(),
+            reason = self.kind.reason(),
+            message = %self.message,
+            at = self.at,
+            "refused"
+        );
+    }
+
+    /// The plain-text response: the message and a newline, as
+    /// `text/plain`, with the situation's headers.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let mut response = text_response(self.status(), self.message);
+        let headers = response.headers_mut();
+        if let Some(extra) = self.headers {
+            headers.extend(*extra);
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    /// [`Self::log`], then [`Self::into_response`].
+    pub fn log_and_respond(self) -> Response<ProxyBody> {
+        self.log();
+        self.into_response()
+    }
+
+    /// The response as raw HTTP/1.1 bytes, closing, for a connection hyper
+    /// has given up on: no body when the message is empty.
+    pub fn to_http1(&self) -> Vec<u8> {
+        let status = self.status();
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\nConnection: close\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        );
+        if self.message.is_empty() {
+            head.push_str("Content-Length: 0\r\n\r\n");
+        } else {
+            let body = format!("{}\n", self.message);
+            head.push_str(&format!(
+                "Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ));
+        }
+        head.into_bytes()
+    }
+}
+
+/// A plain-text response, for errors and refusals: `message` and a
+/// newline.
+pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(message + "\n"))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::head_guard::{Part, Reason};
+
+    #[test]
+    fn client_and_upstream_refusals_have_different_faults() {
+        assert_eq!(ProxyError::bad_request("x").fault(), Fault::Client);
+        assert_eq!(ProxyError::upstream_timeout("x").fault(), Fault::Upstream);
+        assert_eq!(
+            ProxyError::upstream_unreachable("x").status(),
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(ProxyError::auth_busy(1).fault(), Fault::Overload);
+        assert_eq!(ProxyError::logins_throttled(1).fault(), Fault::Client);
+        assert_eq!(ProxyError::internal("x").fault(), Fault::Proxy);
+    }
+
+    #[tokio::test]
+    async fn response_is_the_message_as_text_with_the_situations_headers() {
+        let response = ProxyError::auth_busy(7).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        assert!(!response.headers().contains_key(header::CONNECTION));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            b"too many password checks under way; retry in 7 s\n"
+        );
+    }
+
+    #[test]
+    fn a_malformed_request_closes_the_connection() {
+        let violation = Violation {
+            reason: Reason::ObsFold,
+            at: 3,
+            part: Part::Head { start: 0 },
+            message: 0,
+        };
+        let response = ProxyError::malformed_request(violation).into_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+    }
+
+    #[test]
+    fn raw_form_has_a_body_only_with_a_message() {
+        assert_eq!(
+            ProxyError::request_timeout().to_http1(),
+            b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        );
+        let text = String::from_utf8(ProxyError::bad_request("no").to_http1()).unwrap();
+        assert!(text.ends_with("Content-Length: 3\r\n\r\nno\n"), "{text}");
+    }
+}
