@@ -29,10 +29,11 @@ use super::entry::{content_length, stored_headers, strip_vary};
 use super::queue_wait::Observed;
 use super::stats::{LoggedAtEnd, RequestLog, Started, record};
 use super::transfer::{self, ClientBasis, Coding, OriginDigest, Relay, Relayed, Report, full};
-use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty, error, unix_now};
+use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty, unix_now};
 use crate::cache::freshness::{self, CacheStatus, Forward, Storability};
 use crate::cache::{CacheKey, Completeness, Entry};
 use crate::hsync::{DecodeLimits, FileBasis};
+use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
 };
@@ -52,13 +53,8 @@ enum Attempt {
 /// each in one match.
 enum Answer {
     /// No usable answer head: unreachable, timed out, refused our
-    /// credentials, malformed (the status and message for the user agent).
-    Unanswered {
-        /// The status chosen for the failure.
-        status: StatusCode,
-        /// Why.
-        message: String,
-    },
+    /// credentials, malformed.
+    Unanswered(ProxyError),
     /// Upstream failed (no answer, or a 5xx) and the stale entry answered
     /// instead (RFC 5861 `stale-if-error`).
     ServedStale(Response<ProxyBody>),
@@ -184,7 +180,7 @@ impl ClientProxy {
             .ask(&parts, &target, &key, basis, stale_complete, &mut leader)
             .await;
         match answer {
-            Answer::Unanswered { status, message } => error(status, message),
+            Answer::Unanswered(refusal) => refusal.log_and_respond(),
             Answer::ServedStale(response)
             | Answer::PassedThrough(response)
             | Answer::Relayed(response) => response,
@@ -193,13 +189,13 @@ impl ClientProxy {
                 headers,
                 asked_at,
             } => self.refreshed(entry, &headers, &parts, asked_at).await,
-            Answer::Unusable(message) => error(StatusCode::BAD_GATEWAY, message),
+            Answer::Unusable(message) => {
+                ProxyError::bad_upstream_response(message).log_and_respond()
+            }
             Answer::ForeignBasis => {
                 ClientStats::add(&self.stats.digest_failures, 1);
-                error(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream coded against a basis we did not offer".into(),
-                )
+                ProxyError::bad_upstream_response("upstream coded against a basis we did not offer")
+                    .log_and_respond()
             }
             Answer::RebuiltWrong { reason } if attempt == Attempt::First => {
                 // The basis is dropped by now; the retry cannot loop.
@@ -207,10 +203,12 @@ impl ClientProxy {
                 Box::pin(self.fetch_with(parts, target, key, None, None, Attempt::WithoutBasis))
                     .await
             }
-            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason } => error(
-                StatusCode::BAD_GATEWAY,
-                format!("the upstream body failed: {reason}; retry"),
-            ),
+            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason } => {
+                ProxyError::bad_upstream_response(format!(
+                    "the upstream body failed: {reason}; retry"
+                ))
+                .log_and_respond()
+            }
         }
     }
 
@@ -250,13 +248,13 @@ impl ClientProxy {
         let now = unix_now();
         let response = match self.send(outbound, target).await {
             Ok(response) => response,
-            Err((status, message)) => {
+            Err(refusal) => {
                 if let Some(entry) = stale
                     && let Some(response) = self.serve_stale_on_error(entry, parts, None).await
                 {
                     return Answer::ServedStale(response);
                 }
-                return Answer::Unanswered { status, message };
+                return Answer::Unanswered(refusal);
             }
         };
         let (mut rparts, rbody) = response.into_parts();

@@ -19,9 +19,10 @@ use super::cached_body::{self, CachedBody};
 use super::entry::{find_entry, headers_to_store, stored_headers};
 use super::hot::HotEntry;
 use super::transfer::full;
-use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, empty, error, unix_now};
+use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, empty, unix_now};
 use crate::cache::freshness::{self, CacheStatus, Forward, Reuse};
 use crate::cache::{CacheKey, Completeness, Entry};
+use crate::http::error::ProxyError;
 use crate::http::headers::add_via;
 use crate::http::server::ProxyBody;
 
@@ -269,10 +270,12 @@ impl ClientProxy {
                 ClientStats::add(&self.stats.hits, 1);
                 response
             }
-            Err(()) => error(
-                StatusCode::BAD_GATEWAY,
-                "the stored body failed its check after a 304; retry".into(),
-            ),
+            // The cache's failure, but 502 as every failed fetch is: the
+            // user agent retries.
+            Err(()) => ProxyError::bad_upstream_response(
+                "the stored body failed its check after a 304; retry",
+            )
+            .log_and_respond(),
         }
     }
 

@@ -55,17 +55,18 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::{Authority, Scheme};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
+use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, Hop, answer_at_this_hop, max_forwards,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop,
 };
-use crate::http::server::{Handler, ProxyBody, counted, text_response};
+use crate::http::server::{Handler, ProxyBody, counted};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::TransferMemory;
 use coalesce::{InFlight, Role};
@@ -295,23 +296,21 @@ impl ClientProxy {
             return response;
         }
         if request.method() == Method::CONNECT {
-            return error(
-                StatusCode::NOT_IMPLEMENTED,
-                "this proxy does not tunnel (CONNECT); use http:// URLs".into(),
-            );
+            return ProxyError::not_implemented(
+                "this proxy does not tunnel (CONNECT); use http:// URLs",
+            )
+            .log_and_respond();
         }
         let target = match self.target(&request) {
             Ok(target) => target,
-            Err(message) => return error(StatusCode::BAD_REQUEST, message),
+            Err(message) => return ProxyError::bad_request(message).log_and_respond(),
         };
         if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
-            return error(
-                StatusCode::LOOP_DETECTED,
-                format!(
-                    "request already passed {}",
-                    self.config.via_name.to_str().unwrap_or("us")
-                ),
-            );
+            return ProxyError::loop_detected(format!(
+                "request already passed {}",
+                self.config.via_name.to_str().unwrap_or("us")
+            ))
+            .log_and_respond();
         }
         let mut request = request;
         let method = request.method().clone();
@@ -322,15 +321,13 @@ impl ClientProxy {
         let key = match CacheKey::parse(&target.url.to_string()) {
             Ok(key) => key,
             Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot cache {}: {e}", target.url),
-                );
+                return ProxyError::bad_request(format!("cannot cache {}: {e}", target.url))
+                    .log_and_respond();
             }
         };
         let (mut parts, body) = request.into_parts();
         if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
-            return error(StatusCode::BAD_REQUEST, e.to_string());
+            return ProxyError::bad_request(e.to_string()).log_and_respond();
         }
         // Hsync headers from the user agent are never ours to trust, and
         // it cannot take the coding from us: we offer it ourselves, where
@@ -385,10 +382,8 @@ impl ClientProxy {
             Lookup::Miss => None,
         };
         if request_cc.only_if_cached {
-            return error(
-                StatusCode::GATEWAY_TIMEOUT,
-                "only-if-cached, and no fresh entry is stored".into(),
-            );
+            return ProxyError::not_cached("only-if-cached, and no fresh entry is stored")
+                .log_and_respond();
         }
         if parts.method == Method::HEAD {
             return self.pass(parts, body, target).await;
@@ -457,10 +452,4 @@ fn empty() -> ProxyBody {
     Empty::<Bytes>::new()
         .map_err(|never| match never {})
         .boxed()
-}
-
-/// A short plain-text error.
-fn error(status: StatusCode, message: String) -> Response<ProxyBody> {
-    tracing::info!(status = status.as_u16(), %message, "refused");
-    text_response(status, message)
 }

@@ -10,15 +10,16 @@ use std::sync::Arc;
 
 use http::header;
 use http::request::Parts;
-use http::{Method, Response, StatusCode};
+use http::{Method, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::entry::{invalidate, strip_vary};
 use super::fetch::{HsyncCoded, hsync_coded};
-use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, error};
+use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target};
 use crate::cache::CacheKey;
 use crate::cache::freshness::{self, CacheStatus, Forward};
+use crate::http::error::ProxyError;
 use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, add_via, strip_hop_by_hop};
 use crate::http::server::{BodyError, ProxyBody};
 
@@ -44,7 +45,7 @@ impl ClientProxy {
                 response,
                 CacheStatus::forwarded(Forward::Miss),
             ),
-            Err((status, message)) => error(status, message),
+            Err(refusal) => refusal.log_and_respond(),
         }
     }
 
@@ -67,7 +68,7 @@ impl ClientProxy {
         );
         let response = match self.send(outbound, &target).await {
             Ok(response) => response,
-            Err((status, message)) => return error(status, message),
+            Err(refusal) => return refusal.log_and_respond(),
         };
         if freshness::invalidates(&parts.method, response.status()) {
             let store = self.store.clone();
@@ -93,14 +94,15 @@ impl ClientProxy {
         let (mut parts, body) = response.into_parts();
         parts.version = http::Version::HTTP_11;
         if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
-            return error(StatusCode::BAD_GATEWAY, format!("upstream response: {e}"));
+            return ProxyError::bad_upstream_response(format!("upstream response: {e}"))
+                .log_and_respond();
         }
         if hsync_coded(&parts.headers) != HsyncCoded::No {
             if *method != Method::HEAD {
-                return error(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream sent an hsync body that was not asked for".into(),
-                );
+                return ProxyError::bad_upstream_response(
+                    "upstream sent an hsync body that was not asked for",
+                )
+                .log_and_respond();
             }
             parts.headers.remove(header::CONTENT_ENCODING);
             parts.headers.remove(header::CONTENT_LENGTH);

@@ -49,6 +49,7 @@ use tokio_rustls::TlsConnector;
 
 use super::{ClientProxy, ClientStats, Target};
 use crate::expiring::ExpiringMap;
+use crate::http::error::ProxyError;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
 use crate::http::server::{ProxyBody, malformed_request_body};
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
@@ -582,20 +583,20 @@ impl ClientProxy {
         &self,
         request: Request<ProxyBody>,
         target: &Target,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+    ) -> Result<Response<Incoming>, ProxyError> {
         self.checked(self.upstream.send(request, target.forward))
             .await
     }
 
     /// The upstream's answer to a request `sent` (pooled or on a held
     /// connection), within the upstream timeout and checked; `Err` is the
-    /// status and message for the user agent. After a malformed head the
+    /// refusal for the user agent. After a malformed head the
     /// connection must not be used again (`Upstream::send` sees to it for
     /// pooled ones).
     pub(super) async fn checked<E: std::error::Error + 'static>(
         &self,
         sent: impl Future<Output = Result<Response<Incoming>, E>>,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+    ) -> Result<Response<Incoming>, ProxyError> {
         match tokio::time::timeout(self.config.upstream_timeout, sent).await {
             // The upstream's challenge is for us, not for the user agent
             // (whose credentials never go upstream): a gateway error.
@@ -606,18 +607,18 @@ impl ClientProxy {
                 } else {
                     "wants proxy credentials (give --upstream-user)"
                 };
-                Err((
-                    StatusCode::BAD_GATEWAY,
-                    format!("upstream {} {what}", self.upstream_authority),
-                ))
+                Err(ProxyError::bad_upstream_response(format!(
+                    "upstream {} {what}",
+                    self.upstream_authority
+                )))
             }
             Ok(Ok(mut response)) => {
                 if let Err(message) = check_response_head(response.headers()) {
                     ClientStats::add(&self.stats.upstream_errors, 1);
-                    return Err((
-                        StatusCode::BAD_GATEWAY,
-                        format!("upstream {}: {message}", self.upstream_authority),
-                    ));
+                    return Err(ProxyError::bad_upstream_response(format!(
+                        "upstream {}: {message}",
+                        self.upstream_authority
+                    )));
                 }
                 // The reason phrase is the upstream's; ours comes from the
                 // status (P-18).
@@ -627,28 +628,23 @@ impl ClientProxy {
                 Ok(response)
             }
             Ok(Err(e)) if let Some(violation) = malformed_request_body(&e) => {
-                Err((StatusCode::BAD_REQUEST, violation.reason.to_string()))
+                // The user agent's body broke its framing on the way up.
+                Err(ProxyError::bad_request(violation.reason.to_string()))
             }
             Ok(Err(e)) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);
-                Err((
-                    StatusCode::BAD_GATEWAY,
-                    format!(
-                        "upstream {} unreachable: {}",
-                        self.upstream_authority,
-                        error_chain(&e)
-                    ),
-                ))
+                Err(ProxyError::upstream_unreachable(format!(
+                    "upstream {} unreachable: {}",
+                    self.upstream_authority,
+                    error_chain(&e)
+                )))
             }
             Err(_) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);
-                Err((
-                    StatusCode::GATEWAY_TIMEOUT,
-                    format!(
-                        "upstream {} sent no response head within {:?}",
-                        self.upstream_authority, self.config.upstream_timeout
-                    ),
-                ))
+                Err(ProxyError::upstream_timeout(format!(
+                    "upstream {} sent no response head within {:?}",
+                    self.upstream_authority, self.config.upstream_timeout
+                )))
             }
         }
     }

@@ -44,14 +44,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use http::Response;
 use http::header::{HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::{Response, StatusCode};
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 
-use super::{ClientStats, error};
+use super::ClientStats;
 use crate::cache::CacheKey;
+use crate::http::error::ProxyError;
 use crate::http::server::ProxyBody;
 use crate::queue::QueueId;
 use page::{PAGE_REFRESH, PageView, WaitKey, waiting_page};
@@ -484,10 +485,7 @@ impl QueueWaits {
             tokio::select! {
                 result = &mut parked.result => {
                     watching.parked = None;
-                    return result.unwrap_or_else(|_| error(
-                        StatusCode::BAD_GATEWAY,
-                        "the fetch ended without an answer".into(),
-                    ));
+                    return result.unwrap_or_else(|_| fetch_ended().log_and_respond());
                 }
                 () = tokio::time::sleep_until(page_at), if !page_due => page_due = true,
                 // The sender lives in the wait we hold: never closed.
@@ -512,14 +510,18 @@ impl QueueWaits {
                         "too many parked queue waits; no waiting page"
                     );
                     let parked = watching.parked.as_mut().expect("just put back");
-                    return (&mut parked.result).await.unwrap_or_else(|_| {
-                        error(
-                            StatusCode::BAD_GATEWAY,
-                            "the fetch ended without an answer".into(),
-                        )
-                    });
+                    return (&mut parked.result)
+                        .await
+                        .unwrap_or_else(|_| fetch_ended().log_and_respond());
                 }
             }
         }
     }
+}
+
+/// A navigation's fetch task that ended without sending its answer (it
+/// panicked, or the runtime is shutting down): a 502, as any fetch that
+/// failed.
+fn fetch_ended() -> ProxyError {
+    ProxyError::upstream_unreachable("the fetch ended without an answer")
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Request, Response, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
@@ -21,6 +21,7 @@ use super::{
 };
 use crate::client_proxy::upstream::{HeldConnection, PooledConnection};
 use crate::client_proxy::{ClientProxy, ClientStats, Target, empty};
+use crate::http::error::ProxyError;
 use crate::http::server::ProxyBody;
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
 
@@ -33,7 +34,7 @@ impl ClientProxy {
         &self,
         request: Request<ProxyBody>,
         target: &Target,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+    ) -> Result<Response<Incoming>, ProxyError> {
         let started = Instant::now();
         let (mut parts, body) = request.into_parts();
         // The queue headers of this hop are ours, never the user agent's.
@@ -76,7 +77,7 @@ impl ClientProxy {
         target: &Target,
         registered: &Registered<'_>,
         give_up: Instant,
-    ) -> Result<Response<Incoming>, (StatusCode, String)> {
+    ) -> Result<Response<Incoming>, ProxyError> {
         let wait = &registered.wait;
         let mut progress = EtaEstimate::default();
         let mut held: Option<HeldConnection> = None;
@@ -183,10 +184,9 @@ impl ClientProxy {
                         held = None;
                         lost_connections += 1;
                         if lost_connections > MAX_LOST_CONNECTIONS {
-                            return Err((
-                                StatusCode::BAD_GATEWAY,
-                                format!("lost our place in the upstream's queue: {message}"),
-                            ));
+                            return Err(ProxyError::upstream_unreachable(format!(
+                                "lost our place in the upstream's queue: {message}"
+                            )));
                         }
                         tracing::info!(url = %wait.url, %message, "lost the connection holding our queue place; asking again");
                         parts.headers.insert(X_QUEUE.clone(), OFFER_PARQ);
@@ -223,7 +223,7 @@ impl ClientProxy {
         let connection = held.as_mut().expect("opened above");
         self.checked(connection.send(request, target.forward))
             .await
-            .map_err(|(_, message)| message)
+            .map_err(|refusal| refusal.message().to_owned())
     }
 }
 
