@@ -10,11 +10,31 @@ use std::time::Instant;
 use http::StatusCode;
 use http::header::HeaderValue;
 
-use super::queue_wait::WaitView;
 use super::transfer::Report;
 
 /// The path where the proxy answers with its counters as JSON.
 pub const STATS_PATH: &str = "/.rproxy/stats";
+
+/// A waiting request in `/.rproxy/stats`: its place, never what it asks
+/// for. The stats are for anyone who can reach the proxy, and a URL's
+/// query can carry another user's token; each user sees their own
+/// URL on their own waiting page.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WaitView {
+    /// `parq` or `legacy`.
+    pub dialect: String,
+    /// Position, 1 is next.
+    pub position: u32,
+    /// Queue length, when known.
+    pub length: Option<u32>,
+    /// Estimated seconds to go, when known (never less than
+    /// `next_poll_secs`).
+    pub eta_secs: Option<u64>,
+    /// Seconds until we ask the upstream again.
+    pub next_poll_secs: u64,
+    /// Seconds waited so far.
+    pub waited_secs: u64,
+}
 
 /// Counters for `GET /.rproxy/stats`.
 #[derive(Debug, Default)]
