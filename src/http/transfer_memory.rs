@@ -79,7 +79,7 @@ impl TransferMemory {
         }
     }
 
-    /// Bytes of the budget not taken now (for the stats).
+    /// Bytes of the budget not taken now.
     pub fn available(&self) -> u64 {
         self.units.available_permits() as u64 * UNIT
     }
