@@ -35,6 +35,9 @@
 pub mod basis_store;
 pub mod pace;
 pub mod slots;
+mod stats;
+
+pub use stats::{STATS_PATH, Stats};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,7 +56,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
-use crate::http::error::{Fault, ProxyError};
+use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
@@ -143,80 +146,6 @@ pub enum ConfigError {
 /// forwards to the origin (all but CONNECT; whether the origin's resource
 /// takes them is for the origin to say, to a request that reaches it).
 const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
-
-/// The path where each proxy answers with its counters as JSON (it shadows
-/// the same path at the origin).
-pub const STATS_PATH: &str = "/.rproxy/stats";
-
-/// Counters for `GET /.rproxy/stats`, which anyone who reaches the
-/// accelerator may read: aggregates only. No counter moves with whether a
-/// named basis was held (there was one, `coded_against_body`): read before
-/// and after one's own request, it told which bodies are held just as the
-/// codec does, for bodies the codec no longer reveals (D-B3). The request
-/// log line says which basis each response was coded against, for the
-/// operator.
-#[derive(Debug, Default)]
-pub struct Stats {
-    requests: AtomicU64,
-    coded: AtomicU64,
-    passed: AtomicU64,
-    /// Every refusal the role made, whoever was at fault: the sum of the
-    /// four below.
-    refused: AtomicU64,
-    /// Refusals by fault, so that an origin outage (upstream) does not
-    /// read like clients sending bad requests.
-    refused_client: AtomicU64,
-    refused_upstream: AtomicU64,
-    refused_overload: AtomicU64,
-    refused_proxy: AtomicU64,
-    /// Answered from the upload queue (503 with or without a place): an
-    /// overload answer, counted apart from refusals as before.
-    queued: AtomicU64,
-    body_bytes: AtomicU64,
-    stream_bytes: AtomicU64,
-    encoder_waits: AtomicU64,
-    /// Coded bodies parked in a spool for a client that stopped reading.
-    spooled: AtomicU64,
-}
-
-impl Stats {
-    fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Counts a refusal, in the total and under its fault.
-    fn refused(&self, fault: Fault) {
-        Self::add(&self.refused, 1);
-        let by_fault = match fault {
-            Fault::Client => &self.refused_client,
-            Fault::Upstream => &self.refused_upstream,
-            Fault::Overload => &self.refused_overload,
-            Fault::Proxy => &self.refused_proxy,
-        };
-        Self::add(by_fault, 1);
-    }
-
-    /// The counters as a JSON object.
-    pub fn to_json(&self) -> String {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        format!(
-            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"refused_client\":{},\"refused_upstream\":{},\"refused_overload\":{},\"refused_proxy\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{}}}\n",
-            get(&self.requests),
-            get(&self.coded),
-            get(&self.passed),
-            get(&self.refused),
-            get(&self.refused_client),
-            get(&self.refused_upstream),
-            get(&self.refused_overload),
-            get(&self.refused_proxy),
-            get(&self.queued),
-            get(&self.body_bytes),
-            get(&self.stream_bytes),
-            get(&self.encoder_waits),
-            get(&self.spooled),
-        )
-    }
-}
 
 /// The accelerator role.
 pub struct Accelerator {
