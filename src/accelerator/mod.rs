@@ -37,6 +37,7 @@ mod config;
 pub mod pace;
 pub mod slots;
 mod stats;
+mod turns;
 
 pub use config::{AcceleratorConfig, ConfigError};
 pub use stats::{STATS_PATH, Stats};
@@ -54,7 +55,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, EncodeError, Encoder};
@@ -75,6 +76,7 @@ use basis_store::{BasisStore, shareable};
 use hyper_util::client::legacy::connect::capture_connection;
 use pace::{Pacer, WindowCost};
 use slots::{Admitted, Slots};
+use turns::Encoders;
 
 /// What an OPTIONS this hop answers itself says in `Allow`: the methods it
 /// forwards to the origin (all but CONNECT; whether the origin's resource
@@ -628,56 +630,6 @@ struct Parking {
     limit: u64,
     /// What all spools take together.
     disk: SpoolDisk,
-}
-
-/// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]),
-/// and one more for the encoders of parked bodies.
-#[derive(Clone)]
-struct Encoders {
-    turns: Arc<Semaphore>,
-    /// Parked bodies (their clients stopped reading) are background work:
-    /// they take turns of their own, one at a time, so a thousand of them
-    /// never stand between a client that reads and its turn (L-13's
-    /// bystander).
-    parked: Arc<Semaphore>,
-}
-
-impl Encoders {
-    fn new(turns: usize) -> Encoders {
-        Encoders {
-            turns: Arc::new(Semaphore::new(turns)),
-            parked: Arc::new(Semaphore::new(1)),
-        }
-    }
-
-    /// Runs `work` on a blocking thread once it is this encoder's turn
-    /// (among parked bodies' encoders when `parked`). The turn is awaited
-    /// here, holding no thread, and ends with the work (on its thread, so a
-    /// caller that stops waiting cannot let another encoder start early).
-    /// `None`: the work panicked.
-    async fn run<R: Send + 'static>(
-        &self,
-        stats: &Stats,
-        parked: bool,
-        work: impl FnOnce() -> R + Send + 'static,
-    ) -> Option<R> {
-        let lane = if parked { &self.parked } else { &self.turns };
-        let turn = match lane.clone().try_acquire_owned() {
-            Ok(turn) => Some(turn),
-            Err(_) => {
-                Stats::add(&stats.encoder_waits, 1);
-                // Never closed, so `None` only if that changes.
-                lane.clone().acquire_owned().await.ok()
-            }
-        };
-        tokio::task::spawn_blocking(move || {
-            let done = work();
-            drop(turn);
-            done
-        })
-        .await
-        .ok()
-    }
 }
 
 /// A body on its way into the basis store: the origin's chunks as they
