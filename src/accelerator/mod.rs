@@ -35,6 +35,7 @@
 pub mod basis_store;
 mod config;
 pub mod pace;
+mod pacing;
 pub mod slots;
 mod stats;
 mod turns;
@@ -43,7 +44,6 @@ pub use config::{AcceleratorConfig, ConfigError};
 pub use stats::{STATS_PATH, Stats};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
@@ -74,7 +74,8 @@ use crate::http::transfer_memory::{self, ShareHolder, TransferMemory, coded_tran
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
 use basis_store::{BasisStore, shareable};
 use hyper_util::client::legacy::connect::capture_connection;
-use pace::{Pacer, WindowCost};
+use pace::Pacer;
+use pacing::{Idle, Pacing};
 use slots::{Admitted, Slots};
 use turns::Encoders;
 
@@ -1079,95 +1080,6 @@ async fn write_spooled(spool: &mut Spool, data: Bytes) -> bool {
             tracing::warn!(%error, "spool write failed; aborting the stream");
             false
         }
-    }
-}
-
-/// The encoder, and the pacer that turns its entropy coding on and off
-/// from what each window cost to encode and to send (`None`: the
-/// configured levels throughout).
-struct Pacing {
-    encoder: Encoder,
-    pacer: Option<Pacer>,
-    /// The window being encoded: its bytes and time so far.
-    window: WindowCost,
-    /// `encoder.windows_encoded()` when the last window was recorded.
-    windows: u64,
-    /// How long each side has waited for the encoder, and how long it had
-    /// when the last window was recorded.
-    idle: Arc<Idle>,
-    idle_before: (Duration, Duration),
-    /// When the last window was recorded (or encoding started).
-    recorded_at: Instant,
-}
-
-impl Pacing {
-    fn new(encoder: Encoder, pacer: Option<Pacer>) -> Pacing {
-        Pacing {
-            encoder,
-            pacer,
-            window: WindowCost::default(),
-            windows: 0,
-            idle: Arc::default(),
-            idle_before: (Duration::ZERO, Duration::ZERO),
-            recorded_at: Instant::now(),
-        }
-    }
-
-    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
-        let started = Instant::now();
-        let pushed = self.encoder.push(chunk, out);
-        self.window.encode += started.elapsed();
-        self.window.body_bytes += chunk.len() as u64;
-        pushed
-    }
-
-    /// Records that `wire_bytes` of stream went out; once a window is
-    /// complete, records what it cost and lets the pacer choose the next
-    /// window's mode.
-    fn sent(&mut self, wire_bytes: u64) {
-        let windows = self.encoder.windows_encoded();
-        if windows == self.windows {
-            return;
-        }
-        self.windows = windows;
-        let idle = self.idle.read();
-        let now = Instant::now();
-        let window = WindowCost {
-            coded: self.encoder.entropy_coding(),
-            wire_bytes,
-            span: now - self.recorded_at,
-            origin_idle: idle.0 - self.idle_before.0,
-            link_idle: idle.1 - self.idle_before.1,
-            ..std::mem::take(&mut self.window)
-        };
-        self.idle_before = idle;
-        self.recorded_at = now;
-        if let Some(pacer) = &mut self.pacer
-            && self.encoder.is_in_fast_stage()
-        {
-            self.encoder.set_entropy_coding(pacer.record(window));
-        }
-    }
-}
-
-/// Nanoseconds that the origin's reader and the link have each waited
-/// for the encoder, in all (for [`Pacing`]).
-#[derive(Debug, Default)]
-struct Idle {
-    origin: AtomicU64,
-    link: AtomicU64,
-}
-
-impl Idle {
-    fn add(counter: &AtomicU64, since: Instant) {
-        let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        counter.fetch_add(waited, Ordering::Relaxed);
-    }
-
-    /// The origin's and the link's time so far.
-    fn read(&self) -> (Duration, Duration) {
-        let read = |counter: &AtomicU64| Duration::from_nanos(counter.load(Ordering::Relaxed));
-        (read(&self.origin), read(&self.link))
     }
 }
 
