@@ -6,20 +6,16 @@
 //! no Range, an origin 200 without Content-Encoding or `no-transform`, and
 //! a body no larger than the configured limit. The origin is asked for
 //! identity then. Everything else passes through untouched, streaming.
-//! The encoder is an async task between two bounded channels, so a slow
-//! client slows the origin read instead of filling memory, and the first
-//! frames leave before the origin has finished; it borrows a blocking
-//! thread, in its turn, only for a window's CPU work, so a client that
-//! stops reading holds no thread (L-13), and after a moment of waiting
-//! the encoder gives back the scratch memory it can rebuild. A client
-//! that has taken nothing for 100 ms gets the rest of its body through a
-//! [`Spool`](crate::http::spool::Spool) on disk (`--spool-dir`, at most
-//! `--max-spool` ahead of it), as nginx's `proxy_buffering` does: the encoder finishes at the origin's
-//! pace and frees its state, and the client holds a page. A body the
-//! origin announces at most `SMALL_BODY` (64 KiB) long is read whole and
-//! coded in one go on a blocking thread instead, and sent with a
+//! A body the origin announces at most `SMALL_BODY` (64 KiB) long is read
+//! whole and coded in one go on a blocking thread, and sent with a
 //! Content-Length: cheaper per request, and a cut or late origin body is a
-//! clean 502/504.
+//! clean 502/504. A larger one is coded as it streams: bounded channels, so
+//! a slow client slows the origin read instead of filling memory; a
+//! blocking thread, in its turn, only for a window's CPU work, so a client
+//! that stops reading holds no thread (L-13); and a client that has taken
+//! nothing for 100 ms gets the rest of its body through a
+//! [`Spool`](crate::http::spool::Spool) on disk (`--spool-dir`, at most
+//! `--max-spool` ahead of it), as nginx's `proxy_buffering` does.
 //!
 //! Bodies it serves coded are kept in a bounded [`BasisStore`] when a
 //! shared cache could store them (no `private`, `no-store`, cookies or
@@ -27,6 +23,19 @@
 //! them in `Hsync-Basis` gets codec 3 (compressed against the body
 //! itself), otherwise the rsync stream. A TRACE or OPTIONS whose
 //! `Max-Forwards` reached 0 is answered here.
+//!
+//! This file is the role's dispatch: admission (the stats path, the one
+//! origin, loops, `Max-Forwards`, upload slots), the exchange with the
+//! origin, and the decision to code or pass through. The rest, one reason
+//! to change per file:
+//! - `config.rs`: the validated settings; `stats.rs`: the counters;
+//! - `coding.rs`: what a coded response is coded with, handed from here to
+//!   `whole.rs` (small bodies, coded whole) or `stream.rs` (coded as they
+//!   stream, parked for a client that stopped reading);
+//! - `turns.rs`: the encoders' turns on the CPU; `pacing.rs`: what each
+//!   window cost, measured for [`pace`], which decides entropy coding;
+//! - [`basis_store`]: bodies served, kept as bases; [`slots`]: the upload
+//!   queue.
 //!
 //! Leaves out (for now): TLS, HTTP/2, auth and queueing.
 //!
@@ -41,14 +50,13 @@ pub mod slots;
 mod stats;
 mod stream;
 mod turns;
+mod whole;
 
 pub use config::{AcceleratorConfig, ConfigError};
 pub use stats::{STATS_PATH, Stats};
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::http::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -56,10 +64,10 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 
 use crate::cache::freshness::Storability;
-use crate::hsync::{Basis, EncodeError, Encoder};
+use crate::hsync::{Basis, Encoder};
 use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
@@ -72,14 +80,16 @@ use crate::http::server::{
 use crate::http::spool::SpoolDisk;
 use crate::http::tls::TlsSession;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
+use crate::http::upstream_guard::{self, FramedHttpConnector};
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
+
 use basis_store::{BasisStore, shareable};
 use coding::{Coding, Parking};
-use hyper_util::client::legacy::connect::capture_connection;
 use pace::Pacer;
 use slots::{Admitted, Slots};
 use stream::encode_body;
 use turns::Encoders;
+use whole::{OriginBody, SMALL_BODY, encode_whole};
 
 /// What an OPTIONS this hop answers itself says in `Allow`: the methods it
 /// forwards to the origin (all but CONNECT; whether the origin's resource
@@ -514,86 +524,5 @@ impl Handler for Accelerator {
         if let Some(slots) = &self.slots {
             slots.disconnected(number);
         }
-    }
-}
-
-/// Bodies the origin announced at most this long are read whole and coded
-/// in one go, then sent with a Content-Length: one hop to a blocking thread
-/// and one write to the client, where streaming cost a reader task, two
-/// channels and a write per frame (about half of a 1 KiB request's CPU).
-/// The origin sends such a body in one piece anyway.
-const SMALL_BODY: u64 = 64 << 10;
-
-/// An origin body that [`encode_whole`] reads whole.
-struct OriginBody {
-    body: Incoming,
-    framing: Option<ExchangeCheck>,
-    /// For the whole body, after the head came.
-    timeout: Duration,
-}
-
-/// Codes a small body (see [`SMALL_BODY`]) whole on a blocking thread, in
-/// its turn.
-/// A body the origin cuts, frames badly or does not finish in time is a
-/// clean 502/504: the client has seen nothing yet.
-async fn encode_whole(
-    origin: OriginBody,
-    coding: Coding,
-    method: Method,
-    uri: Uri,
-) -> Result<Bytes, ProxyError> {
-    let Coding {
-        mut encoder,
-        encoders,
-        memory: _,
-        store,
-        stats,
-        parking: _,
-    } = coding;
-    let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
-        Err(_) => {
-            return Err(ProxyError::upstream_timeout(format!(
-                "origin sent no whole body within {:?}",
-                origin.timeout
-            )));
-        }
-        Ok(Err(error)) => {
-            return Err(ProxyError::bad_upstream_response(format!(
-                "origin body: {error}"
-            )));
-        }
-        Ok(Ok(body)) => body.to_bytes(),
-    };
-    if let Some(violation) = origin.framing.as_ref().and_then(ExchangeCheck::violation) {
-        let error = ExchangeCheck::error(violation);
-        return Err(ProxyError::bad_upstream_response(format!(
-            "origin body: {error}"
-        )));
-    }
-    let task_stats = stats.clone();
-    let coded = encoders
-        .run(&stats, false, move || {
-            let stats = task_stats;
-            let mut out = Vec::with_capacity(body.len() / 2 + 4096);
-            encoder.push(&body, &mut out)?;
-            let summary = encoder.finish(&mut out)?;
-            Stats::add(&stats.body_bytes, summary.body_len);
-            Stats::add(&stats.stream_bytes, summary.stream_bytes);
-            if let Some(store) = &store {
-                store.insert(summary.digest, body.to_vec().into());
-            }
-            tracing::info!(
-                %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
-                body = summary.body_len, stream = summary.stream_bytes,
-                copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-                "request"
-            );
-            Ok::<_, EncodeError>(Bytes::from(out))
-        })
-        .await;
-    match coded {
-        Some(Ok(stream)) => Ok(stream),
-        Some(Err(error)) => Err(ProxyError::internal(format!("hsync: {error}"))),
-        None => Err(ProxyError::internal("the encoder panicked")),
     }
 }
