@@ -31,38 +31,11 @@ use crate::http::headers::{check_request_head, strip_unkeyed};
 use crate::http::tls::TlsSession;
 
 mod body;
+mod handler;
 
 pub(crate) use body::ReceiverStream;
 pub use body::{BodyError, ProxyBody, counted};
-
-/// A role: turns a request into a response. Errors become responses inside
-/// the handler; an error in the body stream aborts the connection so a
-/// client never mistakes a cut body for a whole one.
-pub trait Handler: Send + Sync + 'static {
-    /// Answers one request.
-    fn handle(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-    ) -> impl Future<Output = Response<ProxyBody>> + Send;
-
-    /// Called once a connection, numbered as in its requests'
-    /// [`ConnectionNumber`], has ended.
-    fn connection_closed(&self, number: ConnectionNumber) {
-        let _ = number;
-    }
-}
-
-/// A process-wide number for each connection, in its requests'
-/// extensions: lets a role tell a held connection from a new one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnectionNumber(pub u64);
-
-impl ConnectionNumber {
-    fn next() -> ConnectionNumber {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        ConnectionNumber(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-    }
-}
+pub use handler::{ConnectionNumber, Handler, HoldConnection, Peer};
 
 /// Limits of the HTTP/1.1 connection layer, the same for both roles and
 /// under inetd.
@@ -206,15 +179,6 @@ pub fn bad_request_body(violation: Violation) -> Response<ProxyBody> {
     ProxyError::malformed_request(violation).log_and_respond()
 }
 
-/// Set by a role on a response after which the client is expected to stay
-/// silent on the connection for a while, and come back on it (a queued
-/// reply on a held connection, PARQ Sq or Active Queueing): the next
-/// request head may take this much longer than the header timeout, and
-/// the idle timeout is stretched as much, instead of closing the
-/// connection and losing the client's place.
-#[derive(Debug, Clone, Copy)]
-pub struct HoldConnection(pub Duration);
-
 /// A connection's current hold (seconds), shared by its service (which
 /// reads [`HoldConnection`] off each response), its timer and its I/O.
 type Hold = Arc<AtomicU64>;
@@ -249,11 +213,6 @@ impl hyper::rt::Timer for HeldTimer {
         TokioTimer::new().now()
     }
 }
-
-/// The address of the peer a request came from, in its extensions (absent
-/// on inetd pipes). Failed logins are counted per peer address.
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub SocketAddr);
 
 /// The service every connection runs: the early checks, then the role.
 /// Boxed futures, so that an HTTP/1.1 connection is Unpin and can hand its
