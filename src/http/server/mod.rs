@@ -27,12 +27,13 @@ use tracing::Instrument;
 
 use crate::http::error::ProxyError;
 use crate::http::head_guard::{Framing, Part, Violation};
-use crate::http::headers::{check_request_head, strip_unkeyed};
+use crate::http::headers::strip_unkeyed;
 use crate::http::tls::TlsSession;
 
 mod body;
 mod handler;
 mod limits;
+mod refusal;
 
 pub(crate) use body::ReceiverStream;
 pub use body::{BodyError, ProxyBody, counted};
@@ -41,81 +42,13 @@ pub use limits::{
     ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, raise_open_file_limit,
     upstream_client_builder,
 };
+pub use refusal::{MalformedRequestBody, bad_request_body, malformed_request_body, via_hops};
+
+use refusal::{RefusedBody, refuse_early};
 
 /// Kept here for the roles that still choose their statuses themselves
 /// (the client proxy, until it speaks [`ProxyError`]).
 pub use crate::http::error::text_response;
-
-/// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
-/// for loops, so the two checks agree on what an entry is).
-pub fn via_hops(headers: &http::HeaderMap) -> usize {
-    crate::http::headers::via_entries(headers).count()
-}
-
-/// What every request passes before its role sees it: the limits and
-/// framing rules hyper does not check itself.
-fn refuse_early(
-    request: &Request<Incoming>,
-    limits: &ConnectionLimits,
-) -> Option<Response<ProxyBody>> {
-    let uri = request.uri();
-    let target_len = uri.scheme_str().map_or(0, |s| s.len() + 3)
-        + uri.authority().map_or(0, |a| a.as_str().len())
-        + uri.path_and_query().map_or(0, |p| p.as_str().len());
-    let refusal = if let Err(refusal) =
-        check_request_head(request.version(), request.method(), request.headers())
-    {
-        refusal
-    } else if target_len > limits.max_target_bytes {
-        ProxyError::target_too_long(target_len, limits.max_target_bytes)
-    } else if via_hops(request.headers()) > limits.max_hops {
-        ProxyError::loop_detected(format!(
-            "the request passed more than {} proxies",
-            limits.max_hops
-        ))
-    } else {
-        return None;
-    };
-    let _request = tracing::info_span!("request", method = %request.method()).entered();
-    // Refused before its body was read: what follows on the connection
-    // cannot be told apart from it.
-    Some(refusal.closing().log_and_respond())
-}
-
-/// The violation of a request body the guard refused on a connection, if
-/// any: the service refuses that request itself when its head comes after
-/// (the bad chunk came with it), so nothing goes upstream.
-type RefusedBody = Arc<std::sync::OnceLock<Violation>>;
-
-/// The error under the I/O error a request body's reader gets when the
-/// guard refused its chunking.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("malformed request body: {} (byte {})", .0.reason, .0.at)]
-pub struct MalformedRequestBody(pub Violation);
-
-/// Whether `error` (a request's failed body, or an upstream exchange that
-/// failed for it) comes from a request body the guard refused: the client
-/// is at fault (400), not the upstream.
-pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Option<Violation> {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        // An I/O error's `source` skips its own inner error.
-        let inner = error
-            .downcast_ref::<io::Error>()
-            .and_then(io::Error::get_ref)
-            .map(|inner| inner as &(dyn std::error::Error + 'static));
-        if let Some(found) = inner.and_then(|e| e.downcast_ref::<MalformedRequestBody>()) {
-            return Some(found.0);
-        }
-        next = error.source();
-    }
-    None
-}
-
-/// The answer to a request whose body the guard refused.
-pub fn bad_request_body(violation: Violation) -> Response<ProxyBody> {
-    ProxyError::malformed_request(violation).log_and_respond()
-}
 
 /// A connection's current hold (seconds), shared by its service (which
 /// reads [`HoldConnection`] off each response), its timer and its I/O.
