@@ -3,37 +3,35 @@
 //! inetd's stdin/stdout: [`crate::http::inetd`]), and a role is a [`Handler`].
 //!
 //! Over TLS ([`serve_tls`]), ALPN picks HTTP/2 or HTTP/1.1.
+//!
+//! This file is the map; every public item is re-exported here, so callers
+//! name `rproxy::http::server::*` whichever file holds it:
+//! - `accept.rs`: binding, the accept loop and its connection limit
+//!   ([`bind`], [`serve`], [`serve_tls`]);
+//! - `connection.rs`: one connection: the service (early refusals, then the
+//!   role), HTTP/1.1 with its raw 400/408, TLS with HTTP/2
+//!   ([`serve_connection`]);
+//! - `io.rs`: the I/O wrappers under hyper: the framing guard and the idle
+//!   watch;
+//! - `refusal.rs`: what is refused before a role sees a request;
+//! - `limits.rs`: [`ConnectionLimits`], the upstream pools' bounds, the
+//!   open-file limit;
+//! - `handler.rs`: the role's contract ([`Handler`]) and what travels in
+//!   extensions;
+//! - `body.rs`: the body types every role answers with, and [`counted`].
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
-
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio_rustls::TlsAcceptor;
-use tracing::Instrument;
-
-use crate::http::error::ProxyError;
-use crate::http::headers::strip_unkeyed;
-use crate::http::tls::TlsSession;
-
+mod accept;
 mod body;
+mod connection;
 mod handler;
 mod io;
 mod limits;
 mod refusal;
 
+pub use accept::{bind, serve, serve_tls};
 pub(crate) use body::ReceiverStream;
 pub use body::{BodyError, ProxyBody, counted};
+pub use connection::serve_connection;
 pub use handler::{ConnectionNumber, Handler, HoldConnection, Peer};
 pub use limits::{
     ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, raise_open_file_limit,
@@ -41,357 +39,7 @@ pub use limits::{
 };
 pub use refusal::{MalformedRequestBody, bad_request_body, malformed_request_body, via_hops};
 
-use io::{Guarded, Hold, Watched};
-use refusal::{RefusedBody, refuse_early};
-
 /// Kept here for the roles that still choose their statuses themselves
-/// (the client proxy, until it speaks [`ProxyError`]).
+/// (the client proxy, until it speaks
+/// [`ProxyError`](crate::http::error::ProxyError)).
 pub use crate::http::error::text_response;
-
-/// hyper's timer, with the connection's hold added to every deadline it
-/// sets (hyper uses it only for the header timeout on HTTP/1.1).
-#[derive(Clone)]
-struct HeldTimer {
-    hold: Hold,
-}
-
-impl HeldTimer {
-    fn extra(&self) -> Duration {
-        Duration::from_secs(self.hold.load(Ordering::Relaxed))
-    }
-}
-
-impl hyper::rt::Timer for HeldTimer {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        TokioTimer::new().sleep(duration + self.extra())
-    }
-
-    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        TokioTimer::new().sleep_until(deadline + self.extra())
-    }
-
-    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
-        TokioTimer::new().reset(sleep, new_deadline + self.extra());
-    }
-
-    fn now(&self) -> std::time::Instant {
-        TokioTimer::new().now()
-    }
-}
-
-/// The service every connection runs: the early checks, then the role.
-/// Boxed futures, so that an HTTP/1.1 connection is Unpin and can hand its
-/// socket back after a header timeout, for the 408.
-#[allow(clippy::type_complexity)]
-fn service<H: Handler>(
-    handler: Arc<H>,
-    hold: Hold,
-    refused_body: RefusedBody,
-    number: ConnectionNumber,
-    peer: Option<SocketAddr>,
-    tls: Option<TlsSession>,
-    limits: ConnectionLimits,
-) -> impl hyper::service::Service<
-    Request<Incoming>,
-    Response = Response<ProxyBody>,
-    Error = Infallible,
-    Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
-> + Clone {
-    let requests = Arc::new(AtomicU64::new(0));
-    service_fn(move |mut request: Request<Incoming>| {
-        let handler = handler.clone();
-        // hyper hands requests over in the order the guard saw them.
-        let index = requests.fetch_add(1, Ordering::Relaxed);
-        request.extensions_mut().insert(number);
-        if let Some(peer) = peer {
-            request.extensions_mut().insert(Peer(peer));
-        }
-        if let Some(tls) = &tls {
-            request.extensions_mut().insert(tls.clone());
-        }
-        strip_unkeyed(request.headers_mut());
-        let refused = refused_body
-            .get()
-            .filter(|v| v.message == index)
-            .map(|&violation| bad_request_body(violation))
-            .or_else(|| refuse_early(&request, &limits));
-        let hold = hold.clone();
-        Box::pin(async move {
-            let response = match refused {
-                Some(response) => response,
-                None => handler.handle(request).await,
-            };
-            let held = response.extensions().get::<HoldConnection>();
-            hold.store(held.map_or(0, |h| h.0.as_secs()), Ordering::Relaxed);
-            Ok::<_, Infallible>(response)
-        }) as Pin<Box<dyn Future<Output = _> + Send>>
-    })
-}
-
-/// Serves one HTTP/1.1 connection from `peer` until the peer is done.
-pub async fn serve_connection<H, I>(
-    io: I,
-    peer: Option<SocketAddr>,
-    handler: Arc<H>,
-    limits: ConnectionLimits,
-) where
-    H: Handler,
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let number = ConnectionNumber::next();
-    let hold = Hold::default();
-    let refused_body = RefusedBody::default();
-    let service = service(
-        handler.clone(),
-        hold.clone(),
-        refused_body.clone(),
-        number,
-        peer,
-        None,
-        limits,
-    );
-    serve_http1(io, service, hold, refused_body, limits).await;
-    handler.connection_closed(number);
-}
-
-async fn serve_http1<I, S>(
-    io: I,
-    service: S,
-    hold: Hold,
-    refused_body: RefusedBody,
-    limits: ConnectionLimits,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-            Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
-        > + Unpin,
-{
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(HeldTimer { hold: hold.clone() })
-        .header_read_timeout(limits.header_read_timeout)
-        .max_header_size(limits.max_head_bytes)
-        .max_buf_size(limits.max_head_bytes.max(8192));
-    if limits.max_headers != 100 {
-        // hyper's default; any other value costs a heap allocation per
-        // request.
-        builder.max_headers(limits.max_headers);
-    }
-    let refusing = Arc::new(AtomicBool::new(false));
-    let io = Watched::new(
-        Guarded::new(io, refusing.clone(), refused_body),
-        limits.idle_timeout,
-        hold,
-    );
-    let mut connection = builder.serve_connection(TokioIo::new(io), service);
-    let mut shutting_down = false;
-    let result = std::future::poll_fn(|cx| {
-        loop {
-            let polled = connection.poll_without_shutdown(cx);
-            if polled.is_pending() && !shutting_down && refusing.load(Ordering::Relaxed) {
-                // hyper waits at a refused head: let it finish the requests
-                // in flight, then stop.
-                shutting_down = true;
-                Pin::new(&mut connection).graceful_shutdown();
-                continue;
-            }
-            return polled;
-        }
-    })
-    .await;
-    let mut io = connection.into_parts().io.into_inner();
-    match result {
-        _ if let Some(violation) = io.io.refusal() => {
-            // hyper gave up on the connection: the answer goes out raw.
-            let refusal = ProxyError::malformed_request(violation);
-            refusal.log();
-            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&refusal.to_http1()))
-                .await;
-        }
-        Ok(()) => {}
-        // hyper's header timer also runs while a kept-alive connection
-        // waits for its next request: one that never started is just idle,
-        // and closing it is the end of keep-alive, not an error. A 408 there
-        // would reach a client that sent nothing, which reads it as an
-        // unsolicited (malformed) response (P-25); only a head that has
-        // begun gets one.
-        Err(error) if error.is_timeout() && !io.idle_expired && io.io.is_between_messages() => {
-            tracing::debug!("idle connection: closed without a word");
-        }
-        Err(error) if error.is_timeout() && !io.idle_expired => {
-            tracing::debug!("no whole request head in time: 408");
-            let answer = ProxyError::request_timeout().to_http1();
-            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&answer)).await;
-        }
-        Err(error) => tracing::debug!(%error, "connection ended with an error"),
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
-}
-
-/// Serves one TLS connection: the handshake within the header timeout,
-/// then HTTP/2 or HTTP/1.1 as ALPN chose.
-async fn serve_tls_connection<H: Handler>(
-    stream: TcpStream,
-    peer: SocketAddr,
-    handler: Arc<H>,
-    limits: ConnectionLimits,
-    acceptor: TlsAcceptor,
-) {
-    let Ok(local) = stream.local_addr() else {
-        return;
-    };
-    let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
-    {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => {
-            tracing::info!(%error, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::info!("no TLS handshake within the header timeout");
-            return;
-        }
-    };
-    let (_, session) = tls.get_ref();
-    let h2 = session.alpn_protocol() == Some(b"h2");
-    let info = TlsSession {
-        server_name: session.server_name().map(str::to_owned),
-        local,
-    };
-    let number = ConnectionNumber::next();
-    let hold = Hold::default();
-    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's.
-    let refused_body = RefusedBody::default();
-    let service = service(
-        handler.clone(),
-        hold.clone(),
-        refused_body.clone(),
-        number,
-        Some(peer),
-        Some(info),
-        limits,
-    );
-    if !h2 {
-        serve_http1(tls, service, hold, refused_body, limits).await;
-        handler.connection_closed(number);
-        return;
-    }
-    let result = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_streams)
-        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
-        .serve_connection(
-            TokioIo::new(Watched::new(tls, limits.idle_timeout, hold)),
-            service,
-        )
-        .await;
-    if let Err(error) = result {
-        tracing::debug!(%error, "HTTP/2 connection ended with an error");
-    }
-    handler.connection_closed(number);
-}
-
-/// Accepts connections on `listener` until `shutdown` resolves, serving
-/// each on its own task, at most `limits.max_connections` at once.
-pub async fn serve<H: Handler>(
-    listener: TcpListener,
-    handler: Arc<H>,
-    limits: ConnectionLimits,
-    shutdown: impl Future<Output = ()>,
-) {
-    accept_loop(listener, handler, limits, None, shutdown).await;
-}
-
-/// [`serve`] over TLS with `config`: HTTP/2 or HTTP/1.1 by ALPN.
-pub async fn serve_tls<H: Handler>(
-    listener: TcpListener,
-    handler: Arc<H>,
-    limits: ConnectionLimits,
-    config: Arc<rustls::ServerConfig>,
-    shutdown: impl Future<Output = ()>,
-) {
-    let acceptor = TlsAcceptor::from(config);
-    accept_loop(listener, handler, limits, Some(acceptor), shutdown).await;
-}
-
-async fn accept_loop<H: Handler>(
-    listener: TcpListener,
-    handler: Arc<H>,
-    limits: ConnectionLimits,
-    tls: Option<TlsAcceptor>,
-    shutdown: impl Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    loop {
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                tracing::warn!(
-                    max = limits.max_connections,
-                    "connection limit reached; new connections wait in the backlog"
-                );
-                tokio::select! {
-                    () = &mut shutdown => return,
-                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
-                }
-            }
-        };
-        tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let handler = handler.clone();
-                    let tls = tls.clone();
-                    tokio::spawn(
-                        async move {
-                            match tls {
-                                Some(acceptor) => {
-                                    // Boxed: the TLS and HTTP/2 states are
-                                    // several KiB, which every plain
-                                    // connection's task would reserve too.
-                                    Box::pin(serve_tls_connection(
-                                        stream, peer, handler, limits, acceptor,
-                                    ))
-                                    .await;
-                                }
-                                None => serve_connection(stream, Some(peer), handler, limits).await,
-                            }
-                            drop(slot);
-                        }
-                        .instrument(tracing::info_span!("conn", %peer)),
-                    );
-                }
-                Err(error) => {
-                    // EMFILE and friends: back off rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-}
-
-/// Binds a listener with a backlog long enough for bursts of thousands of
-/// connections (tokio's `bind` asks for 1,024; the kernel caps it at
-/// `net.core.somaxconn`).
-///
-/// # Errors
-/// The address cannot be bound.
-pub fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if address.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(address)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
-/// Connections the kernel may queue before we accept them.
-const LISTEN_BACKLOG: u32 = 4096;
