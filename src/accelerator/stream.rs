@@ -90,9 +90,9 @@ impl Kept {
 
 /// How long an encoder waits, for the client to take bytes or for the
 /// origin to send some, before it gives back the memory it can rebuild
-/// ([`Encoder::release_buffers`](crate::hsync::Encoder::release_buffers)): longer than a reader that keeps up
-/// pauses, so that such a reader's windows do not pay for allocating it
-/// again.
+/// ([`Encoder::release_buffers`](crate::hsync::Encoder::release_buffers)):
+/// longer than a reader that keeps up pauses, so that such a reader's
+/// windows do not pay for allocating it again.
 const RELEASE_AFTER: Duration = Duration::from_millis(100);
 
 /// Waits for `ready`; past [`RELEASE_AFTER`], calls `release` first and
