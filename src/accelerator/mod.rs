@@ -6,20 +6,16 @@
 //! no Range, an origin 200 without Content-Encoding or `no-transform`, and
 //! a body no larger than the configured limit. The origin is asked for
 //! identity then. Everything else passes through untouched, streaming.
-//! The encoder is an async task between two bounded channels, so a slow
-//! client slows the origin read instead of filling memory, and the first
-//! frames leave before the origin has finished; it borrows a blocking
-//! thread, in its turn, only for a window's CPU work, so a client that
-//! stops reading holds no thread (L-13), and after a moment of waiting
-//! the encoder gives back the scratch memory it can rebuild. A client
-//! that has taken nothing for 100 ms gets the rest of its body through a
-//! [`Spool`] on disk (`--spool-dir`, at most `--max-spool` ahead of it),
-//! as nginx's `proxy_buffering` does: the encoder finishes at the origin's
-//! pace and frees its state, and the client holds a page. A body the
-//! origin announces at most `SMALL_BODY` (64 KiB) long is read whole and
-//! coded in one go on a blocking thread instead, and sent with a
+//! A body the origin announces at most `SMALL_BODY` (64 KiB) long is read
+//! whole and coded in one go on a blocking thread, and sent with a
 //! Content-Length: cheaper per request, and a cut or late origin body is a
-//! clean 502/504.
+//! clean 502/504. A larger one is coded as it streams: bounded channels, so
+//! a slow client slows the origin read instead of filling memory; a
+//! blocking thread, in its turn, only for a window's CPU work, so a client
+//! that stops reading holds no thread (L-13); and a client that has taken
+//! nothing for 100 ms gets the rest of its body through a
+//! [`Spool`](crate::http::spool::Spool) on disk (`--spool-dir`, at most
+//! `--max-spool` ahead of it), as nginx's `proxy_buffering` does.
 //!
 //! Bodies it serves coded are kept in a bounded [`BasisStore`] when a
 //! shared cache could store them (no `private`, `no-store`, cookies or
@@ -28,32 +24,52 @@
 //! itself), otherwise the rsync stream. A TRACE or OPTIONS whose
 //! `Max-Forwards` reached 0 is answered here.
 //!
-//! Leaves out (for now): TLS, HTTP/2, auth and queueing.
+//! This file is the role's dispatch: admission (the stats path, the one
+//! origin, loops, `Max-Forwards`, upload slots), the exchange with the
+//! origin, and the decision to code or pass through. The rest, one reason
+//! to change per file:
+//! - `config.rs`: the validated settings; `stats.rs`: the counters;
+//! - `coding.rs`: what a coded response is coded with, handed from here to
+//!   `whole.rs` (small bodies, coded whole) or `stream.rs` (coded as they
+//!   stream, parked for a client that stopped reading);
+//! - `turns.rs`: the encoders' turns on the CPU; `pacing.rs`: what each
+//!   window cost, measured for [`pace`], which decides entropy coding;
+//! - [`basis_store`]: bodies served, kept as bases; [`slots`]: the upload
+//!   queue.
+//!
+//! Leaves out the connection (TLS, HTTP/2, limits: `http::server`) and
+//! authentication (`http::auth`'s gate wraps the role).
 //!
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
 pub mod basis_store;
+mod coding;
+mod config;
 pub mod pace;
+mod pacing;
 pub mod slots;
+mod stats;
+mod stream;
+mod turns;
+mod whole;
+
+pub use config::{AcceleratorConfig, ConfigError};
+pub use stats::{STATS_PATH, Stats};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-use crate::http::upstream_guard::{self, ExchangeCheck, FramedHttpConnector};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 
 use crate::cache::freshness::Storability;
-use crate::hsync::{Basis, EncodeError, Encoder, EncoderOptions};
-use crate::http::error::{Fault, ProxyError};
+use crate::hsync::{Basis, Encoder};
+use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
     answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
@@ -62,161 +78,24 @@ use crate::http::headers::{
 use crate::http::server::{
     BodyError, ConnectionNumber, Handler, ProxyBody, counted, malformed_request_body,
 };
-use crate::http::spool::{BodyFeed, Spool, SpoolDisk};
+use crate::http::spool::SpoolDisk;
 use crate::http::tls::TlsSession;
-use crate::http::transfer_memory::{self, ShareHolder, TransferMemory, coded_transfer_cost};
-use crate::queue::{QueueConfig, X_NODE, X_QUEUE, X_QUEUED};
+use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
+use crate::http::upstream_guard::{self, FramedHttpConnector};
+use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
+
 use basis_store::{BasisStore, shareable};
-use hyper_util::client::legacy::connect::capture_connection;
-use pace::{Pacer, WindowCost};
+use coding::{Coding, Parking};
+use pace::Pacer;
 use slots::{Admitted, Slots};
-
-/// Accelerator settings, validated.
-#[derive(Debug, Clone)]
-pub struct AcceleratorConfig {
-    /// The origin, `http://host[:port]`.
-    pub origin: Uri,
-    /// Our name in `Via`.
-    pub via_name: HeaderValue,
-    /// Encoder settings.
-    pub encoder: EncoderOptions,
-    /// Past the high-level budget, entropy-code literals only while that
-    /// is faster than sending them without (see [`pace`]); false
-    /// codes them always.
-    pub adapt_entropy_coding: bool,
-    /// Largest origin body encoded (bytes); larger ones pass through.
-    pub max_encode_len: u64,
-    /// Largest basis signature accepted from a request (bytes, decoded).
-    pub max_signature_bytes: usize,
-    /// Time to connect to the origin.
-    pub connect_timeout: Duration,
-    /// Time for the origin's response head.
-    pub origin_timeout: Duration,
-    /// Memory for bodies served, kept as future bases (bytes; 0: none).
-    pub basis_store_bytes: usize,
-    /// Largest body kept there (bytes).
-    pub max_stored_body: usize,
-    /// Keep every coded body there, including `private`, `no-store` and
-    /// cookie-setting responses and answers to requests with credentials.
-    /// Off by default: the store is then an oracle, since a client naming
-    /// a body's hash learns from the codec whether someone was served it
-    /// (D-B3, see [`basis_store::shareable`]).
-    pub basis_store_private: bool,
-    /// Upload slots and their queue (issue 5); `None` serves every request
-    /// at once.
-    pub queue: Option<QueueConfig>,
-    /// Where the queue is saved every second and reloaded at start-up, so
-    /// places survive a restart.
-    pub queue_state: Option<std::path::PathBuf>,
-    /// Encoders that run at once (0: one per core). The others wait for
-    /// a turn, one per chunk of the origin body, so a burst of large bodies
-    /// leaves the async workers, and cheap requests, their share of the CPU
-    /// (D-S6).
-    pub max_encoders: usize,
-    /// Where a coded body is parked for a client that stopped reading
-    /// (see [`crate::http::spool`]).
-    pub spool_dir: std::path::PathBuf,
-    /// Most bytes of a coded body parked ahead of its reader (0: never
-    /// parked; the encoder then waits for the reader, holding its state).
-    pub max_spool: u64,
-    /// Disk that all parked bodies take together (bytes); past it, a
-    /// coded body whose client stops reading waits in memory.
-    pub max_spool_total: u64,
-    /// Memory that streamed codings hold at once (bytes; 0: no bound):
-    /// past it, a coded response waits for its turn before reading its
-    /// origin body (see [`crate::http::transfer_memory`]).
-    pub transfer_memory: u64,
-}
-
-/// Why the configuration cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The origin URL is not `http://host[:port]`.
-    #[error("origin {origin} must be http://host[:port] (no path, no TLS yet)")]
-    BadOrigin {
-        /// The URL given.
-        origin: String,
-    },
-}
+use stream::encode_body;
+use turns::Encoders;
+use whole::{OriginBody, SMALL_BODY, encode_whole};
 
 /// What an OPTIONS this hop answers itself says in `Allow`: the methods it
 /// forwards to the origin (all but CONNECT; whether the origin's resource
 /// takes them is for the origin to say, to a request that reaches it).
 const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
-
-/// The path where each proxy answers with its counters as JSON (it shadows
-/// the same path at the origin).
-pub const STATS_PATH: &str = "/.rproxy/stats";
-
-/// Counters for `GET /.rproxy/stats`, which anyone who reaches the
-/// accelerator may read: aggregates only. No counter moves with whether a
-/// named basis was held (there was one, `coded_against_body`): read before
-/// and after one's own request, it told which bodies are held just as the
-/// codec does, for bodies the codec no longer reveals (D-B3). The request
-/// log line says which basis each response was coded against, for the
-/// operator.
-#[derive(Debug, Default)]
-pub struct Stats {
-    requests: AtomicU64,
-    coded: AtomicU64,
-    passed: AtomicU64,
-    /// Every refusal the role made, whoever was at fault: the sum of the
-    /// four below.
-    refused: AtomicU64,
-    /// Refusals by fault, so that an origin outage (upstream) does not
-    /// read like clients sending bad requests.
-    refused_client: AtomicU64,
-    refused_upstream: AtomicU64,
-    refused_overload: AtomicU64,
-    refused_proxy: AtomicU64,
-    /// Answered from the upload queue (503 with or without a place): an
-    /// overload answer, counted apart from refusals as before.
-    queued: AtomicU64,
-    body_bytes: AtomicU64,
-    stream_bytes: AtomicU64,
-    encoder_waits: AtomicU64,
-    /// Coded bodies parked in a spool for a client that stopped reading.
-    spooled: AtomicU64,
-}
-
-impl Stats {
-    fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Counts a refusal, in the total and under its fault.
-    fn refused(&self, fault: Fault) {
-        Self::add(&self.refused, 1);
-        let by_fault = match fault {
-            Fault::Client => &self.refused_client,
-            Fault::Upstream => &self.refused_upstream,
-            Fault::Overload => &self.refused_overload,
-            Fault::Proxy => &self.refused_proxy,
-        };
-        Self::add(by_fault, 1);
-    }
-
-    /// The counters as a JSON object.
-    pub fn to_json(&self) -> String {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        format!(
-            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"refused_client\":{},\"refused_upstream\":{},\"refused_overload\":{},\"refused_proxy\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{}}}\n",
-            get(&self.requests),
-            get(&self.coded),
-            get(&self.passed),
-            get(&self.refused),
-            get(&self.refused_client),
-            get(&self.refused_upstream),
-            get(&self.refused_overload),
-            get(&self.refused_proxy),
-            get(&self.queued),
-            get(&self.body_bytes),
-            get(&self.stream_bytes),
-            get(&self.encoder_waits),
-            get(&self.spooled),
-        )
-    }
-}
 
 /// The accelerator role.
 pub struct Accelerator {
@@ -646,738 +525,5 @@ impl Handler for Accelerator {
         if let Some(slots) = &self.slots {
             slots.disconnected(number);
         }
-    }
-}
-
-/// Frames in flight between the origin reader, the encoder thread and the
-/// client: small, so that backpressure reaches the origin quickly.
-const CHANNEL_DEPTH: usize = 4;
-
-/// Largest piece of stream sent to the client at a time: what hyper holds
-/// for a client that stops reading, beside the spool's page (the spool
-/// takes over what waits in the channel).
-const SEND_SLICE: usize = 32 << 10;
-
-/// Slices in flight towards the client.
-const CLIENT_DEPTH: usize = 8;
-
-/// Bodies the origin announced at most this long are read whole and coded
-/// in one go, then sent with a Content-Length: one hop to a blocking thread
-/// and one write to the client, where streaming cost a reader task, two
-/// channels and a write per frame (about half of a 1 KiB request's CPU).
-/// The origin sends such a body in one piece anyway.
-const SMALL_BODY: u64 = 64 << 10;
-
-/// An origin body that [`encode_whole`] reads whole.
-struct OriginBody {
-    body: Incoming,
-    framing: Option<ExchangeCheck>,
-    /// For the whole body, after the head came.
-    timeout: Duration,
-}
-
-/// Codes a small body (see [`SMALL_BODY`]) whole on a blocking thread, in
-/// its turn.
-/// A body the origin cuts, frames badly or does not finish in time is a
-/// clean 502/504: the client has seen nothing yet.
-async fn encode_whole(
-    origin: OriginBody,
-    coding: Coding,
-    method: Method,
-    uri: Uri,
-) -> Result<Bytes, ProxyError> {
-    let Coding {
-        mut encoder,
-        encoders,
-        memory: _,
-        store,
-        stats,
-        parking: _,
-    } = coding;
-    let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
-        Err(_) => {
-            return Err(ProxyError::upstream_timeout(format!(
-                "origin sent no whole body within {:?}",
-                origin.timeout
-            )));
-        }
-        Ok(Err(error)) => {
-            return Err(ProxyError::bad_upstream_response(format!(
-                "origin body: {error}"
-            )));
-        }
-        Ok(Ok(body)) => body.to_bytes(),
-    };
-    if let Some(violation) = origin.framing.as_ref().and_then(ExchangeCheck::violation) {
-        let error = ExchangeCheck::error(violation);
-        return Err(ProxyError::bad_upstream_response(format!(
-            "origin body: {error}"
-        )));
-    }
-    let task_stats = stats.clone();
-    let coded = encoders
-        .run(&stats, false, move || {
-            let stats = task_stats;
-            let mut out = Vec::with_capacity(body.len() / 2 + 4096);
-            encoder.push(&body, &mut out)?;
-            let summary = encoder.finish(&mut out)?;
-            Stats::add(&stats.body_bytes, summary.body_len);
-            Stats::add(&stats.stream_bytes, summary.stream_bytes);
-            if let Some(store) = &store {
-                store.insert(summary.digest, body.to_vec().into());
-            }
-            tracing::info!(
-                %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
-                body = summary.body_len, stream = summary.stream_bytes,
-                copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-                "request"
-            );
-            Ok::<_, EncodeError>(Bytes::from(out))
-        })
-        .await;
-    match coded {
-        Some(Ok(stream)) => Ok(stream),
-        Some(Err(error)) => Err(ProxyError::internal(format!("hsync: {error}"))),
-        None => Err(ProxyError::internal("the encoder panicked")),
-    }
-}
-
-/// What a coded response is coded with.
-struct Coding {
-    encoder: Encoder,
-    encoders: Encoders,
-    /// The budget a streamed coding takes its share of, that share, and
-    /// the body's announced length.
-    memory: Option<(TransferMemory, u64, Option<u64>)>,
-    /// Where the body is kept once coded, if it may be.
-    store: Option<Arc<BasisStore>>,
-    stats: Arc<Stats>,
-    /// Where a streamed body is parked if its client stops reading
-    /// (`None`: never).
-    parking: Option<Parking>,
-}
-
-/// Where and how much of a streamed body may be parked for a client that
-/// stopped reading ([`AcceleratorConfig::spool_dir`], `max_spool`).
-#[derive(Debug, Clone)]
-struct Parking {
-    dir: Arc<std::path::Path>,
-    limit: u64,
-    /// What all spools take together.
-    disk: SpoolDisk,
-}
-
-/// Turns on the CPU for encoders (see [`AcceleratorConfig::max_encoders`]),
-/// and one more for the encoders of parked bodies.
-#[derive(Clone)]
-struct Encoders {
-    turns: Arc<Semaphore>,
-    /// Parked bodies (their clients stopped reading) are background work:
-    /// they take turns of their own, one at a time, so a thousand of them
-    /// never stand between a client that reads and its turn (L-13's
-    /// bystander).
-    parked: Arc<Semaphore>,
-}
-
-impl Encoders {
-    fn new(turns: usize) -> Encoders {
-        Encoders {
-            turns: Arc::new(Semaphore::new(turns)),
-            parked: Arc::new(Semaphore::new(1)),
-        }
-    }
-
-    /// Runs `work` on a blocking thread once it is this encoder's turn
-    /// (among parked bodies' encoders when `parked`). The turn is awaited
-    /// here, holding no thread, and ends with the work (on its thread, so a
-    /// caller that stops waiting cannot let another encoder start early).
-    /// `None`: the work panicked.
-    async fn run<R: Send + 'static>(
-        &self,
-        stats: &Stats,
-        parked: bool,
-        work: impl FnOnce() -> R + Send + 'static,
-    ) -> Option<R> {
-        let lane = if parked { &self.parked } else { &self.turns };
-        let turn = match lane.clone().try_acquire_owned() {
-            Ok(turn) => Some(turn),
-            Err(_) => {
-                Stats::add(&stats.encoder_waits, 1);
-                // Never closed, so `None` only if that changes.
-                lane.clone().acquire_owned().await.ok()
-            }
-        };
-        tokio::task::spawn_blocking(move || {
-            let done = work();
-            drop(turn);
-            done
-        })
-        .await
-        .ok()
-    }
-}
-
-/// A body on its way into the basis store: the origin's chunks as they
-/// came (copied once, when the body is complete), and its room in the
-/// store's collecting budget, given back when it drops.
-struct Kept {
-    chunks: Vec<Bytes>,
-    len: usize,
-    room: OwnedSemaphorePermit,
-}
-
-impl Kept {
-    fn new(store: &BasisStore) -> Option<Kept> {
-        Some(Kept {
-            chunks: Vec::new(),
-            len: 0,
-            room: store.reserve(0)?,
-        })
-    }
-
-    /// Adds `chunk`; false when the body outgrew the store's limit or the
-    /// budget is spent, and is not kept.
-    fn add(&mut self, chunk: &Bytes, store: &BasisStore) -> bool {
-        if self.len + chunk.len() > store.max_body() {
-            return false;
-        }
-        let Some(room) = store.reserve(chunk.len()) else {
-            return false;
-        };
-        self.room.merge(room);
-        self.chunks.push(chunk.clone());
-        self.len += chunk.len();
-        true
-    }
-
-    fn into_body(self) -> Arc<[u8]> {
-        let mut body = Vec::with_capacity(self.len);
-        for chunk in &self.chunks {
-            body.extend_from_slice(chunk);
-        }
-        body.into()
-    }
-}
-
-/// How long an encoder waits, for the client to take bytes or for the
-/// origin to send some, before it gives back the memory it can rebuild
-/// ([`Encoder::release_buffers`]): longer than a reader that keeps up
-/// pauses, so that such a reader's windows do not pay for allocating it
-/// again.
-const RELEASE_AFTER: Duration = Duration::from_millis(100);
-
-/// Waits for `ready`; past [`RELEASE_AFTER`], calls `release` first and
-/// keeps waiting.
-async fn wait_releasing<T>(ready: impl Future<Output = T>, release: impl FnOnce()) -> T {
-    let mut ready = std::pin::pin!(ready);
-    if let Ok(value) = tokio::time::timeout(RELEASE_AFTER, ready.as_mut()).await {
-        return value;
-    }
-    release();
-    ready.await
-}
-
-type ToClient = mpsc::Sender<Result<Frame<Bytes>, BodyError>>;
-
-/// How long a client may take nothing (sending it a frame would wait that
-/// long) before its body is parked in a [`Spool`], as nginx's
-/// `proxy_buffering` parks one in a temp file: the encoder then runs on at
-/// the origin's pace, finishes and frees its context, window and buffers,
-/// and the stalled client holds a follower task, a page and its channel
-/// (L-13). As long as [`RELEASE_AFTER`]: a reader that pauses less keeps
-/// its stream in memory.
-const STALLED_AFTER: Duration = Duration::from_millis(100);
-
-/// Where a coded stream goes.
-enum Sink {
-    /// Straight into the client's channel.
-    Client(ToClient),
-    /// Into a spool, whose follower feeds the client's channel.
-    Spool(Spool),
-}
-
-impl Sink {
-    /// Fails the client's body: a stream that went wrong never ends
-    /// cleanly.
-    async fn fail(self, error: BodyError) {
-        match self {
-            Sink::Client(to_client) => {
-                let _ = to_client.send(Err(error)).await;
-            }
-            Sink::Spool(spool) => spool.finish(Err(error.to_string())).await,
-        }
-    }
-}
-
-/// Warned once per process: a spool directory that cannot take a file.
-static SPOOL_FAILED: std::sync::Once = std::sync::Once::new();
-
-/// Streams the origin body through the encoder: an async task owns the
-/// encoder and moves it to a blocking thread, in its turn, only for the
-/// CPU work of a chunk that completes a window; waiting for the origin or
-/// the client holds no thread. The body is also collected, up to the
-/// store's limits, and kept there once END's digest is known.
-fn encode_body(
-    origin: Incoming,
-    framing: Option<ExchangeCheck>,
-    coding: Coding,
-    pacer: Option<Pacer>,
-    method: Method,
-    uri: Uri,
-) -> ProxyBody {
-    let Coding {
-        encoder,
-        encoders,
-        memory,
-        store,
-        stats,
-        parking,
-    } = coding;
-    let pacing = Pacing::new(encoder, pacer);
-    let (to_encoder, from_origin) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
-    let (to_client, from_encoder) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(CLIENT_DEPTH);
-    let from_encoder = BodyFeed::new(from_encoder);
-    let link_idle = pacing.idle.clone();
-    let origin_idle = pacing.idle.clone();
-    let (mut taker, holder) = match memory {
-        Some((memory, cost, known_len)) => {
-            // A body announced larger than a small one waits before its
-            // first byte: nothing of it is read (into hyper's buffer, the
-            // channel and the window) while it waits.
-            let past = match known_len {
-                Some(len) if len > transfer_memory::SHARE_PAST => 0,
-                _ => transfer_memory::SHARE_PAST,
-            };
-            let (taker, holder) = transfer_memory::share(&memory, cost, past);
-            (Some(taker), Some(holder))
-        }
-        None => (None, None),
-    };
-    let read_origin = async move {
-        let mut origin = origin;
-        let mut read = 0u64;
-        loop {
-            if let Some(taker) = &mut taker {
-                // Past a small body's size, the coding's state grows:
-                // nothing more is read before its share (L-13, L-14).
-                taker.take_past(read).await;
-            }
-            let Some(frame) = origin.frame().await else {
-                break;
-            };
-            let item = match frame {
-                Ok(frame) => match frame.into_data() {
-                    Ok(data) => Ok(data),
-                    Err(_trailers) => continue,
-                },
-                Err(error) => Err(BodyError::from(error)),
-            };
-            if let Ok(data) = &item {
-                read += data.len() as u64;
-            }
-            let failed = item.is_err();
-            let sending = Instant::now();
-            if to_encoder.send(item).await.is_err() || failed {
-                return;
-            }
-            Idle::add(&origin_idle.origin, sending);
-        }
-        // No END (and nothing kept) for a body whose connection read bytes
-        // past its end by now.
-        if let Some(violation) = framing.as_ref().and_then(ExchangeCheck::violation) {
-            let _ = to_encoder
-                .send(Err(ExchangeCheck::error(violation).into()))
-                .await;
-        }
-    };
-    tokio::spawn(read_origin);
-    tokio::spawn(
-        Streaming {
-            from_origin,
-            sink: Sink::Client(to_client),
-            feed: from_encoder.clone(),
-            memory: holder,
-            parking,
-            encoders,
-            store,
-            stats,
-            method,
-            uri,
-        }
-        .run(pacing),
-    );
-    StreamBody::new(EncodedStream {
-        frames: from_encoder,
-        idle: link_idle,
-        since: None,
-    })
-    .boxed()
-}
-
-/// What the task of [`encode_body`] works between.
-struct Streaming {
-    from_origin: mpsc::Receiver<Result<Bytes, BodyError>>,
-    sink: Sink,
-    /// The client's end of its channel, for a spool to take over.
-    feed: BodyFeed,
-    /// This coding's share of the transfer memory, held while it runs.
-    memory: Option<ShareHolder>,
-    /// Where the body may still be parked (taken when it is, or when that
-    /// failed).
-    parking: Option<Parking>,
-    encoders: Encoders,
-    store: Option<Arc<BasisStore>>,
-    stats: Arc<Stats>,
-    method: Method,
-    uri: Uri,
-}
-
-impl Streaming {
-    async fn run(mut self, mut pacing: Pacing) {
-        let (method, uri) = (self.method.clone(), self.uri.clone());
-        let mut out = Vec::new();
-        let mut kept = self.store.as_deref().and_then(Kept::new);
-        loop {
-            let item = match self.from_origin.try_recv() {
-                Ok(item) => Some(item),
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    wait_releasing(self.from_origin.recv(), || {
-                        pacing.encoder.release_buffers();
-                        out = Vec::new();
-                    })
-                    .await
-                }
-            };
-            let Some(item) = item else {
-                break;
-            };
-            let chunk = match item {
-                Ok(chunk) => chunk,
-                Err(error) => {
-                    // The client must see a cut stream, never a clean end.
-                    tracing::warn!(%method, %uri, %error, "origin body failed; aborting the stream");
-                    return self.sink.fail(error).await;
-                }
-            };
-            if let Some(share) = &mut self.memory {
-                share.collect();
-            }
-            if let (Some(body), Some(store)) = (&mut kept, &self.store)
-                && !body.add(&chunk, store)
-            {
-                kept = None;
-            }
-            let pushed = if chunk.len() < pacing.encoder.window_room() {
-                // Only copied into the window: no turn, no thread.
-                pacing.push(&chunk, &mut out)
-            } else {
-                let parked = matches!(self.sink, Sink::Spool(_));
-                if parked {
-                    // Its turn may be far off: wait light.
-                    pacing.encoder.release_buffers();
-                    out = Vec::new();
-                }
-                let moved = self
-                    .encoders
-                    .run(&self.stats, parked, move || {
-                        let pushed = pacing.push(&chunk, &mut out);
-                        (pacing, out, pushed)
-                    })
-                    .await;
-                let Some((back, back_out, pushed)) = moved else {
-                    return self.sink.fail("the encoder panicked".into()).await;
-                };
-                (pacing, out) = (back, back_out);
-                pushed
-            };
-            if let Err(error) = pushed {
-                return self.sink.fail(error.into()).await;
-            }
-            if out.is_empty() {
-                continue;
-            }
-            let wire_bytes = out.len() as u64;
-            let sent = self.send(&mut out, Some(&mut pacing)).await;
-            pacing.sent(wire_bytes);
-            if !sent {
-                return;
-            }
-        }
-        let task_stats = self.stats.clone();
-        let store = self.store.take();
-        let parked = matches!(self.sink, Sink::Spool(_));
-        let finished = self
-            .encoders
-            .run(&self.stats, parked, move || {
-                let finished = pacing.encoder.finish(&mut out);
-                if let Ok(summary) = &finished {
-                    Stats::add(&task_stats.body_bytes, summary.body_len);
-                    Stats::add(&task_stats.stream_bytes, summary.stream_bytes);
-                    if let (Some(store), Some(body)) = (&store, kept) {
-                        store.insert(summary.digest, body.into_body());
-                    }
-                }
-                (out, finished)
-            })
-            .await;
-        let Some((mut out, finished)) = finished else {
-            return self.sink.fail("the encoder panicked".into()).await;
-        };
-        let summary = match finished {
-            Ok(summary) => summary,
-            Err(error) => return self.sink.fail(error.into()).await,
-        };
-        if !self.send(&mut out, None).await {
-            return;
-        }
-        let spooled = matches!(self.sink, Sink::Spool(_));
-        tracing::info!(
-            %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
-            body = summary.body_len, stream = summary.stream_bytes,
-            copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-            spooled, "request"
-        );
-        if let Sink::Spool(spool) = self.sink {
-            spool.finish(Ok(())).await;
-        }
-    }
-
-    /// Sends `out` to the client, or to the spool once the client stopped
-    /// reading, and clears it; false if the client is gone or the spool
-    /// failed. A window of a large body is many MiB (eight blocks at
-    /// least, and blocks grow with the body to keep its signature small):
-    /// it goes out in slices copied out of `out`, so the channel holds a
-    /// few slices rather than a few windows (L-3: memory per request), and
-    /// a client that stops reading keeps those slices alive, not the
-    /// windows they were cut from (L-13). (Slices of one shared allocation
-    /// kept a window per slice waiting: 2.5 MiB per stalled reader.)
-    async fn send(&mut self, out: &mut Vec<u8>, mut pacing: Option<&mut Pacing>) -> bool {
-        let mut at = 0;
-        let mut stalled = false;
-        while at < out.len() {
-            let end = out.len().min(at + SEND_SLICE);
-            let waiting = match &mut self.sink {
-                Sink::Spool(spool) => {
-                    let rest = match at {
-                        0 => Bytes::from(std::mem::take(out)),
-                        _ => Bytes::copy_from_slice(&out[at..]),
-                    };
-                    out.clear();
-                    return write_spooled(spool, rest).await;
-                }
-                Sink::Client(to_client) => match to_client.try_reserve() {
-                    Ok(room) => {
-                        room.send(Ok(Frame::data(Bytes::copy_from_slice(&out[at..end]))));
-                        at = end;
-                        continue;
-                    }
-                    Err(mpsc::error::TrySendError::Closed(())) => return false,
-                    Err(mpsc::error::TrySendError::Full(())) => to_client.clone(),
-                },
-            };
-            let room = if stalled {
-                // Not parked (parking is off, or no spool could be made):
-                // this task waits here, holding no thread (L-13), and its
-                // state, counted in its share of the transfer memory.
-                waiting.reserve_owned().await.ok()
-            } else {
-                match tokio::time::timeout(STALLED_AFTER, waiting.reserve_owned()).await {
-                    Ok(room) => room.ok(),
-                    Err(_) => {
-                        stalled = true;
-                        if let Some(pacing) = pacing.as_deref_mut() {
-                            pacing.encoder.release_buffers();
-                        }
-                        if !self.park(pacing.as_deref_mut()).await {
-                            return false;
-                        }
-                        continue;
-                    }
-                }
-            };
-            let Some(room) = room else {
-                return false;
-            };
-            room.send(Ok(Frame::data(Bytes::copy_from_slice(&out[at..end]))));
-            at = end;
-        }
-        out.clear();
-        true
-    }
-
-    /// Parks the rest of the body in a spool, what waited in the client's
-    /// channel first, if it may be and one can be made; otherwise the
-    /// caller goes on waiting for the client. False if the client left or
-    /// the spool failed.
-    async fn park(&mut self, pacing: Option<&mut Pacing>) -> bool {
-        let Some(parking) = self.parking.take() else {
-            return true;
-        };
-        if !matches!(self.sink, Sink::Client(_)) {
-            return true;
-        }
-        let mut spool = match Spool::create(&parking.dir, parking.limit, &parking.disk) {
-            Ok(spool) => spool,
-            Err(error) if error.kind() == std::io::ErrorKind::StorageFull => {
-                tracing::debug!(%error, "not parking a body: the encoder waits for its client");
-                return true;
-            }
-            Err(error) => {
-                SPOOL_FAILED.call_once(|| {
-                    tracing::warn!(dir = %parking.dir.display(), %error,
-                        "cannot spool for clients that stop reading; their encoders wait instead");
-                });
-                return true;
-            }
-        };
-        for item in spool.take_over(&self.feed) {
-            // Only data is sent before the end: a failure ends the stream.
-            if let Ok(data) = item.map(Frame::into_data)
-                && let Ok(data) = data
-                && !write_spooled(&mut spool, data).await
-            {
-                return false;
-            }
-        }
-        self.sink = Sink::Spool(spool);
-        Stats::add(&self.stats.spooled, 1);
-        tracing::debug!(method = %self.method, uri = %self.uri, "client stopped reading; body spooled");
-        // What the stream waits for from now on is this client, which is
-        // slower than the encoder: the pacer's measure of the link would
-        // be the disk's, so literals keep their entropy coding.
-        if let Some(pacing) = pacing {
-            pacing.pacer = None;
-            pacing.encoder.set_entropy_coding(true);
-        }
-        true
-    }
-}
-
-/// Writes `data` to the spool; false if the client left or the spool
-/// failed (then dropping it fails the client's body).
-async fn write_spooled(spool: &mut Spool, data: Bytes) -> bool {
-    match spool.write(data).await {
-        Ok(()) => true,
-        Err(_) if spool.reader_left() => false,
-        Err(error) => {
-            tracing::warn!(%error, "spool write failed; aborting the stream");
-            false
-        }
-    }
-}
-
-/// The encoder, and the pacer that turns its entropy coding on and off
-/// from what each window cost to encode and to send (`None`: the
-/// configured levels throughout).
-struct Pacing {
-    encoder: Encoder,
-    pacer: Option<Pacer>,
-    /// The window being encoded: its bytes and time so far.
-    window: WindowCost,
-    /// `encoder.windows_encoded()` when the last window was recorded.
-    windows: u64,
-    /// How long each side has waited for the encoder, and how long it had
-    /// when the last window was recorded.
-    idle: Arc<Idle>,
-    idle_before: (Duration, Duration),
-    /// When the last window was recorded (or encoding started).
-    recorded_at: Instant,
-}
-
-impl Pacing {
-    fn new(encoder: Encoder, pacer: Option<Pacer>) -> Pacing {
-        Pacing {
-            encoder,
-            pacer,
-            window: WindowCost::default(),
-            windows: 0,
-            idle: Arc::default(),
-            idle_before: (Duration::ZERO, Duration::ZERO),
-            recorded_at: Instant::now(),
-        }
-    }
-
-    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
-        let started = Instant::now();
-        let pushed = self.encoder.push(chunk, out);
-        self.window.encode += started.elapsed();
-        self.window.body_bytes += chunk.len() as u64;
-        pushed
-    }
-
-    /// Records that `wire_bytes` of stream went out; once a window is
-    /// complete, records what it cost and lets the pacer choose the next
-    /// window's mode.
-    fn sent(&mut self, wire_bytes: u64) {
-        let windows = self.encoder.windows_encoded();
-        if windows == self.windows {
-            return;
-        }
-        self.windows = windows;
-        let idle = self.idle.read();
-        let now = Instant::now();
-        let window = WindowCost {
-            coded: self.encoder.entropy_coding(),
-            wire_bytes,
-            span: now - self.recorded_at,
-            origin_idle: idle.0 - self.idle_before.0,
-            link_idle: idle.1 - self.idle_before.1,
-            ..std::mem::take(&mut self.window)
-        };
-        self.idle_before = idle;
-        self.recorded_at = now;
-        if let Some(pacer) = &mut self.pacer
-            && self.encoder.is_in_fast_stage()
-        {
-            self.encoder.set_entropy_coding(pacer.record(window));
-        }
-    }
-}
-
-/// Nanoseconds that the origin's reader and the link have each waited
-/// for the encoder, in all (for [`Pacing`]).
-#[derive(Debug, Default)]
-struct Idle {
-    origin: AtomicU64,
-    link: AtomicU64,
-}
-
-impl Idle {
-    fn add(counter: &AtomicU64, since: Instant) {
-        let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        counter.fetch_add(waited, Ordering::Relaxed);
-    }
-
-    /// The origin's and the link's time so far.
-    fn read(&self) -> (Duration, Duration) {
-        let read = |counter: &AtomicU64| Duration::from_nanos(counter.load(Ordering::Relaxed));
-        (read(&self.origin), read(&self.link))
-    }
-}
-
-/// The encoder's frames as the response body, timing how long the link
-/// waits for them (hyper polls the body only when it can write).
-struct EncodedStream {
-    frames: BodyFeed,
-    idle: Arc<Idle>,
-    /// Since when the link has been waiting.
-    since: Option<Instant>,
-}
-
-impl futures_core::Stream for EncodedStream {
-    type Item = Result<Frame<Bytes>, BodyError>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        let polled = self.frames.poll_recv(cx);
-        if polled.is_pending() {
-            self.since.get_or_insert_with(Instant::now);
-        } else if let Some(since) = self.since.take() {
-            Idle::add(&self.idle.link, since);
-        }
-        polled
     }
 }

@@ -1,0 +1,41 @@
+//! What a coded response is coded with ([`Coding`]): the encoder and the
+//! shares it draws on (CPU turns, transfer memory, the basis store, the
+//! counters, and where a streamed body may be parked, [`Parking`]). The role
+//! fills it once it has decided to code; the whole-body and streamed
+//! encoders take it apart.
+
+use std::sync::Arc;
+
+use crate::hsync::Encoder;
+use crate::http::spool::SpoolDisk;
+use crate::http::transfer_memory::TransferMemory;
+
+use super::basis_store::BasisStore;
+use super::stats::Stats;
+use super::turns::Encoders;
+
+/// What a coded response is coded with.
+pub(super) struct Coding {
+    pub(super) encoder: Encoder,
+    pub(super) encoders: Encoders,
+    /// The budget a streamed coding takes its share of, that share, and
+    /// the body's announced length.
+    pub(super) memory: Option<(TransferMemory, u64, Option<u64>)>,
+    /// Where the body is kept once coded, if it may be.
+    pub(super) store: Option<Arc<BasisStore>>,
+    pub(super) stats: Arc<Stats>,
+    /// Where a streamed body is parked if its client stops reading
+    /// (`None`: never).
+    pub(super) parking: Option<Parking>,
+}
+
+/// Where and how much of a streamed body may be parked for a client that
+/// stopped reading ([`AcceleratorConfig::spool_dir`](super::AcceleratorConfig::spool_dir),
+/// `max_spool`).
+#[derive(Debug, Clone)]
+pub(super) struct Parking {
+    pub(super) dir: Arc<std::path::Path>,
+    pub(super) limit: u64,
+    /// What all spools take together.
+    pub(super) disk: SpoolDisk,
+}

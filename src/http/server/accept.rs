@@ -1,0 +1,120 @@
+//! The accept loop: binding a listener ([`bind`]), accepting on it until
+//! shutdown, at most `max_connections` at once, and handing each connection
+//! to its own task ([`serve`], [`serve_tls`]). What happens on a
+//! connection is `connection.rs`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tracing::Instrument;
+
+use super::connection::{serve_connection, serve_tls_connection};
+use super::handler::Handler;
+use super::limits::ConnectionLimits;
+
+/// Accepts connections on `listener` until `shutdown` resolves, serving
+/// each on its own task, at most `limits.max_connections` at once.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    accept_loop(listener, handler, limits, None, shutdown).await;
+}
+
+/// [`serve`] over TLS with `config`: HTTP/2 or HTTP/1.1 by ALPN.
+pub async fn serve_tls<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    config: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = TlsAcceptor::from(config);
+    accept_loop(listener, handler, limits, Some(acceptor), shutdown).await;
+}
+
+async fn accept_loop<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                tracing::warn!(
+                    max = limits.max_connections,
+                    "connection limit reached; new connections wait in the backlog"
+                );
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                }
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let handler = handler.clone();
+                    let tls = tls.clone();
+                    tokio::spawn(
+                        async move {
+                            match tls {
+                                Some(acceptor) => {
+                                    // Boxed: the TLS and HTTP/2 states are
+                                    // several KiB, which every plain
+                                    // connection's task would reserve too.
+                                    Box::pin(serve_tls_connection(
+                                        stream, peer, handler, limits, acceptor,
+                                    ))
+                                    .await;
+                                }
+                                None => serve_connection(stream, Some(peer), handler, limits).await,
+                            }
+                            drop(slot);
+                        }
+                        .instrument(tracing::info_span!("conn", %peer)),
+                    );
+                }
+                Err(error) => {
+                    // EMFILE and friends: back off rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Binds a listener with a backlog long enough for bursts of thousands of
+/// connections (tokio's `bind` asks for 1,024; the kernel caps it at
+/// `net.core.somaxconn`).
+///
+/// # Errors
+/// The address cannot be bound.
+pub fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Connections the kernel may queue before we accept them.
+const LISTEN_BACKLOG: u32 = 4096;

@@ -1,0 +1,98 @@
+//! The body types both roles answer with ([`ProxyBody`], [`BodyError`]) and
+//! two small wrappers: [`counted`] tells a log line how a passed-through
+//! body ended, and `ReceiverStream` turns a task's channel into a body.
+//! Nothing here knows about connections or requests.
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+
+/// The error type of response bodies: whatever stopped the stream.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type both roles answer with.
+pub type ProxyBody = BoxBody<Bytes, BodyError>;
+
+/// Wraps a body so that `on_end` learns how many data bytes went through
+/// and whether the body ended cleanly (false when it failed, or was dropped
+/// before its end because the peer left). For log lines and counters of
+/// bodies that pass through untouched.
+pub fn counted<F>(body: ProxyBody, on_end: F) -> ProxyBody
+where
+    F: FnOnce(u64, bool) + Send + Sync + Unpin + 'static,
+{
+    BoxBody::new(Counted {
+        inner: body,
+        bytes: 0,
+        on_end: Some(on_end),
+    })
+}
+
+/// A `Stream` over an mpsc receiver: a body fed by a task (wrap it in
+/// `http_body_util::StreamBody`).
+pub(crate) struct ReceiverStream<T>(pub(crate) tokio::sync::mpsc::Receiver<T>);
+
+impl<T> futures_core::Stream for ReceiverStream<T> {
+    type Item = T;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+struct Counted<F: FnOnce(u64, bool)> {
+    inner: ProxyBody,
+    bytes: u64,
+    on_end: Option<F>,
+}
+
+impl<F: FnOnce(u64, bool)> Counted<F> {
+    fn end(&mut self, clean: bool) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(self.bytes, clean);
+        }
+    }
+}
+
+impl<F: FnOnce(u64, bool) + Unpin> hyper::body::Body for Counted<F> {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.bytes += data.len() as u64;
+                }
+                if this.inner.is_end_stream() {
+                    this.end(true);
+                }
+            }
+            std::task::Poll::Ready(None) => this.end(true),
+            std::task::Poll::Ready(Some(Err(_))) => this.end(false),
+            std::task::Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<F: FnOnce(u64, bool)> Drop for Counted<F> {
+    fn drop(&mut self) {
+        let clean = hyper::body::Body::is_end_stream(&self.inner);
+        self.end(clean);
+    }
+}

@@ -1,0 +1,278 @@
+//! Serving one connection: the service every request passes (the early
+//! refusals, then the role), HTTP/1.1 over the guarded and watched I/O with
+//! its raw last answers (400, 408), and TLS with HTTP/2 or HTTP/1.1 as ALPN
+//! chose. Per-connection code takes any `AsyncRead + AsyncWrite`, so TCP
+//! and inetd's stdin/stdout share it. Accepting connections is
+//! `accept.rs`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::http::error::ProxyError;
+use crate::http::headers::strip_unkeyed;
+use crate::http::tls::TlsSession;
+
+use super::body::ProxyBody;
+use super::handler::{ConnectionNumber, Handler, HoldConnection, Peer};
+use super::io::{Guarded, Hold, Watched};
+use super::limits::ConnectionLimits;
+use super::refusal::{RefusedBody, bad_request_body, refuse_early};
+
+/// hyper's timer, with the connection's hold added to every deadline it
+/// sets (hyper uses it only for the header timeout on HTTP/1.1).
+#[derive(Clone)]
+struct HeldTimer {
+    hold: Hold,
+}
+
+impl HeldTimer {
+    fn extra(&self) -> Duration {
+        Duration::from_secs(self.hold.load(Ordering::Relaxed))
+    }
+}
+
+impl hyper::rt::Timer for HeldTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep(duration + self.extra())
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep_until(deadline + self.extra())
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
+        TokioTimer::new().reset(sleep, new_deadline + self.extra());
+    }
+
+    fn now(&self) -> std::time::Instant {
+        TokioTimer::new().now()
+    }
+}
+
+/// The service every connection runs: the early checks, then the role.
+/// Boxed futures, so that an HTTP/1.1 connection is Unpin and can hand its
+/// socket back after a header timeout, for the 408.
+#[allow(clippy::type_complexity)]
+fn service<H: Handler>(
+    handler: Arc<H>,
+    hold: Hold,
+    refused_body: RefusedBody,
+    number: ConnectionNumber,
+    peer: Option<SocketAddr>,
+    tls: Option<TlsSession>,
+    limits: ConnectionLimits,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<ProxyBody>,
+    Error = Infallible,
+    Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
+> + Clone {
+    let requests = Arc::new(AtomicU64::new(0));
+    service_fn(move |mut request: Request<Incoming>| {
+        let handler = handler.clone();
+        // hyper hands requests over in the order the guard saw them.
+        let index = requests.fetch_add(1, Ordering::Relaxed);
+        request.extensions_mut().insert(number);
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(Peer(peer));
+        }
+        if let Some(tls) = &tls {
+            request.extensions_mut().insert(tls.clone());
+        }
+        strip_unkeyed(request.headers_mut());
+        let refused = refused_body
+            .get()
+            .filter(|v| v.message == index)
+            .map(|&violation| bad_request_body(violation))
+            .or_else(|| refuse_early(&request, &limits));
+        let hold = hold.clone();
+        Box::pin(async move {
+            let response = match refused {
+                Some(response) => response,
+                None => handler.handle(request).await,
+            };
+            let held = response.extensions().get::<HoldConnection>();
+            hold.store(held.map_or(0, |h| h.0.as_secs()), Ordering::Relaxed);
+            Ok::<_, Infallible>(response)
+        }) as Pin<Box<dyn Future<Output = _> + Send>>
+    })
+}
+
+/// Serves one HTTP/1.1 connection from `peer` until the peer is done.
+pub async fn serve_connection<H, I>(
+    io: I,
+    peer: Option<SocketAddr>,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let number = ConnectionNumber::next();
+    let hold = Hold::default();
+    let refused_body = RefusedBody::default();
+    let service = service(
+        handler.clone(),
+        hold.clone(),
+        refused_body.clone(),
+        number,
+        peer,
+        None,
+        limits,
+    );
+    serve_http1(io, service, hold, refused_body, limits).await;
+    handler.connection_closed(number);
+}
+
+async fn serve_http1<I, S>(
+    io: I,
+    service: S,
+    hold: Hold,
+    refused_body: RefusedBody,
+    limits: ConnectionLimits,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+            Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
+        > + Unpin,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(HeldTimer { hold: hold.clone() })
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.max_head_bytes)
+        .max_buf_size(limits.max_head_bytes.max(8192));
+    if limits.max_headers != 100 {
+        // hyper's default; any other value costs a heap allocation per
+        // request.
+        builder.max_headers(limits.max_headers);
+    }
+    let refusing = Arc::new(AtomicBool::new(false));
+    let io = Watched::new(
+        Guarded::new(io, refusing.clone(), refused_body),
+        limits.idle_timeout,
+        hold,
+    );
+    let mut connection = builder.serve_connection(TokioIo::new(io), service);
+    let mut shutting_down = false;
+    let result = std::future::poll_fn(|cx| {
+        loop {
+            let polled = connection.poll_without_shutdown(cx);
+            if polled.is_pending() && !shutting_down && refusing.load(Ordering::Relaxed) {
+                // hyper waits at a refused head: let it finish the requests
+                // in flight, then stop.
+                shutting_down = true;
+                Pin::new(&mut connection).graceful_shutdown();
+                continue;
+            }
+            return polled;
+        }
+    })
+    .await;
+    let mut io = connection.into_parts().io.into_inner();
+    match result {
+        _ if let Some(violation) = io.io.refusal() => {
+            // hyper gave up on the connection: the answer goes out raw.
+            let refusal = ProxyError::malformed_request(violation);
+            refusal.log();
+            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&refusal.to_http1()))
+                .await;
+        }
+        Ok(()) => {}
+        // hyper's header timer also runs while a kept-alive connection
+        // waits for its next request: one that never started is just idle,
+        // and closing it is the end of keep-alive, not an error. A 408 there
+        // would reach a client that sent nothing, which reads it as an
+        // unsolicited (malformed) response (P-25); only a head that has
+        // begun gets one.
+        Err(error) if error.is_timeout() && !io.idle_expired && io.io.is_between_messages() => {
+            tracing::debug!("idle connection: closed without a word");
+        }
+        Err(error) if error.is_timeout() && !io.idle_expired => {
+            tracing::debug!("no whole request head in time: 408");
+            let answer = ProxyError::request_timeout().to_http1();
+            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&answer)).await;
+        }
+        Err(error) => tracing::debug!(%error, "connection ended with an error"),
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+}
+
+/// Serves one TLS connection: the handshake within the header timeout,
+/// then HTTP/2 or HTTP/1.1 as ALPN chose.
+pub(super) async fn serve_tls_connection<H: Handler>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    acceptor: TlsAcceptor,
+) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
+    {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            tracing::info!(%error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::info!("no TLS handshake within the header timeout");
+            return;
+        }
+    };
+    let (_, session) = tls.get_ref();
+    let h2 = session.alpn_protocol() == Some(b"h2");
+    let info = TlsSession {
+        server_name: session.server_name().map(str::to_owned),
+        local,
+    };
+    let number = ConnectionNumber::next();
+    let hold = Hold::default();
+    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's.
+    let refused_body = RefusedBody::default();
+    let service = service(
+        handler.clone(),
+        hold.clone(),
+        refused_body.clone(),
+        number,
+        Some(peer),
+        Some(info),
+        limits,
+    );
+    if !h2 {
+        serve_http1(tls, service, hold, refused_body, limits).await;
+        handler.connection_closed(number);
+        return;
+    }
+    let result = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams)
+        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
+        .serve_connection(
+            TokioIo::new(Watched::new(tls, limits.idle_timeout, hold)),
+            service,
+        )
+        .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "HTTP/2 connection ended with an error");
+    }
+    handler.connection_closed(number);
+}

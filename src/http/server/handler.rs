@@ -1,0 +1,58 @@
+//! What a role is to the server ([`Handler`]) and what the server tells it
+//! about a request's connection, in the request's extensions
+//! ([`ConnectionNumber`], [`Peer`]) or the role tells the server on a
+//! response ([`HoldConnection`]). The contract only: serving is
+//! `connection.rs`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+
+use super::body::ProxyBody;
+
+/// A role: turns a request into a response. Errors become responses inside
+/// the handler; an error in the body stream aborts the connection so a
+/// client never mistakes a cut body for a whole one.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one request.
+    fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send;
+
+    /// Called once a connection, numbered as in its requests'
+    /// [`ConnectionNumber`], has ended.
+    fn connection_closed(&self, number: ConnectionNumber) {
+        let _ = number;
+    }
+}
+
+/// A process-wide number for each connection, in its requests'
+/// extensions: lets a role tell a held connection from a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionNumber(pub u64);
+
+impl ConnectionNumber {
+    pub(super) fn next() -> ConnectionNumber {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ConnectionNumber(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Set by a role on a response after which the client is expected to stay
+/// silent on the connection for a while, and come back on it (a queued
+/// reply on a held connection, PARQ Sq or Active Queueing): the next
+/// request head may take this much longer than the header timeout, and
+/// the idle timeout is stretched as much, instead of closing the
+/// connection and losing the client's place.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldConnection(pub Duration);
+
+/// The address of the peer a request came from, in its extensions (absent
+/// on inetd pipes). Failed logins are counted per peer address.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);

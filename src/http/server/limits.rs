@@ -1,0 +1,97 @@
+//! How much the HTTP layer lets a connection, a pool or the process hold:
+//! [`ConnectionLimits`] (heads, targets, timeouts, hops, connections,
+//! streams), the bounds of the pools that go upstream
+//! ([`upstream_client_builder`]), and the open-file limit raised to what
+//! `max_connections` needs ([`raise_open_file_limit`]). The numbers and
+//! their defaults; enforcing them is the serving code's job.
+
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// Limits of the HTTP/1.1 connection layer, the same for both roles and
+/// under inetd.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Time a client has to send a whole request head: 408, then close.
+    /// hyper starts it when the connection waits for a request, so it is
+    /// also how long an idle keep-alive connection stays open (closed
+    /// then without a 408: the client sent nothing to answer).
+    pub header_read_timeout: Duration,
+    /// Largest request head, request line included (bytes): 431.
+    pub max_head_bytes: usize,
+    /// Most header fields in a request head: 431.
+    pub max_headers: usize,
+    /// Longest request target (bytes): 414.
+    pub max_target_bytes: usize,
+    /// Time without a byte moving either way, once a request is under way
+    /// (a stalled upload, a user agent that stopped reading, an origin
+    /// that went quiet mid-body): the connection is closed.
+    pub idle_timeout: Duration,
+    /// Most `Via` entries a request may carry: 508 beyond (P-15).
+    pub max_hops: usize,
+    /// Connections served at once; further ones wait in the listen
+    /// backlog.
+    pub max_connections: usize,
+    /// Requests served at once on one HTTP/2 connection (its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with
+    /// REFUSED_STREAM, for the client to retry. With `max_connections`
+    /// it bounds the responses in flight, each of which may hold an
+    /// encoder and its buffers while its reader does not read (L-13).
+    pub max_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_head_bytes: 64 << 10,
+            max_headers: 100,
+            max_target_bytes: 8 << 10,
+            idle_timeout: Duration::from_secs(60),
+            max_hops: 10,
+            max_connections: 16 << 10,
+            max_streams: 128,
+        }
+    }
+}
+
+/// Idle connections kept per upstream host (the origin, the accelerator):
+/// each keeps the read buffer it grew to, up to about 400 KiB after a large
+/// body, so the thousand idle connections a burst left behind held
+/// hundreds of MiB (L-13, L-14). More than this are closed when they
+/// fall idle.
+pub const IDLE_UPSTREAM_CONNECTIONS: usize = 32;
+
+/// How long an idle upstream connection is kept.
+pub const IDLE_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client builder for trips upstream, with the pool's bounds above.
+pub fn upstream_client_builder() -> hyper_util::client::legacy::Builder {
+    let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+    builder
+        .pool_max_idle_per_host(IDLE_UPSTREAM_CONNECTIONS)
+        .pool_idle_timeout(IDLE_UPSTREAM_TIMEOUT)
+        .pool_timer(TokioTimer::new());
+    builder
+}
+
+/// Raises the soft limit on open files to what `max_connections` needs
+/// (as far as the hard limit allows); warns when that is not enough.
+pub fn raise_open_file_limit(max_connections: usize) {
+    // Each connection is one descriptor here and usually one upstream;
+    // plus cache files and the runtime's own.
+    let wanted = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(256);
+    match rlimit::increase_nofile_limit(wanted) {
+        Ok(got) if got < wanted => tracing::warn!(
+            open_files = got,
+            max_connections,
+            "the open-file limit is below what --max-connections needs; \
+             accept will back off when it runs out (raise ulimit -n)"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
+    }
+}
