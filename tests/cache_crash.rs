@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use fault_fs::{FaultFs, Kind, Verdict};
 use rproxy::cache::{CacheError, CacheKey, CacheStore, Completeness, NewEntry};
 use support::proxy::eventually;
+use support::topology::{Cache, ClientProxy, Listen};
 use support::user_agent::get;
 use support::{Rng, random_bytes};
 
@@ -609,23 +610,16 @@ fn c_e3_eio_opening_a_hit_s_files_is_a_miss_and_quarantines_the_entry() {
 // C-E2 and C-E3 through the real client proxy
 
 mod proxy {
-    use std::collections::HashMap;
-    use std::convert::Infallible;
     use std::net::SocketAddr;
-    use std::sync::{Arc, Mutex};
 
     use bytes::Bytes;
-    use http::{HeaderValue, Request, Response};
+    use http::{HeaderValue, Response};
     use http_body_util::Full;
-    use hyper::body::Incoming;
-    use hyper_util::rt::TokioIo;
-    use rproxy::cache::CacheStore;
-    use rproxy::client_proxy::{ClientConfig, ClientProxy};
-    use rproxy::http::server::{ConnectionLimits, serve};
-    use tokio::net::TcpListener;
+    use rproxy::client_proxy::ClientConfig;
 
     use crate::support::proxy::client_config;
     use crate::support::random_bytes;
+    use crate::support::topology::{Origin, origin};
 
     /// The origin's body for `path`: 2 MiB (streamed from the cache, past
     /// the proxy's whole-body size) when the path says "large", else 40 KiB.
@@ -638,75 +632,29 @@ mod proxy {
         random_bytes(path.len() as u64, len)
     }
 
-    pub struct Origin {
-        pub addr: SocketAddr,
-        requests: Arc<Mutex<HashMap<String, usize>>>,
-    }
-
-    impl Origin {
-        pub fn requests_to(&self, path: &str) -> usize {
-            self.requests
-                .lock()
-                .unwrap()
-                .get(path)
-                .copied()
-                .unwrap_or(0)
-        }
-    }
-
-    /// An origin whose bodies are cacheable for an hour.
+    /// An origin serving [`body`], cacheable for an hour.
     pub async fn start_origin() -> Origin {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let requests = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
-        let counts = requests.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let counts = counts.clone();
-                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    let path = request.uri().path().to_owned();
-                    *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
-                    async move {
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("cache-control", "max-age=3600")
-                                .header("content-type", "application/octet-stream")
-                                .body(Full::new(Bytes::from(body(&path))))
-                                .unwrap(),
-                        )
-                    }
-                });
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
+        origin(|request, _| {
+            let body = Bytes::from(body(request.uri().path()));
+            async move {
+                Response::builder()
+                    .header("cache-control", "max-age=3600")
+                    .header("content-type", "application/octet-stream")
+                    .body(Full::new(body))
+                    .unwrap()
             }
-        });
-        Origin { addr, requests }
+        })
+        .await
     }
 
-    /// The client proxy in this process, its upstream the origin itself,
+    /// The client proxy's settings here: its upstream the origin itself,
     /// no memory cache (every hit reads the disk).
-    pub async fn start_proxy(upstream: SocketAddr, store: CacheStore) -> SocketAddr {
-        let config = ClientConfig {
+    pub fn config(upstream: SocketAddr) -> ClientConfig {
+        ClientConfig {
             via_name: HeaderValue::from_static("test-client"),
             memory_cache_bytes: 0,
             ..client_config(&format!("http://{upstream}"))
-        };
-        let proxy = Arc::new(ClientProxy::new(config, store).unwrap());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve(
-            listener,
-            proxy,
-            ConnectionLimits::default(),
-            std::future::pending(),
-        ));
-        addr
+        }
     }
 }
 
@@ -726,10 +674,15 @@ async fn c_e2_eio_on_the_directory_fsync_leaves_the_user_agent_s_response_whole_
     });
     let store =
         CacheStore::open_with_fs(&root, BUDGET, Arc::new(FaultFs::boot(&root, hook))).unwrap();
-    let proxy_addr = proxy::start_proxy(origin.addr, store.clone()).await;
+    let client = ClientProxy::start_with(
+        proxy::config(origin.addr),
+        Cache::Store(store.clone()),
+        Listen::default(),
+    )
+    .await;
     for path in ["/small.js", "/large.bin"] {
         for round in 1..=2 {
-            let fetched = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
+            let fetched = get(client.addr, &format!("http://{}{path}", origin.addr)).await;
             fetched.assert_body(path, &proxy::body(path));
             assert!(
                 !fetched.is_hit(),
@@ -762,20 +715,25 @@ async fn c_e3_eio_opening_a_hit_s_body_is_served_from_upstream_and_the_entry_qua
     });
     let store =
         CacheStore::open_with_fs(&root, BUDGET, Arc::new(FaultFs::boot(&root, hook))).unwrap();
-    let proxy_addr = proxy::start_proxy(origin.addr, store.clone()).await;
+    let client = ClientProxy::start_with(
+        proxy::config(origin.addr),
+        Cache::Store(store.clone()),
+        Listen::default(),
+    )
+    .await;
     for path in ["/small.js", "/large.bin"] {
-        get(proxy_addr, &format!("http://{}{path}", origin.addr))
+        get(client.addr, &format!("http://{}{path}", origin.addr))
             .await
             .assert_body(path, &proxy::body(path));
         let key = rproxy::cache::CacheKey::parse(&format!("http://{}{path}", origin.addr)).unwrap();
         eventually("stored", || store.lookup(&key).is_some()).await;
-        let hit = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
+        let hit = get(client.addr, &format!("http://{}{path}", origin.addr)).await;
         hit.assert_body(path, &proxy::body(path));
         assert!(hit.is_hit(), "{path}: {}", hit.cache_status);
 
         failing.store(true, Ordering::Relaxed);
         let quarantined = std::fs::read_dir(root.join("quarantine")).unwrap().count();
-        let fetched = get(proxy_addr, &format!("http://{}{path}", origin.addr)).await;
+        let fetched = get(client.addr, &format!("http://{}{path}", origin.addr)).await;
         fetched.assert_body(path, &proxy::body(path));
         assert!(!fetched.is_hit(), "{path}: {}", fetched.cache_status);
         assert_eq!(origin.requests_to(path), 2, "{path}: served from upstream");

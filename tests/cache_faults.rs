@@ -23,7 +23,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,13 +37,13 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use rproxy::accelerator::{Accelerator, AcceleratorConfig};
+use rproxy::accelerator::AcceleratorConfig;
 use rproxy::cache::{Completeness, EntryMeta};
-use rproxy::http::server::{ConnectionLimits, serve};
 use support::proxy::eventually;
+use support::topology::{Accelerator, Origin, origin};
 use support::user_agent::{Fetched, get, start_get};
 use support::{pseudo_text, random_bytes};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,26 +91,6 @@ fn origin_body(path: &str) -> Vec<u8> {
     pseudo_text(seed, len)
 }
 
-struct Origin {
-    addr: SocketAddr,
-    requests: Arc<Mutex<HashMap<String, usize>>>,
-}
-
-impl Origin {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn requests_to(&self, path: &str) -> usize {
-        self.requests
-            .lock()
-            .unwrap()
-            .get(path)
-            .copied()
-            .unwrap_or(0)
-    }
-}
-
 /// A body fed from a channel, so the origin can stop or fail half-way.
 struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, BoxError>>);
 
@@ -131,36 +110,12 @@ impl hyper::body::Body for ChannelBody {
 /// 0) for `path` gets. Bodies are cacheable for an hour; `/plain/` ones are
 /// `no-transform`, so the accelerator passes them uncoded.
 async fn start_origin(script: impl Fn(&str, usize) -> Reply + Send + Sync + 'static) -> Origin {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
-    let script = Arc::new(script);
-    let counts = requests.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let (script, counts) = (script.clone(), counts.clone());
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let path = request.uri().path().to_owned();
-                let n = {
-                    let mut counts = counts.lock().unwrap();
-                    let n = counts.entry(path.clone()).or_default();
-                    *n += 1;
-                    *n - 1
-                };
-                let reply = script(&path, n);
-                async move { Ok::<_, Infallible>(origin_reply(&path, n, reply)) }
-            });
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    Origin { addr, requests }
+    origin(move |request, n| {
+        let path = request.uri().path();
+        let reply = origin_reply(path, n, script(path, n));
+        async move { reply }
+    })
+    .await
 }
 
 /// Version `n` (the `n`-th request, from 0) of the crash loop's body at
@@ -226,20 +181,14 @@ fn origin_reply(path: &str, n: usize, reply: Reply) -> Response<ChannelBody> {
 
 /// The accelerator in front of `origin`, in this process, with small
 /// windows so a stalled origin still lets most of what it sent through.
-async fn start_accelerator(origin: SocketAddr) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// Otherwise `rproxy accelerator`'s own defaults, as this file always ran
+/// it, rather than `accelerator_config`'s shorter origin timeout: the
+/// origin here stalls on purpose.
+async fn start_accelerator(origin: SocketAddr) -> Accelerator {
     let mut config = AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap());
     config.encoder.window_bytes = 64 << 10;
     config.encoder.zstd_level = 3;
-    let accelerator = Arc::new(Accelerator::new(config).unwrap());
-    tokio::spawn(serve(
-        listener,
-        accelerator,
-        ConnectionLimits::default(),
-        std::future::pending(),
-    ));
-    addr
+    Accelerator::start(config).await
 }
 
 // ---------------------------------------------------------------------------
@@ -635,7 +584,7 @@ async fn c_e1_a_full_disk_degrades_to_pass_through_and_storing_resumes_once_spac
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     std::fs::create_dir(&cache).unwrap();
-    let mut proxy = ClientProcess::start(fault.command(&cache), accelerator, &cache).await;
+    let mut proxy = ClientProcess::start(fault.command(&cache), accelerator.addr, &cache).await;
     let view = fault.view(proxy.pid(), &cache);
 
     // A coded body larger than the disk: the write fails half-way, the
@@ -747,7 +696,7 @@ async fn c_k1_kill_9_during_a_cache_write_leaves_no_entry_and_restart_removes_th
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let rproxy = || Command::new(env!("CARGO_BIN_EXE_rproxy"));
-    let mut proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    let mut proxy = ClientProcess::start(rproxy(), accelerator.addr, &cache).await;
 
     // An entry committed before the crash, which must survive it.
     proxy
@@ -771,7 +720,7 @@ async fn c_k1_kill_9_during_a_cache_write_leaves_no_entry_and_restart_removes_th
     );
     assert!(torn.partial.is_empty());
 
-    let proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    let proxy = ClientProcess::start(rproxy(), accelerator.addr, &cache).await;
     let restarted = census(&cache);
     assert_eq!(restarted.temp_files, 0, "start-up removes temp files");
     assert_eq!(restarted.complete, [kept]);
@@ -812,7 +761,7 @@ async fn c_k1_a_partial_entry_survives_kill_9_of_its_resume_and_the_next_fetch_r
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let rproxy = || Command::new(env!("CARGO_BIN_EXE_rproxy"));
-    let mut proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    let mut proxy = ClientProcess::start(rproxy(), accelerator.addr, &cache).await;
 
     // An upstream cut leaves a partial entry.
     let cut = proxy.get(&origin.url(path)).await;
@@ -830,7 +779,7 @@ async fn c_k1_a_partial_entry_survives_kill_9_of_its_resume_and_the_next_fetch_r
     assert_eq!(torn.partial, [path], "the old partial entry is untouched");
 
     // After a restart the partial entry is still there and resumes.
-    let mut proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    let mut proxy = ClientProcess::start(rproxy(), accelerator.addr, &cache).await;
     proxy.wait_for_log("entries=1").await;
     let restarted = census(&cache);
     assert_eq!(restarted.temp_files, 0);
@@ -878,7 +827,7 @@ async fn c_e3_a_body_truncated_on_disk_is_a_miss_served_whole_from_upstream_and_
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let rproxy = || Command::new(env!("CARGO_BIN_EXE_rproxy"));
-    let proxy = ClientProcess::start(rproxy(), accelerator, &cache).await;
+    let proxy = ClientProcess::start(rproxy(), accelerator.addr, &cache).await;
     // Read whole before the head goes out, and streamed (past 1 MiB).
     for (stored, path) in [(1, "/app.js"), (2, "/big/app.js")] {
         proxy

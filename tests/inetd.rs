@@ -3,6 +3,8 @@
 //! start it. Each test asserts the answer, and that the process exits by
 //! itself once the peer is done.
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
@@ -13,42 +15,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::http::server::{ConnectionLimits, serve};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use support::topology::{Listen, Server, serve};
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
 
 /// The bundled sample files served on a loopback port, on a runtime of its
-/// own (the test thread itself does blocking socket I/O).
+/// own (the test thread itself does blocking socket I/O). The server is
+/// declared before the runtime, so it stops before the runtime goes.
 struct Origin {
     addr: SocketAddr,
-    _stop: oneshot::Sender<()>,
+    _server: Server<StaticOrigin>,
     _runtime: tokio::runtime::Runtime,
 }
 
 fn start_origin() -> Origin {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let addr = runtime.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let origin = StaticOrigin::new(data_dir()).unwrap();
-        tokio::spawn(serve(
-            listener,
-            Arc::new(origin),
-            ConnectionLimits::default(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        addr
-    });
+    let files = Arc::new(StaticOrigin::new(data_dir()).unwrap());
+    let server = runtime.block_on(serve(files, Listen::default()));
     Origin {
-        addr,
-        _stop: stop,
+        addr: server.addr,
+        _server: server,
         _runtime: runtime,
     }
 }

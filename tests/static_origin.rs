@@ -2,6 +2,8 @@
 //! HEAD, conditional GETs, path traversal attempts, methods, directory
 //! indexes and the request counter.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,36 +13,13 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::http::server::{ConnectionLimits, serve};
+use support::topology::{Listen, Server, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::net::TcpStream;
 
-/// A running origin; dropping it stops the accept loop.
-struct Origin {
-    addr: SocketAddr,
-    origin: Arc<StaticOrigin>,
-    _stop: oneshot::Sender<()>,
-}
-
-async fn start(origin: StaticOrigin) -> Origin {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let origin = Arc::new(origin);
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(serve(
-        listener,
-        origin.clone(),
-        ConnectionLimits::default(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    Origin {
-        addr,
-        origin,
-        _stop: stop,
-    }
+/// Serves `origin` on a port of its own; dropping the handle stops it.
+async fn start(origin: StaticOrigin) -> Server<StaticOrigin> {
+    serve(Arc::new(origin), Listen::default()).await
 }
 
 fn data_dir() -> PathBuf {
@@ -304,12 +283,12 @@ async fn the_demo_page_is_served_at_the_root_and_links_both_releases() {
 #[tokio::test]
 async fn the_counter_counts_every_request() {
     let server = start(StaticOrigin::new(data_dir()).unwrap()).await;
-    assert_eq!(server.origin.requests(), 0);
+    assert_eq!(server.handler.requests(), 0);
     fetch(server.addr, Method::GET, "/index.html", &[]).await;
     fetch(server.addr, Method::HEAD, "/index.html", &[]).await;
     fetch(server.addr, Method::GET, "/missing", &[]).await;
     fetch(server.addr, Method::POST, "/index.html", &[]).await;
-    assert_eq!(server.origin.requests(), 4);
+    assert_eq!(server.handler.requests(), 4);
 }
 
 #[test]
