@@ -24,8 +24,6 @@
 //!
 //! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
 
-use std::sync::{Arc, Mutex};
-
 use base64::Engine;
 use bytes::Bytes;
 use http::HeaderMap;
@@ -48,6 +46,9 @@ use crate::http::transfer_memory::{
     self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost,
 };
 use crate::http::upstream_guard::ExchangeCheck;
+use window_pool::WindowPool;
+
+mod window_pool;
 
 /// Upstream chunks in flight between the reader task and the relay.
 const CHANNEL_DEPTH: usize = 4;
@@ -66,72 +67,6 @@ const SEND_SLICE: usize = 64 << 10;
 /// Body bytes written to the cache on the relay's own thread; the rest of
 /// a larger body is written by a [`BackgroundWriter`].
 const BACKGROUND_WRITE_AFTER: u64 = SMALL_BODY;
-
-/// Buffers of rebuilt windows, handed to hyper and the cache writer by
-/// value (as slices of one `Bytes`) and back here once the last slice of
-/// one is dropped, so that a window costs neither a copy nor, for a large
-/// body, a fresh allocation's page faults. A slice waiting in a channel
-/// keeps its whole window alive: the queues hold a few slices, so at most
-/// about three windows are out at a time.
-#[derive(Clone, Default)]
-struct WindowPool(Arc<Mutex<Vec<Vec<u8>>>>);
-
-/// Free buffers a pool keeps; more are freed.
-const POOL_KEEP: usize = 2;
-
-impl WindowPool {
-    /// A buffer for the decoder's next window (empty; any capacity).
-    fn take(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .expect("the pool lock is never held across a panic")
-            .pop()
-            .unwrap_or_default()
-    }
-
-    /// Frees the buffers kept for reuse.
-    fn clear(&self) {
-        self.0
-            .lock()
-            .expect("the pool lock is never held across a panic")
-            .clear();
-    }
-
-    /// `window`'s bytes as a `Bytes` that returns its buffer to the pool.
-    fn share(&self, window: Vec<u8>) -> Bytes {
-        Bytes::from_owner(PooledWindow {
-            window,
-            pool: self.clone(),
-        })
-    }
-}
-
-/// A window's buffer on its way to hyper.
-struct PooledWindow {
-    window: Vec<u8>,
-    pool: WindowPool,
-}
-
-impl AsRef<[u8]> for PooledWindow {
-    fn as_ref(&self) -> &[u8] {
-        &self.window
-    }
-}
-
-impl Drop for PooledWindow {
-    fn drop(&mut self) {
-        let mut window = std::mem::take(&mut self.window);
-        window.clear();
-        let mut free = self
-            .pool
-            .0
-            .lock()
-            .expect("the pool lock is never held across a panic");
-        if free.len() < POOL_KEEP {
-            free.push(window);
-        }
-    }
-}
 
 /// The basis a stream is rebuilt against: nothing, or the cached body file
 /// whose signature was sent (its open descriptor, so an entry replaced in
@@ -1328,31 +1263,6 @@ mod tests {
             None,
             "not a whole number of blocks"
         );
-    }
-
-    /// A window's buffer comes back to the pool when the last slice of it
-    /// is dropped, wherever that is; the pool keeps two at most.
-    #[test]
-    fn window_buffers_come_back_when_their_last_slice_is_dropped() {
-        let pool = WindowPool::default();
-        let mut window = pool.take();
-        assert_eq!(window.capacity(), 0, "an empty pool gives a new buffer");
-        window.extend_from_slice(&[7; 1000]);
-        let pointer = window.as_ptr();
-        let shared = pool.share(window);
-        let slice = shared.slice(200..300);
-        drop(shared);
-        let sent = std::thread::spawn(move || slice.to_vec()).join().unwrap();
-        assert_eq!(sent, [7; 100]);
-        let again = pool.take();
-        assert!(again.is_empty());
-        assert_eq!(again.as_ptr(), pointer, "the same allocation, reused");
-        assert!(again.capacity() >= 1000);
-
-        let held: Vec<Bytes> = (0..4).map(|_| pool.share(vec![1; 10])).collect();
-        drop(held);
-        let kept = pool.0.lock().unwrap().len();
-        assert_eq!(kept, POOL_KEEP);
     }
 
     #[test]
