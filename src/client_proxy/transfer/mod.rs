@@ -24,12 +24,9 @@
 //!
 //! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
 
-use base64::Engine;
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use sha2::Digest;
 use tokio::sync::mpsc;
 
 use super::cache_writer::BackgroundWriter;
@@ -46,8 +43,11 @@ use crate::http::transfer_memory::{
     self, ShareHolder, ShareTaker, TransferMemory, coded_transfer_cost,
 };
 use crate::http::upstream_guard::ExchangeCheck;
+use digests::DigestCheck;
+pub use digests::OriginDigest;
 use window_pool::WindowPool;
 
+mod digests;
 mod window_pool;
 
 /// Upstream chunks in flight between the reader task and the relay.
@@ -198,90 +198,6 @@ pub struct Report {
     pub upstream_bytes: u64,
     /// Bytes of body handed to the user agent.
     pub body_bytes: u64,
-}
-
-/// A digest from `Content-Digest` or `Repr-Digest` (RFC 9530) that we can
-/// check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OriginDigest {
-    /// `sha-256`.
-    Sha256(Vec<u8>),
-    /// `sha-512`.
-    Sha512(Vec<u8>),
-}
-
-impl OriginDigest {
-    /// The digests of a header value like `sha-256=:…:, sha-512=:…:`;
-    /// algorithms we do not know are ignored (nothing to check), a known
-    /// one with an unreadable value is kept as an empty digest, which then
-    /// fails (a header the origin botched is not silently skipped).
-    pub fn parse_all(headers: &HeaderMap, name: &str) -> Vec<OriginDigest> {
-        let mut digests = Vec::new();
-        for value in headers.get_all(name) {
-            let Ok(text) = value.to_str() else { continue };
-            for item in text.split(',') {
-                let Some((algorithm, value)) = item.split_once('=') else {
-                    continue;
-                };
-                let bytes = value
-                    .trim()
-                    .strip_prefix(':')
-                    .and_then(|v| v.strip_suffix(':'))
-                    .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
-                    .unwrap_or_default();
-                match algorithm.trim().to_ascii_lowercase().as_str() {
-                    "sha-256" => digests.push(OriginDigest::Sha256(bytes)),
-                    "sha-512" => digests.push(OriginDigest::Sha512(bytes)),
-                    _ => {}
-                }
-            }
-        }
-        digests
-    }
-}
-
-/// Hashers for the origin's digests.
-#[derive(Default)]
-struct DigestCheck {
-    sha256: Option<(sha2::Sha256, Vec<u8>)>,
-    sha512: Option<(sha2::Sha512, Vec<u8>)>,
-}
-
-impl DigestCheck {
-    fn new(digests: &[OriginDigest]) -> DigestCheck {
-        let mut check = DigestCheck::default();
-        for digest in digests {
-            match digest {
-                OriginDigest::Sha256(d) => check.sha256 = Some((sha2::Sha256::new(), d.clone())),
-                OriginDigest::Sha512(d) => check.sha512 = Some((sha2::Sha512::new(), d.clone())),
-            }
-        }
-        check
-    }
-
-    fn update(&mut self, data: &[u8]) {
-        if let Some((hasher, _)) = &mut self.sha256 {
-            hasher.update(data);
-        }
-        if let Some((hasher, _)) = &mut self.sha512 {
-            hasher.update(data);
-        }
-    }
-
-    /// `Err` names the digest that did not match.
-    fn verify(self) -> Result<(), String> {
-        if let Some((hasher, expected)) = self.sha256
-            && hasher.finalize().as_slice() != expected.as_slice()
-        {
-            return Err("origin sha-256 digest mismatch".into());
-        }
-        if let Some((hasher, expected)) = self.sha512
-            && hasher.finalize().as_slice() != expected.as_slice()
-        {
-            return Err("origin sha-512 digest mismatch".into());
-        }
-        Ok(())
-    }
 }
 
 /// A relayed body, as the user agent gets it.
@@ -1220,26 +1136,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn origin_digests_are_read_and_unknown_algorithms_skipped() {
-        let mut headers = HeaderMap::new();
-        let sha = sha2::Sha256::digest(b"hello");
-        let b64 = base64::engine::general_purpose::STANDARD.encode(sha);
-        headers.insert(
-            "content-digest",
-            format!("md5=:abc:, sha-256=:{b64}:").parse().unwrap(),
-        );
-        let digests = OriginDigest::parse_all(&headers, "content-digest");
-        assert_eq!(digests, vec![OriginDigest::Sha256(sha.to_vec())]);
-        let mut check = DigestCheck::new(&digests);
-        check.update(b"hel");
-        check.update(b"lo");
-        assert!(check.verify().is_ok());
-        let mut wrong = DigestCheck::new(&digests);
-        wrong.update(b"hello!");
-        assert!(wrong.verify().is_err());
-    }
-
-    #[test]
     fn a_signature_prefix_describes_the_first_whole_blocks() {
         let body: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 251) as u8).collect();
         let params = SignatureParams {
@@ -1263,15 +1159,5 @@ mod tests {
             None,
             "not a whole number of blocks"
         );
-    }
-
-    #[test]
-    fn a_botched_known_digest_fails_rather_than_being_skipped() {
-        let mut headers = HeaderMap::new();
-        headers.insert("repr-digest", "sha-256=not-base64".parse().unwrap());
-        let digests = OriginDigest::parse_all(&headers, "repr-digest");
-        let mut check = DigestCheck::new(&digests);
-        check.update(b"anything");
-        assert!(check.verify().is_err());
     }
 }
