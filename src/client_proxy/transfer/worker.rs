@@ -28,7 +28,7 @@ use crate::http::upstream_guard::ExchangeCheck;
 /// a larger body is written by a [`BackgroundWriter`].
 const BACKGROUND_WRITE_AFTER: u64 = SMALL_BODY;
 
-/// The work on a relay's bytes, between waits (see [`Driver`](super::Driver)): what it
+/// The work on a relay's bytes, between waits (see [`Driver`](super::driver::Driver)): what it
 /// produces for the user agent and the cache writer is queued here and
 /// handed on by the driver.
 pub(super) struct Worker {
