@@ -13,8 +13,9 @@ use bytes::Bytes;
 use hyper::body::Frame;
 use tokio::sync::mpsc;
 
+use super::upstream_reader::is_malformed;
 use super::worker::{Ending, Stop, Worker};
-use super::{Outcome, Report, is_malformed};
+use super::{Outcome, Report};
 use crate::http::server::BodyError;
 use crate::http::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
 use crate::http::transfer_memory::ShareHolder;

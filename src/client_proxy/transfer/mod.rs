@@ -34,14 +34,16 @@ use crate::cache::CacheKey;
 use crate::hsync::{Basis, DecodeLimits, EncoderOptions, FileBasis};
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::{BodyFeed, BodyItem, SpoolDisk};
-use crate::http::transfer_memory::{self, ShareTaker, TransferMemory, coded_transfer_cost};
+use crate::http::transfer_memory::{self, TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
 pub use digests::OriginDigest;
 use driver::Driver;
+use upstream_reader::read_upstream;
 use worker::Worker;
 
 mod digests;
 mod driver;
+mod upstream_reader;
 mod window_pool;
 mod worker;
 
@@ -321,55 +323,6 @@ impl futures_core::Stream for Prefixed {
         match self.prefix.pop_front() {
             Some(data) => std::task::Poll::Ready(Some(Ok(Frame::data(data)))),
             None => self.rest.poll_recv(cx),
-        }
-    }
-}
-
-/// Whether a body error says the upstream's framing was malformed (hyper
-/// reports a bad chunk as an `InvalidInput`/`InvalidData` I/O error under
-/// its body error) rather than that the stream was cut or reset.
-fn is_malformed(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
-            )
-        {
-            return true;
-        }
-        next = error.source();
-    }
-    false
-}
-
-async fn read_upstream(
-    mut upstream: Incoming,
-    to_worker: mpsc::Sender<Result<Bytes, BodyError>>,
-    mut share: ShareTaker,
-) {
-    let mut read = 0u64;
-    loop {
-        // Past a small body's size, the relay's state grows: nothing more
-        // is read before its share of the transfer memory (L-13, L-14).
-        share.take_past(read).await;
-        let Some(frame) = upstream.frame().await else {
-            return;
-        };
-        let item = match frame {
-            Ok(frame) => match frame.into_data() {
-                Ok(data) => Ok(data),
-                Err(_trailers) => continue,
-            },
-            Err(error) => Err(BodyError::from(error)),
-        };
-        if let Ok(data) = &item {
-            read += data.len() as u64;
-        }
-        let failed = item.is_err();
-        if to_worker.send(item).await.is_err() || failed {
-            return;
         }
     }
 }
