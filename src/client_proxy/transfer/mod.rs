@@ -22,6 +22,19 @@
 //! branches, by size). An interrupted transfer leaves a partial entry —
 //! the prefix and its signature — so the next fetch resumes from it.
 //!
+//! This file is the entry point and the types callers use ([`relay`]
+//! choosing the whole or the streamed branch, [`Relay`], [`Coding`],
+//! [`ClientBasis`], [`Relayed`], [`Report`], [`Outcome`]); the parts, each
+//! with one reason to change:
+//! - `upstream_reader`: the task reading the upstream body, and its
+//!   transfer-memory share;
+//! - `driver`: the relay's async task (channels, stalled user agents and
+//!   the spool, the background writer);
+//! - `worker`: the blocking work on the bytes (decode, verify, hash,
+//!   cache writes, the last checks, the commit);
+//! - `digests`: the origin's `Content-Digest`/`Repr-Digest`;
+//! - `window_pool`: reused buffers of rebuilt windows.
+//!
 //! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
 
 use bytes::Bytes;
