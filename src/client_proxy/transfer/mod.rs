@@ -1,0 +1,348 @@
+//! Relaying a body from upstream to the user agent while writing it to the
+//! cache: an hsync stream is rebuilt against the basis on the way, any
+//! other body passes as it is and gets its signature computed here.
+//!
+//! A reader task takes the upstream body frame by frame into a small
+//! channel; a driver task takes each chunk to the blocking pool, where it
+//! is decoded, hashed and written to the cache entry (a large body's by a
+//! writer task of its own, `cache_writer`), and hands the results to the
+//! user agent's channel. Both channels are bounded, so a slow user agent
+//! slows the upstream read instead of filling memory, and every wait is
+//! a task's: a user agent that stops reading holds no thread (L-13).
+//! An hsync body's bytes go out only as far as the stream's SIG entries
+//! (or END) vouched for them, so a rotten basis shows as a failed check
+//! before its wrong bytes leave (C-V3). The user agent's response ends cleanly only after every
+//! check passed (END's length and blake3, the origin's `Content-Digest` or
+//! `Repr-Digest`); on a failed check it is aborted, the entry is not
+//! committed, and the basis that produced the wrong bytes is dropped
+//! (D-A4, D-A5). A body shorter than [`WHOLE_BELOW`] that is over within
+//! the upstream wait is relayed whole instead: checked (and committed)
+//! before the user agent's head, sent with a Content-Length in one write,
+//! and a failed check is a clean 502 rather than a cut body (D-A5's two
+//! branches, by size). An interrupted transfer leaves a partial entry —
+//! the prefix and its signature — so the next fetch resumes from it.
+//!
+//! This file is the entry point and the types callers use ([`relay`]
+//! choosing the whole or the streamed branch, [`Relay`], [`Coding`],
+//! [`ClientBasis`], [`Relayed`], [`Report`], [`Outcome`]); the parts, each
+//! with one reason to change:
+//! - `upstream_reader`: the task reading the upstream body, and its
+//!   transfer-memory share;
+//! - `driver`: the relay's async task (channels, stalled user agents and
+//!   the spool, the background writer);
+//! - `worker`: the blocking work on the bytes (decode, verify, hash,
+//!   cache writes, the last checks, the commit);
+//! - `digests`: the origin's `Content-Digest`/`Repr-Digest`;
+//! - `window_pool`: reused buffers of rebuilt windows.
+//!
+//! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::sync::mpsc;
+
+pub use super::cache_writer::StoreTarget;
+use crate::cache::CacheKey;
+use crate::hsync::{Basis, DecodeLimits, EncoderOptions, FileBasis};
+use crate::http::server::{BodyError, ProxyBody};
+use crate::http::spool::{BodyFeed, BodyItem, SpoolDisk};
+use crate::http::transfer_memory::{self, TransferMemory, coded_transfer_cost};
+use crate::http::upstream_guard::ExchangeCheck;
+pub use digests::OriginDigest;
+use driver::Driver;
+use upstream_reader::read_upstream;
+use worker::Worker;
+
+mod digests;
+mod driver;
+mod upstream_reader;
+mod window_pool;
+mod worker;
+
+/// Upstream chunks in flight between the reader task and the relay.
+const CHANNEL_DEPTH: usize = 4;
+
+/// Slices in flight towards the user agent. A user agent that stops
+/// reading does not keep them: the spool takes them over (L-13).
+const AGENT_DEPTH: usize = 8;
+
+/// Largest piece of body sent to the user agent at a time (and to the
+/// cache writer): what hyper holds for a user agent that stopped reading,
+/// beside the spool's page. (Fewer, larger pieces in flight cost L-3 as
+/// much: the relay then waits on hyper, and the accelerator's pacer takes
+/// the slower client for a slower link.)
+const SEND_SLICE: usize = 64 << 10;
+
+/// The basis a stream is rebuilt against: nothing, or the cached body file
+/// whose signature was sent (its open descriptor, so an entry replaced in
+/// the meantime does not change the bytes under the decoder; D-A7).
+pub enum ClientBasis {
+    /// A from-scratch stream.
+    None,
+    /// A cached body.
+    File(FileBasis),
+    /// A cached body held by the memory cache (checked when it was read;
+    /// immutable, so a snapshot as the descriptor is).
+    Memory(Bytes),
+}
+
+impl Basis for ClientBasis {
+    fn size(&self) -> u64 {
+        match self {
+            ClientBasis::None => 0,
+            ClientBasis::File(file) => file.size(),
+            ClientBasis::Memory(body) => body.len() as u64,
+        }
+    }
+
+    fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+        match self {
+            ClientBasis::None => Err(std::io::Error::other("copy from an empty basis")),
+            ClientBasis::File(file) => file.append_range(offset, len, out),
+            ClientBasis::Memory(body) => {
+                let range = usize::try_from(offset)
+                    .ok()
+                    .and_then(|start| Some(start..start.checked_add(len)?))
+                    .filter(|range| range.end <= body.len())
+                    .ok_or_else(|| std::io::Error::other("copy past the end of the basis"))?;
+                out.extend_from_slice(&body[range]);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How the upstream body is coded.
+pub enum Coding {
+    /// An hsync/1 stream, rebuilt against `basis`; `basis_key` names the
+    /// cache entry it came from, dropped if the stream fails its checks.
+    Hsync {
+        /// The basis.
+        basis: ClientBasis,
+        /// Its cache key.
+        basis_key: Option<CacheKey>,
+        /// Caps for the decoder.
+        limits: DecodeLimits,
+    },
+    /// The body as it is; `expected_len` from Content-Length.
+    Plain {
+        /// The announced length.
+        expected_len: Option<u64>,
+    },
+}
+
+/// One relay: its coding, the optional cache write and the digests to
+/// check.
+pub struct Relay {
+    /// How the body is coded.
+    pub coding: Coding,
+    /// The cache write, if the response is storable.
+    pub store: Option<StoreTarget>,
+    /// Digests the origin sent for the bytes the user agent gets.
+    pub origin_digests: Vec<OriginDigest>,
+    /// Whether the upstream connection saw this response break the
+    /// framing rules (bytes past its end included) by the time the body
+    /// is committed.
+    pub framing: Option<ExchangeCheck>,
+    /// Where the body is parked when the user agent stops reading (see
+    /// [`crate::http::spool`]); `None` keeps it waiting in memory.
+    pub spool_dir: Option<std::path::PathBuf>,
+    /// What all spools take together.
+    pub spool_disk: SpoolDisk,
+    /// The budget a large body takes its share of before the relay's
+    /// state grows (see [`crate::http::transfer_memory`]).
+    pub memory: TransferMemory,
+}
+
+impl Relay {
+    /// What this relay is expected to hold at most: a rebuilt body's
+    /// windows and context, or a plain body's slices in flight.
+    fn memory_cost(&self) -> u64 {
+        match &self.coding {
+            // The accelerator's windows, as it codes by default (a
+            // larger window costs more than the share says).
+            Coding::Hsync { .. } => {
+                coded_transfer_cost(EncoderOptions::default().window_bytes, None)
+            }
+            Coding::Plain { expected_len } => {
+                let in_flight = ((CHANNEL_DEPTH + AGENT_DEPTH) * SEND_SLICE) as u64;
+                expected_len.map_or(in_flight, |len| len.min(in_flight))
+            }
+        }
+    }
+}
+
+/// How a relay ended, for stats, logs and coalesced waiters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check passed; `stored` says whether the entry was committed.
+    Complete {
+        /// Committed to the cache.
+        stored: bool,
+    },
+    /// Upstream stopped early; `partial_stored` when the prefix was kept.
+    Interrupted {
+        /// A partial entry was committed.
+        partial_stored: bool,
+    },
+    /// A check failed: nothing stored, the basis dropped.
+    Corrupt {
+        /// What failed.
+        reason: String,
+    },
+    /// The user agent left and nothing was being stored.
+    Abandoned,
+}
+
+/// What a relay reports when it ends.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Bytes received from upstream (the coded body).
+    pub upstream_bytes: u64,
+    /// Bytes of body handed to the user agent.
+    pub body_bytes: u64,
+}
+
+/// A relayed body, as the user agent gets it.
+pub enum Relayed {
+    /// The whole body, every check passed (and a storable one committed)
+    /// before the user agent's head: sent with a Content-Length, in one
+    /// write, and a failure can still be a clean error status (D-A5's
+    /// "buffer and verify" branch).
+    Whole(Bytes),
+    /// Longer than [`WHOLE_BELOW`], or slower than the wait: what came so
+    /// far, then the rest as it comes (D-A5's "stream and abort" branch).
+    Stream(ProxyBody),
+    /// The relay failed before the user agent saw a byte.
+    Failed {
+        /// Why.
+        reason: String,
+        /// The bytes failed their checks ([`Outcome::Corrupt`]), rather
+        /// than the transfer being cut.
+        corrupt: bool,
+    },
+}
+
+/// Bodies shorter than this are relayed [`Relayed::Whole`] when they come
+/// within the wait: a 1 KiB body streamed cost hyper a write for the head,
+/// one per chunk and one for the end of the chunked body.
+pub const WHOLE_BELOW: usize = 64 << 10;
+
+/// The longest a small body is waited for before its head goes out (the
+/// upstream timeout when shorter): past it, the body streams as it comes,
+/// so a slow link does not hold back a page's first bytes for long.
+pub const WHOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Streams `upstream` to the user agent per `relay`, and calls `done` once
+/// with the report when the relay is over (also when the user agent left).
+/// A body shorter than [`WHOLE_BELOW`] that is over within `wait` comes
+/// back whole; any other streams.
+pub async fn relay(
+    upstream: Incoming,
+    relay: Relay,
+    wait: std::time::Duration,
+    done: impl FnOnce(Report) + Send + 'static,
+) -> Relayed {
+    let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
+    let (to_agent, from_worker) = mpsc::channel::<BodyItem>(AGENT_DEPTH);
+    let from_worker = BodyFeed::new(from_worker);
+    let feed = from_worker.clone();
+    let (corrupt_tx, corrupt_rx) = tokio::sync::oneshot::channel();
+    let (taker, holder) = transfer_memory::share(
+        &relay.memory,
+        relay.memory_cost(),
+        transfer_memory::SHARE_PAST,
+    );
+    tokio::spawn(read_upstream(upstream, to_worker, taker));
+    tokio::spawn(async move {
+        let mut driver = Driver {
+            spool_dir: relay.spool_dir.clone(),
+            spool_disk: relay.spool_disk.clone(),
+            memory: holder,
+            worker: Box::new(Worker::new(relay)),
+            to_agent: Some(to_agent),
+            feed,
+            spool: None,
+        };
+        let report = driver.run(from_upstream).await;
+        let _ = corrupt_tx.send(matches!(report.outcome, Outcome::Corrupt { .. }));
+        done(report);
+        // Only now does the user agent's body end (but for a large body,
+        // see `Worker::conclude`): by then the stats and any waiting
+        // followers know how the transfer went.
+        driver.worker.end_agent();
+        driver.flush().await;
+    });
+    let mut prefix = Vec::new();
+    let mut len = 0;
+    let deadline = tokio::time::Instant::now() + wait;
+    while len < WHOLE_BELOW {
+        match tokio::time::timeout_at(deadline, from_worker.recv()).await {
+            Ok(None) => return Relayed::Whole(concat(prefix, len)),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    len += data.len();
+                    prefix.push(data);
+                }
+            }
+            Ok(Some(Err(error))) => {
+                return Relayed::Failed {
+                    reason: error.to_string(),
+                    corrupt: corrupt_rx.await.unwrap_or(false),
+                };
+            }
+            Err(_) => break,
+        }
+    }
+    Relayed::Stream(
+        StreamBody::new(Prefixed {
+            prefix: prefix.into(),
+            rest: from_worker,
+        })
+        .boxed(),
+    )
+}
+
+fn concat(mut parts: Vec<Bytes>, len: usize) -> Bytes {
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().expect("one part"),
+        _ => {
+            let mut whole = Vec::with_capacity(len);
+            for part in &parts {
+                whole.extend_from_slice(part);
+            }
+            whole.into()
+        }
+    }
+}
+
+/// The chunks a relay took before it chose to stream, then the rest.
+struct Prefixed {
+    prefix: std::collections::VecDeque<Bytes>,
+    rest: BodyFeed,
+}
+
+impl futures_core::Stream for Prefixed {
+    type Item = Result<Frame<Bytes>, BodyError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.prefix.pop_front() {
+            Some(data) => std::task::Poll::Ready(Some(Ok(Frame::data(data)))),
+            None => self.rest.poll_recv(cx),
+        }
+    }
+}
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
