@@ -24,7 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::{BodyFeed, Spool};
-use crate::http::transfer_memory::{self, ShareHolder};
+use crate::http::transfer_memory::{self, ShareHolder, ShareTaker};
 use crate::http::upstream_guard::ExchangeCheck;
 
 use super::basis_store::BasisStore;
@@ -178,32 +178,15 @@ pub(super) fn encode_body(
                 _ => transfer_memory::SHARE_PAST,
             };
             let (taker, holder) = transfer_memory::share(&memory, cost, past);
-            (Some(taker), Some(holder))
+            (taker, Some(holder))
         }
-        None => (None, None),
+        None => (ShareTaker::unbudgeted(), None),
     };
     let read_origin = async move {
         let mut origin = origin;
-        let mut read = 0u64;
-        loop {
-            if let Some(taker) = &mut taker {
-                // Past a small body's size, the coding's state grows:
-                // nothing more is read before its share (L-13, L-14).
-                taker.take_past(read).await;
-            }
-            let Some(frame) = origin.frame().await else {
-                break;
-            };
-            let item = match frame {
-                Ok(frame) => match frame.into_data() {
-                    Ok(data) => Ok(data),
-                    Err(_trailers) => continue,
-                },
-                Err(error) => Err(BodyError::from(error)),
-            };
-            if let Ok(data) = &item {
-                read += data.len() as u64;
-            }
+        // Past a small body's size, the coding's state grows: nothing more
+        // is read before its share.
+        while let Some(item) = taker.next_chunk(&mut origin).await {
             let failed = item.is_err();
             let sending = Instant::now();
             if to_encoder.send(item).await.is_err() || failed {

@@ -21,7 +21,12 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use crate::http::server::BodyError;
 
 /// The unit the budget is counted in.
 const UNIT: u64 = 1 << 10;
@@ -100,6 +105,7 @@ pub fn share(memory: &TransferMemory, bytes: u64, past: u64) -> (ShareTaker, Sha
         ShareTaker {
             due: Some((memory.clone(), bytes)),
             past,
+            read: 0,
             to_holder: Some(to_holder),
         },
         ShareHolder {
@@ -114,10 +120,40 @@ pub fn share(memory: &TransferMemory, bytes: u64, past: u64) -> (ShareTaker, Sha
 pub struct ShareTaker {
     due: Option<(TransferMemory, u64)>,
     past: u64,
+    /// Body bytes read so far.
+    read: u64,
     to_holder: Option<oneshot::Sender<MemoryShare>>,
 }
 
 impl ShareTaker {
+    /// A reader with no share to take (a transfer outside the budget).
+    pub fn unbudgeted() -> ShareTaker {
+        ShareTaker {
+            due: None,
+            past: 0,
+            read: 0,
+            to_holder: None,
+        }
+    }
+
+    /// The next data chunk of `body` (trailers are skipped), read only
+    /// once this transfer's share is taken where it is due (L-13, L-14);
+    /// `None` at the end.
+    pub async fn next_chunk(&mut self, body: &mut Incoming) -> Option<Result<Bytes, BodyError>> {
+        loop {
+            self.take_past(self.read).await;
+            match body.frame().await? {
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.read += data.len() as u64;
+                        return Some(Ok(data));
+                    }
+                }
+                Err(error) => return Some(Err(BodyError::from(error))),
+            }
+        }
+    }
+
     /// Before reading past `body_bytes` (what the body has reached so
     /// far): from the taker's threshold on, waits for the share, once, and
     /// hands it to the holder.

@@ -7,7 +7,6 @@
 //! Main items: [`read_upstream`], [`is_malformed`].
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
 
@@ -40,24 +39,9 @@ pub(super) async fn read_upstream(
     to_worker: mpsc::Sender<Result<Bytes, BodyError>>,
     mut share: ShareTaker,
 ) {
-    let mut read = 0u64;
-    loop {
-        // Past a small body's size, the relay's state grows: nothing more
-        // is read before its share of the transfer memory (L-13, L-14).
-        share.take_past(read).await;
-        let Some(frame) = upstream.frame().await else {
-            return;
-        };
-        let item = match frame {
-            Ok(frame) => match frame.into_data() {
-                Ok(data) => Ok(data),
-                Err(_trailers) => continue,
-            },
-            Err(error) => Err(BodyError::from(error)),
-        };
-        if let Ok(data) = &item {
-            read += data.len() as u64;
-        }
+    // Past a small body's size, the relay's state grows: nothing more is
+    // read before its share of the transfer memory.
+    while let Some(item) = share.next_chunk(&mut upstream).await {
         let failed = item.is_err();
         if to_worker.send(item).await.is_err() || failed {
             return;
