@@ -879,14 +879,12 @@ async fn a_small_body_the_origin_does_not_finish_in_time_is_a_504() {
 }
 
 #[test]
-fn an_origin_with_a_path_or_tls_is_refused_at_start() {
-    for origin in [
-        "https://127.0.0.1:1",
-        "http://127.0.0.1:1/sub",
-        "127.0.0.1:1",
-    ] {
+fn an_origin_with_a_path_or_another_scheme_is_refused_at_start() {
+    for origin in ["ftp://127.0.0.1:1", "http://127.0.0.1:1/sub", "127.0.0.1:1"] {
         let mut config = config("127.0.0.1:1".parse().unwrap());
-        config.origin = origin.parse().unwrap();
+        config.sites = vec![rproxy::accelerator::SiteConfig::any_host(
+            origin.parse().unwrap(),
+        )];
         assert!(
             rproxy::accelerator::Accelerator::new(config).is_err(),
             "{origin}"

@@ -3,19 +3,90 @@
 //! file and flags, with their defaults, is [`crate::config`]'s job; what
 //! each setting does is the role's.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::Uri;
 use http::header::HeaderValue;
+use ipnet::IpNet;
 
 use crate::hsync::EncoderOptions;
+use crate::http::address_policy::AddressPolicy;
+use crate::http::host_pattern::HostPattern;
 use crate::queue::QueueConfig;
+
+/// One site: the names it answers to and where its bodies come from.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// The host names routed here.
+    pub names: SiteNames,
+    /// Where requests go.
+    pub origin: SiteOrigin,
+}
+
+/// What a site answers to.
+#[derive(Debug, Clone)]
+pub enum SiteNames {
+    /// `--origin URL` alone: any `Host`; an absolute-form target only when
+    /// it names the origin itself. The origin is sent its own authority as
+    /// `Host`.
+    AnyHost,
+    /// A `[[site]]`'s `names`: requests whose host matches one, by their
+    /// absolute-form authority or `Host`. The origin is sent the host the
+    /// client asked for, as a virtual host expects.
+    Listed(Vec<HostPattern>),
+}
+
+/// Where a site's requests go.
+#[derive(Debug, Clone)]
+pub enum SiteOrigin {
+    /// One origin server, `http://host[:port]` or `https://host[:port]`.
+    Server {
+        /// Its scheme and authority.
+        url: Uri,
+        /// Trust these (PEM) instead of the system's roots for `https://`.
+        ca_file: Option<PathBuf>,
+    },
+    /// Parent mode: the URL's own host, for authenticated client proxies
+    /// (the far-side proxy of the 1999 set-up).
+    Parent(ParentPolicy),
+}
+
+/// What a parent-mode site may fetch.
+#[derive(Debug, Clone)]
+pub struct ParentPolicy {
+    /// Hosts that may be asked for.
+    pub hosts: Vec<HostPattern>,
+    /// Ports that may be asked for.
+    pub ports: Vec<u16>,
+    /// The addresses connections may go to: public ones, and the private
+    /// ranges listed (SSRF guard, A-7).
+    pub addresses: AddressPolicy,
+    /// Trust these (PEM) beside the system's roots for `https://`, when given.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl SiteConfig {
+    /// The `--origin URL` shorthand: one origin server for any `Host`.
+    pub fn any_host(url: Uri) -> SiteConfig {
+        SiteConfig {
+            names: SiteNames::AnyHost,
+            origin: SiteOrigin::Server { url, ca_file: None },
+        }
+    }
+}
+
+/// Addresses whose `Forwarded` and `X-Forwarded-*` are believed and
+/// appended to; from anyone else they are replaced.
+pub type TrustedForwarders = Vec<IpNet>;
 
 /// Accelerator settings, validated.
 #[derive(Debug, Clone)]
 pub struct AcceleratorConfig {
-    /// The origin, `http://host[:port]`.
-    pub origin: Uri,
+    /// The sites, tried in order: the first whose names match serves.
+    pub sites: Vec<SiteConfig>,
+    /// Previous hops whose `Forwarded` and `X-Forwarded-*` are kept.
+    pub trusted_forwarders: TrustedForwarders,
     /// Our name in `Via`.
     pub via_name: HeaderValue,
     /// Encoder settings.
@@ -71,10 +142,16 @@ pub struct AcceleratorConfig {
 /// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The origin URL is not `http://host[:port]`.
-    #[error("origin {origin} must be http://host[:port] (no path, no TLS yet)")]
+    /// The origin URL is not `http[s]://host[:port]`.
+    #[error("origin {origin} must be http://host[:port] or https://host[:port] (no path)")]
     BadOrigin {
         /// The URL given.
         origin: String,
     },
+    /// No site at all.
+    #[error("no site: give --origin or [[site]] tables")]
+    NoSite,
+    /// TLS to an origin cannot be set up.
+    #[error("origin TLS: {0}")]
+    Tls(#[from] crate::http::tls::TlsError),
 }

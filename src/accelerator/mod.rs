@@ -1,6 +1,7 @@
-//! The accelerator: a reverse proxy in front of one origin that answers
-//! clients offering hsync with a delta stream against the basis signature
-//! they sent, and gets out of the way of everyone else.
+//! The accelerator: a reverse proxy in front of origin servers (one per
+//! site, or the whole web for a parent-mode site) that answers clients
+//! offering hsync with a delta stream against the basis signature they
+//! sent, and gets out of the way of everyone else.
 //!
 //! It encodes exactly when DESIGN.md says: a GET that offers hsync and has
 //! no Range, an origin 200 without Content-Encoding or `no-transform`, and
@@ -24,11 +25,12 @@
 //! itself), otherwise the rsync stream. A TRACE or OPTIONS whose
 //! `Max-Forwards` reached 0 is answered here.
 //!
-//! This file is the role's dispatch: admission (the stats path, the one
-//! origin, loops, `Max-Forwards`, upload slots), the exchange with the
-//! origin, and the decision to code or pass through. The rest, one reason
-//! to change per file:
+//! This file is the role's dispatch: admission (the stats path, the site,
+//! loops, `Max-Forwards`, upload slots) and the decision to code or pass
+//! through. The rest, one reason to change per file:
 //! - `config.rs`: the validated settings; `stats.rs`: the counters;
+//! - `sites.rs`: which site and origin a request is for; `origin.rs`: the
+//!   request as it goes and the trip to the origin;
 //! - `coding.rs`: what a coded response is coded with, handed from here to
 //!   `whole.rs` (small bodies, coded whole) or `stream.rs` (coded as they
 //!   stream, parked for a client that stopped reading);
@@ -45,48 +47,47 @@
 pub mod basis_store;
 mod coding;
 mod config;
+mod origin;
 pub mod pace;
 mod pacing;
+mod sites;
 pub mod slots;
 mod stats;
 mod stream;
 mod turns;
 mod whole;
 
-pub use config::{AcceleratorConfig, ConfigError};
+pub use config::{
+    AcceleratorConfig, ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
+    TrustedForwarders,
+};
 pub use stats::{STATS_PATH, Stats};
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, Encoder};
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
-    answer_at_this_hop, check_response_head, max_forwards, parse_byte_sequence,
-    remove_hsync_coding, strip_hop_by_hop, via_names_hop, weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync,
+    answer_at_this_hop, max_forwards, parse_byte_sequence, via_names_hop, weaken_etag,
 };
-use crate::http::server::{
-    BodyError, ConnectionNumber, Handler, ProxyBody, counted, malformed_request_body,
-};
+use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
 use crate::http::spool::SpoolDisk;
-use crate::http::tls::TlsSession;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
-use crate::http::upstream_guard::{self, FramedHttpConnector};
-use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
+use crate::http::upstream_guard;
 
 use basis_store::{BasisStore, shareable};
 use coding::{Coding, Parking};
+use origin::FromOrigin;
 use pace::Pacer;
+use sites::Sites;
 use slots::{Admitted, Slots};
 use stream::encode_body;
 use turns::Encoders;
@@ -101,8 +102,7 @@ const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, T
 pub struct Accelerator {
     config: AcceleratorConfig,
     slots: Option<Arc<Slots>>,
-    origin_authority: Authority,
-    client: Client<FramedHttpConnector, ProxyBody>,
+    sites: Sites,
     bodies: Arc<BasisStore>,
     stats: Arc<Stats>,
     encoders: Encoders,
@@ -111,39 +111,48 @@ pub struct Accelerator {
     parking: Option<Parking>,
 }
 
-/// An HTTP/2 target always carries an authority: naming us (as the client
-/// reached us) it is what origin-form is on HTTP/1.1.
-fn names_us<B>(request: &Request<B>, authority: &Authority) -> bool {
-    request.version() == http::Version::HTTP_2
-        && request
-            .extensions()
-            .get::<TlsSession>()
-            .is_some_and(|tls| tls.names_us(authority))
+/// What a request offers of hsync, read before its head is rewritten.
+struct Offer {
+    /// `Accept-Encoding` names hsync.
+    offers_hsync: bool,
+    /// A GET without Range that offers hsync: the answer may be coded.
+    encodable: bool,
+    /// The client's basis signature, decoded.
+    signature: Option<Vec<u8>>,
+    /// `Hsync-Basis` as sent (echoed in the answer) and the digest it names.
+    basis_name: Option<HeaderValue>,
+    basis_digest: Option<[u8; 32]>,
+}
+
+impl Offer {
+    fn read(method: &Method, headers: &HeaderMap, max_signature: usize) -> Offer {
+        let offers_hsync = accepts_hsync(headers);
+        let basis_name = headers.get(HSYNC_BASIS).cloned();
+        Offer {
+            offers_hsync,
+            encodable: offers_hsync
+                && method == Method::GET
+                && !headers.contains_key(header::RANGE),
+            signature: headers
+                .get(HSYNC_SIGNATURE)
+                .and_then(|v| parse_byte_sequence(v, max_signature)),
+            basis_digest: basis_name
+                .as_ref()
+                .and_then(|name| parse_byte_sequence(name, 32))
+                .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()),
+            basis_name,
+        }
+    }
 }
 
 impl Accelerator {
-    /// Builds the accelerator and its pooled origin client.
+    /// Builds the accelerator and a pooled client per site.
     ///
     /// # Errors
-    /// [`ConfigError::BadOrigin`] for anything but `http://host[:port]`.
+    /// A [`ConfigError`]: no site, a bad origin URL, origin TLS that
+    /// cannot be set up.
     pub fn new(config: AcceleratorConfig) -> Result<Self, ConfigError> {
-        let bad = || ConfigError::BadOrigin {
-            origin: config.origin.to_string(),
-        };
-        if config.origin.scheme() != Some(&Scheme::HTTP)
-            || config
-                .origin
-                .path_and_query()
-                .is_some_and(|p| p.as_str() != "/")
-        {
-            return Err(bad());
-        }
-        let origin_authority = config.origin.authority().cloned().ok_or_else(bad)?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        let client =
-            crate::http::server::upstream_client_builder().build(FramedHttpConnector(connector));
+        let sites = Sites::new(&config.sites, config.connect_timeout)?;
         let bodies = Arc::new(BasisStore::new(
             config.basis_store_bytes,
             config.max_stored_body,
@@ -169,8 +178,7 @@ impl Accelerator {
             stats: Arc::default(),
             bodies,
             config,
-            origin_authority,
-            client,
+            sites,
         })
     }
 
@@ -185,43 +193,13 @@ impl Accelerator {
         error.log_and_respond()
     }
 
-    /// The origin-form target, or why the request cannot go to our origin
-    /// (P-12, A-7: nothing goes anywhere but the configured origin).
-    fn origin_target(&self, request: &Request<Incoming>) -> Result<PathAndQuery, ProxyError> {
-        if request.method() == Method::CONNECT {
-            return Err(ProxyError::bad_request(
-                "the accelerator does not tunnel (CONNECT)",
-            ));
-        }
-        let uri = request.uri();
-        if let Some(authority) = uri.authority().filter(|a| !names_us(request, a)) {
-            let same_host = authority
-                .host()
-                .eq_ignore_ascii_case(self.origin_authority.host());
-            let port = |a: &Authority| a.port_u16().unwrap_or(80);
-            if !same_host || port(authority) != port(&self.origin_authority) {
-                return Err(ProxyError::bad_request(format!(
-                    "this accelerator serves only http://{}; {uri} is elsewhere",
-                    self.origin_authority
-                )));
-            }
-        }
-        match uri.path_and_query() {
-            Some(target) if target.as_str().starts_with('/') => Ok(target.clone()),
-            _ if request.method() == Method::OPTIONS => Ok(PathAndQuery::from_static("*")),
-            _ => Err(ProxyError::bad_request(format!(
-                "request target {uri} is not a path"
-            ))),
-        }
-    }
-
     async fn proxy(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
         Stats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
             && request
                 .uri()
                 .authority()
-                .is_none_or(|authority| names_us(&request, authority))
+                .is_none_or(|authority| sites::names_us(&request, authority))
             && request.uri().path() == STATS_PATH
         {
             let mut response = Response::new(
@@ -235,8 +213,8 @@ impl Accelerator {
             );
             return response;
         }
-        let target = match self.origin_target(&request) {
-            Ok(target) => target,
+        let route = match self.sites.route(&request) {
+            Ok(route) => route,
             Err(refusal) => return self.refuse(refusal),
         };
         if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
@@ -263,122 +241,61 @@ impl Accelerator {
             }
         };
         let slots = self.slots.clone();
-        let response = self.exchange(request, target).await;
+        let response = self.exchange(request, route).await;
         match (slots, token) {
             (Some(slots), Some(token)) => slots.release_with(token, response),
             _ => response,
         }
     }
 
-    /// Forwards an admitted request to the origin and answers it, coded or
-    /// passed through.
+    /// Forwards an admitted request along `route` and answers it, coded
+    /// or passed through.
     async fn exchange(
         self: Arc<Self>,
         request: Request<Incoming>,
-        target: PathAndQuery,
+        route: sites::Route,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
-        let offers_hsync = accepts_hsync(&parts.headers);
-        let encodable = offers_hsync
-            && parts.method == Method::GET
-            && !parts.headers.contains_key(header::RANGE);
-        let signature = parts
-            .headers
-            .get(HSYNC_SIGNATURE)
-            .and_then(|v| parse_byte_sequence(v, self.config.max_signature_bytes));
-        let basis_name = parts.headers.get(HSYNC_BASIS).cloned();
-        let basis_digest = basis_name
-            .as_ref()
-            .and_then(|name| parse_byte_sequence(name, 32))
-            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok());
-
-        if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
-            return self.refuse(ProxyError::bad_request(error.to_string()));
+        let offer = Offer::read(
+            &parts.method,
+            &parts.headers,
+            self.config.max_signature_bytes,
+        );
+        if let Err(refusal) =
+            self.rewrite_request(&mut parts, &route, offer.offers_hsync, offer.encodable)
+        {
+            return self.refuse(refusal);
         }
-        parts.headers.remove(HSYNC_SIGNATURE);
-        parts.headers.remove(HSYNC_BASIS);
         // What the basis store decision reads of the request (D-B3), once
         // the response head is in.
         let request_headers =
-            (encodable && !self.config.basis_store_private).then(|| parts.headers.clone());
-        // The queue's headers are between the client and us.
-        for name in [&X_QUEUE, &X_QUEUED, &X_NODE] {
-            parts.headers.remove(name);
-        }
-        if encodable {
-            // We encode the identity body; the origin must not code it.
-            parts.headers.insert(
-                header::ACCEPT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
-        } else if offers_hsync {
-            remove_hsync_coding(&mut parts.headers);
-        }
-        add_via(&mut parts.headers, &self.config.via_name);
-        parts.headers.insert(
-            header::HOST,
-            HeaderValue::from_str(self.origin_authority.as_str())
-                .expect("an authority is a valid header value"),
-        );
-        parts.uri = Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(self.origin_authority.clone())
-            .path_and_query(target)
-            .build()
-            .expect("scheme, authority and path are valid");
-        // The client may have come over HTTP/2; the origin hop is HTTP/1.1.
-        parts.version = http::Version::HTTP_11;
+            (offer.encodable && !self.config.basis_store_private).then(|| parts.headers.clone());
         let method = parts.method.clone();
         let uri = parts.uri.clone();
-        let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
-        let connection = capture_connection(&mut outbound);
-
-        let response =
-            match tokio::time::timeout(self.config.origin_timeout, self.client.request(outbound))
-                .await
-            {
-                Err(_) => {
-                    return self.refuse(ProxyError::upstream_timeout(format!(
-                        "origin sent no response head within {:?}",
-                        self.config.origin_timeout
-                    )));
-                }
-                // The exchange failed on the client's body, not the origin.
-                Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
-                    return self.refuse(ProxyError::malformed_request(violation));
-                }
-                Ok(Err(error)) => {
-                    return self.refuse(ProxyError::upstream_unreachable(format!(
-                        "origin unreachable: {error}"
-                    )));
-                }
-                Ok(Ok(response)) => response,
-            };
-        if let Err(message) = check_response_head(response.headers()) {
-            // Whatever hyper made of it, the connection is not used again.
-            if let Some(connected) = connection.connection_metadata().as_ref() {
-                connected.poison();
+        match self.fetch(parts, body, &route).await {
+            Ok(answer) => {
+                self.respond(answer, offer, request_headers, method, uri)
+                    .await
             }
-            return self.refuse(ProxyError::bad_upstream_response(format!(
-                "origin response: {message}"
-            )));
+            Err(refusal) => self.refuse(refusal),
         }
-        let framing = upstream_guard::last_exchange(&connection);
-        let (mut parts, body) = response.into_parts();
-        // The reason phrase is the origin's; ours comes from the status
-        // (P-18).
-        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
-        // The protocol version belongs to each hop: ours is HTTP/1.1
-        // whatever the origin speaks (an HTTP/1.0 origin must not make us
-        // answer 1.0 and lose chunked framing).
-        parts.version = http::Version::HTTP_11;
-        if let Err(error) = strip_hop_by_hop(&mut parts.headers) {
-            return self.refuse(ProxyError::bad_upstream_response(format!(
-                "origin response: {error}"
-            )));
-        }
-        add_via(&mut parts.headers, &self.config.via_name);
+    }
 
+    /// The origin's answer for the client: coded when the offer, the
+    /// status, the coding and the size allow, else passed through.
+    async fn respond(
+        self: Arc<Self>,
+        answer: FromOrigin,
+        offer: Offer,
+        request_headers: Option<HeaderMap>,
+        method: Method,
+        uri: Uri,
+    ) -> Response<ProxyBody> {
+        let FromOrigin {
+            mut parts,
+            body,
+            framing,
+        } = answer;
         let content_length = parts
             .headers
             .get(header::CONTENT_LENGTH)
@@ -395,7 +312,7 @@ impl Accelerator {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|d| d.trim().eq_ignore_ascii_case("no-transform"));
-        let encode = encodable
+        let encode = offer.encodable
             && parts.status == StatusCode::OK
             && !coded
             && !no_transform
@@ -424,17 +341,22 @@ impl Accelerator {
             HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
         );
         weaken_etag(&mut parts.headers);
-        if let Some(name) = basis_name {
+        if let Some(name) = offer.basis_name {
             parts.headers.insert(HSYNC_BASIS, name);
         }
         parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
         // A basis we served and still hold: compress against the body itself.
-        let held = basis_digest
+        let held = offer
+            .basis_digest
             .and_then(|digest| self.bodies.get(&digest))
             .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
         let encoder = match held {
             Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
-            None => Encoder::new(signature.as_deref(), content_length, self.config.encoder),
+            None => Encoder::new(
+                offer.signature.as_deref(),
+                content_length,
+                self.config.encoder,
+            ),
         };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)

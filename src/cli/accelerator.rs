@@ -29,7 +29,10 @@ pub struct AcceleratorArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// The origin web server, `http://host[:port]`.
+    /// The origin web server, `http://host[:port]` or `https://host[:port]`,
+    /// for requests naming any host (the one-site shorthand; `[[site]]`
+    /// tables in the config file name several sites). Default:
+    /// http://127.0.0.1:8080.
     #[arg(long)]
     pub origin: Option<String>,
     /// Our name in Via (letters, digits, '.', ':', '_', '-'); default: the
@@ -188,10 +191,10 @@ impl AcceleratorArgs {
             None => AcceleratorSettings::default(),
         };
         override_with_flags!(settings, self;
-            plain: listen, origin, max_encode_len, level, bulk_level, max_signature,
+            plain: listen, max_encode_len, level, bulk_level, max_signature,
                 max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
                 max_stored_body, slots, queue_max, queue_hold_grace;
-            optional: via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key;
+            optional: origin, via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key;
             switches: no_adapt, basis_store_private, inetd);
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
@@ -241,7 +244,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         limits,
         tls.clone(),
         |address, accelerator| {
-            tracing::info!(listen = %address, origin = %settings.origin, tls = tls.is_some(), "accelerator ready");
+            tracing::info!(listen = %address, sites = %settings.describe_sites(), tls = tls.is_some(), "accelerator ready");
             if let Some(slots) = accelerator.role().slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }

@@ -43,12 +43,11 @@ use hyper_util::client::legacy::connect::{
 };
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_rustls::TlsConnector;
 
 use super::{ClientProxy, ClientStats, Target};
 use crate::expiring::ExpiringMap;
+use crate::http::dial::{Dialer, Transport};
 use crate::http::error::ProxyError;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
 use crate::http::server::{ProxyBody, malformed_request_body};
@@ -184,31 +183,32 @@ impl Upstream {
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
     ) -> Result<Upstream, String> {
-        let (tls, held_tls) = match tls {
+        let held_tls = match &tls {
             Some(config) => {
                 let host = authority
                     .host()
                     .trim_start_matches('[')
                     .trim_end_matches(']');
-                let name = ServerName::try_from(host.to_owned())
+                ServerName::try_from(host.to_owned())
                     .map_err(|e| format!("{host}: not a TLS server name: {e}"))?;
-                let mut http1 = (*config).clone();
+                let mut http1 = (**config).clone();
                 http1.alpn_protocols = vec![HTTP_1_1_ALPN.to_vec()];
-                (
-                    Some((TlsConnector::from(config), name.clone())),
-                    Some((TlsConnector::from(Arc::new(http1)), name)),
-                )
+                Some(Arc::new(http1))
             }
-            None => (None, None),
+            None => None,
+        };
+        let dialer = |tls| Dialer {
+            connect_timeout,
+            policy: None,
+            tls,
         };
         let connector = |proxied| UpstreamConnector {
             authority: authority.clone(),
-            connect_timeout,
-            tls: tls.clone(),
+            dialer: dialer(tls.clone()),
             proxied,
         };
         let held = UpstreamConnector {
-            tls: held_tls,
+            dialer: dialer(held_tls),
             ..connector(false)
         };
         let gateway = crate::http::server::upstream_client_builder().build(connector(false));
@@ -348,8 +348,7 @@ impl HeldConnection {
 #[derive(Clone)]
 pub struct UpstreamConnector {
     authority: Authority,
-    connect_timeout: Duration,
-    tls: Option<(TlsConnector, ServerName<'static>)>,
+    dialer: Dialer,
     proxied: bool,
 }
 
@@ -365,31 +364,13 @@ impl tower_service::Service<Uri> for UpstreamConnector {
     fn call(&mut self, _target: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let authority = &this.authority;
-            let default_port = if this.tls.is_some() { 443 } else { 80 };
-            let port = authority.port_u16().unwrap_or(default_port);
-            let timed_out = || {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("connect to {authority} timed out"),
-                )
-            };
-            let connect = async {
-                let stream =
-                    TcpStream::connect((authority.host().trim_matches(['[', ']']), port)).await?;
-                stream.set_nodelay(true)?;
-                match &this.tls {
-                    None => Ok(Transport::Plain(stream)),
-                    Some((connector, name)) => {
-                        let tls = connector.connect(name.clone(), stream).await?;
-                        Ok::<_, io::Error>(Transport::Tls(Box::new(tls)))
-                    }
-                }
-            };
-            let transport = tokio::time::timeout(this.connect_timeout, connect)
-                .await
-                .map_err(|_| timed_out())??;
-            let h2 = matches!(&transport, Transport::Tls(tls) if tls.get_ref().1.alpn_protocol() == Some(b"h2"));
+            let tls = this.dialer.tls.is_some();
+            let port = this
+                .authority
+                .port_u16()
+                .unwrap_or(if tls { 443 } else { 80 });
+            let transport = this.dialer.dial(this.authority.host(), port, tls).await?;
+            let h2 = transport.is_h2();
             let io = if h2 {
                 FramedUpstream::unchecked(transport)
             } else {
@@ -402,72 +383,6 @@ impl tower_service::Service<Uri> for UpstreamConnector {
                 closer: Closer::default(),
             })
         })
-    }
-}
-
-/// A connection to the upstream: plain TCP or TLS.
-pub enum Transport {
-    /// Plain HTTP.
-    Plain(TcpStream),
-    /// TLS (boxed: its state is large).
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
-impl tokio::io::AsyncRead for Transport {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for Transport {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Transport::Plain(s) => s.is_write_vectored(),
-            Transport::Tls(s) => s.is_write_vectored(),
-        }
     }
 }
 

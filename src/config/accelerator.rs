@@ -10,19 +10,112 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use http::{HeaderValue, Uri};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::shared::saturating_usize;
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
-use crate::accelerator::AcceleratorConfig;
+use crate::accelerator::{AcceleratorConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin};
 use crate::hsync::EncoderOptions;
+use crate::http::address_policy::AddressPolicy;
+use crate::http::host_pattern::HostPattern;
 use crate::queue::QueueConfig;
 
 /// What `--level` takes: zstd's strong levels.
 pub(crate) const LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
 /// What `--bulk-level` takes: zstd's fast levels too.
 pub(crate) const BULK_LEVELS: std::ops::RangeInclusive<i32> = -7..=19;
+
+/// The origin `rproxy accelerator` fronts when neither `--origin` nor a
+/// `[[site]]` says.
+pub const DEFAULT_ORIGIN: &str = "http://127.0.0.1:8080";
+
+/// One `[[site]]` table: the names it answers to and its origin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SiteSettings {
+    /// Host names: `www.example.com`, `*.example.com`, `*`.
+    pub names: Vec<String>,
+    /// `http://host[:port]`, `https://host[:port]`, or `any` (parent mode:
+    /// the URL's own host, within `allow-hosts`, `allow-ports` and
+    /// `allow-addresses`).
+    pub origin: String,
+    /// PEM file of the CAs trusted for `https://` origins instead of the
+    /// system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_ca: Option<PathBuf>,
+    /// Parent mode: the hosts that may be fetched.
+    #[serde(default = "any_host")]
+    pub allow_hosts: Vec<String>,
+    /// Parent mode: the ports that may be fetched.
+    #[serde(default = "web_ports")]
+    pub allow_ports: Vec<u16>,
+    /// Parent mode: non-public address ranges that may be connected to
+    /// (loopback, link-local and private ones are refused otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_addresses: Vec<IpNet>,
+}
+
+fn any_host() -> Vec<String> {
+    vec!["*".into()]
+}
+
+fn web_ports() -> Vec<u16> {
+    vec![80, 443]
+}
+
+/// The `origin` of a parent-mode site.
+const PARENT: &str = "any";
+
+impl SiteSettings {
+    /// The validated site; `index` names it in errors.
+    fn to_config(&self, index: usize) -> Result<SiteConfig, UsageError> {
+        let at = |what: String| UsageError(format!("site {}: {what}", index + 1));
+        let patterns = |list: &[String]| {
+            list.iter()
+                .map(|name| HostPattern::parse(name).map_err(|e| at(e.to_string())))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let names = patterns(&self.names)?;
+        if names.is_empty() {
+            return Err(at("names: give at least one host name".into()));
+        }
+        let origin = if self.origin == PARENT {
+            SiteOrigin::Parent(ParentPolicy {
+                hosts: patterns(&self.allow_hosts)?,
+                ports: self.allow_ports.clone(),
+                addresses: AddressPolicy::new(self.allow_addresses.clone()),
+                ca_file: self.origin_ca.clone(),
+            })
+        } else {
+            SiteOrigin::Server {
+                url: origin_url(&self.origin).map_err(|e| at(e.0))?,
+                ca_file: self.origin_ca.clone(),
+            }
+        };
+        Ok(SiteConfig {
+            names: SiteNames::Listed(names),
+            origin,
+        })
+    }
+}
+
+/// `http[s]://host[:port]`, checked.
+fn origin_url(text: &str) -> Result<Uri, UsageError> {
+    let bad = || {
+        UsageError(format!(
+            "origin {text}: use http://host[:port], https://host[:port] or \"{PARENT}\""
+        ))
+    };
+    let url: Uri = text.parse().map_err(|_| bad())?;
+    let scheme_ok = matches!(url.scheme_str(), Some("http" | "https"));
+    let path_ok = url.path_and_query().is_none_or(|p| p.as_str() == "/");
+    if !scheme_ok || url.authority().is_none() || !path_ok {
+        return Err(bad());
+    }
+    Ok(url)
+}
 
 /// The settings of `rproxy accelerator`, one field per flag (see its
 /// `--help` for what each means).
@@ -34,7 +127,13 @@ pub struct AcceleratorSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
     pub listen: SocketAddr,
-    pub origin: String,
+    /// None: [`DEFAULT_ORIGIN`], unless `[[site]]` tables say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    /// Addresses (ranges) of previous hops whose `Forwarded` and
+    /// `X-Forwarded-*` are kept and appended to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trusted_forwarders: Vec<IpNet>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub via_name: Option<String>,
     pub max_encode_len: Size,
@@ -72,6 +171,9 @@ pub struct AcceleratorSettings {
     pub tls_key: Option<PathBuf>,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
+    /// `[[site]]` tables, tried in order.
+    #[serde(rename = "site", skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteSettings>,
 }
 
 impl Default for AcceleratorSettings {
@@ -80,7 +182,8 @@ impl Default for AcceleratorSettings {
         AcceleratorSettings {
             role: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
-            origin: "http://127.0.0.1:8080".into(),
+            origin: None,
+            trusted_forwarders: Vec::new(),
             via_name: None,
             max_encode_len: Size::gib(1),
             level: encoder.zstd_level,
@@ -107,6 +210,7 @@ impl Default for AcceleratorSettings {
             tls_key: None,
             limits: LimitSettings::default(),
             auth: AuthSettings::default(),
+            sites: Vec::new(),
         }
     }
 }
@@ -127,10 +231,18 @@ impl AcceleratorSettings {
     /// # Errors
     /// A [`UsageError`] naming the key (flag) at fault.
     pub fn to_config(&self, address: SocketAddr) -> Result<AcceleratorConfig, UsageError> {
-        let origin = self
-            .origin
-            .parse()
-            .map_err(|_| UsageError(format!("--origin {}: not a URL", self.origin)))?;
+        let sites = self.site_configs()?;
+        if sites
+            .iter()
+            .any(|site| matches!(site.origin, SiteOrigin::Parent(_)))
+            && !address.ip().is_loopback()
+            && self.auth.auth_file.is_none()
+        {
+            return Err(UsageError(format!(
+                "a parent-mode site (origin = \"{PARENT}\") fetches for whoever reaches {address}: \
+                 give an auth-file, or listen on loopback"
+            )));
+        }
         if !LEVELS.contains(&self.level) {
             return Err(UsageError(format!(
                 "--level {}: use {} to {}",
@@ -153,14 +265,47 @@ impl AcceleratorSettings {
             ));
         }
         let via_name = via_name(self.via_name.as_deref(), address)?;
-        Ok(self.config_with(origin, via_name))
+        Ok(self.config_with(sites, via_name))
     }
 
-    /// The runtime config for `origin`, named `via_name`, with nothing
+    /// The sites: the `[[site]]` tables, or the one `--origin` names.
+    fn site_configs(&self) -> Result<Vec<SiteConfig>, UsageError> {
+        match (&self.origin, self.sites.is_empty()) {
+            (Some(_), false) => Err(UsageError(
+                "--origin and [[site]] tables: give one or the other".into(),
+            )),
+            (origin, true) => {
+                let url = origin_url(origin.as_deref().unwrap_or(DEFAULT_ORIGIN))
+                    .map_err(|e| UsageError(format!("--{}", e.0)))?;
+                Ok(vec![SiteConfig::any_host(url)])
+            }
+            (None, false) => self
+                .sites
+                .iter()
+                .enumerate()
+                .map(|(index, site)| site.to_config(index))
+                .collect(),
+        }
+    }
+
+    /// The sites in one line, for the log: `names -> origin; ...`.
+    pub fn describe_sites(&self) -> String {
+        if self.sites.is_empty() {
+            return format!("* -> {}", self.origin.as_deref().unwrap_or(DEFAULT_ORIGIN));
+        }
+        self.sites
+            .iter()
+            .map(|site| format!("{} -> {}", site.names.join(" "), site.origin))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The runtime config for `sites`, named `via_name`, with nothing
     /// left to check.
-    fn config_with(&self, origin: Uri, via_name: HeaderValue) -> AcceleratorConfig {
+    fn config_with(&self, sites: Vec<SiteConfig>, via_name: HeaderValue) -> AcceleratorConfig {
         AcceleratorConfig {
-            origin,
+            sites,
+            trusted_forwarders: self.trusted_forwarders.clone(),
             via_name,
             encoder: self.encoder_options(),
             adapt_entropy_coding: !self.no_adapt,
@@ -205,7 +350,10 @@ impl AcceleratorConfig {
     /// The settings `rproxy accelerator` uses by default, in front of
     /// `origin` and named `accelerator` in Via.
     pub fn for_origin(origin: Uri) -> AcceleratorConfig {
-        AcceleratorSettings::default().config_with(origin, HeaderValue::from_static("accelerator"))
+        AcceleratorSettings::default().config_with(
+            vec![SiteConfig::any_host(origin)],
+            HeaderValue::from_static("accelerator"),
+        )
     }
 }
 
@@ -217,7 +365,7 @@ mod tests {
     fn for_origin_is_the_default_settings() {
         let address = "127.0.0.1:8081".parse().unwrap();
         let resolved = AcceleratorSettings::default().to_config(address).unwrap();
-        let for_origin = AcceleratorConfig::for_origin(resolved.origin.clone());
+        let for_origin = AcceleratorConfig::for_origin(DEFAULT_ORIGIN.parse().unwrap());
         assert_eq!(
             format!("{resolved:?}"),
             format!("{for_origin:?}").replace("\"accelerator\"", "\"127.0.0.1:8081\"")
@@ -242,6 +390,86 @@ mod tests {
             },
         ] {
             assert!(settings.to_config(address).is_err(), "{settings:?}");
+        }
+    }
+
+    const SITES: &str = r#"
+listen = "0.0.0.0:8081"
+trusted-forwarders = ["10.0.0.0/8"]
+
+[auth]
+auth-file = "/etc/rproxy/users"
+
+[[site]]
+names = ["www.example.com", "*.static.example.com"]
+origin = "http://127.0.0.1:8080"
+
+[[site]]
+names = ["*"]
+origin = "any"
+allow-hosts = ["*.debian.org"]
+allow-addresses = ["192.168.0.0/16"]
+"#;
+
+    #[test]
+    fn sites_come_from_the_file_and_print_back() {
+        let settings: AcceleratorSettings = toml::from_str(SITES).unwrap();
+        let config = settings.to_config(settings.listen).unwrap();
+        assert_eq!(config.sites.len(), 2);
+        assert!(matches!(&config.sites[0].names, SiteNames::Listed(names) if names.len() == 2));
+        let SiteOrigin::Parent(parent) = &config.sites[1].origin else {
+            panic!("site 2 is a parent");
+        };
+        assert_eq!(parent.ports, [80, 443]);
+        assert!(parent.addresses.permits("192.168.1.1".parse().unwrap()));
+        assert!(!parent.addresses.permits("10.0.0.1".parse().unwrap()));
+        assert_eq!(config.trusted_forwarders.len(), 1);
+        // What `rproxy check` prints reads back as the same settings.
+        let printed = super::super::to_toml(&settings);
+        let reread: AcceleratorSettings = toml::from_str(&printed).unwrap();
+        assert_eq!(reread, settings, "{printed}");
+    }
+
+    #[test]
+    fn a_parent_beyond_loopback_needs_an_auth_file() {
+        let mut settings: AcceleratorSettings = toml::from_str(SITES).unwrap();
+        settings.auth.auth_file = None;
+        let error = settings.to_config(settings.listen).unwrap_err();
+        assert!(error.0.contains("auth-file"), "{error}");
+        assert!(
+            settings
+                .to_config("127.0.0.1:8081".parse().unwrap())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn bad_sites_are_refused_with_their_number() {
+        for (text, expected) in [
+            (
+                "[[site]]\nnames = []\norigin = \"http://a\"",
+                "site 1: names",
+            ),
+            (
+                "[[site]]\nnames = [\"a*b\"]\norigin = \"http://a\"",
+                "site 1: host pattern",
+            ),
+            (
+                "[[site]]\nnames = [\"a\"]\norigin = \"ftp://a\"",
+                "site 1: origin ftp://a",
+            ),
+            (
+                "[[site]]\nnames = [\"a\"]\norigin = \"http://a/x\"",
+                "site 1: origin",
+            ),
+            (
+                "origin = \"http://a\"\n[[site]]\nnames = [\"a\"]\norigin = \"http://a\"",
+                "one or the other",
+            ),
+        ] {
+            let settings: AcceleratorSettings = toml::from_str(text).unwrap();
+            let error = settings.to_config(settings.listen).unwrap_err();
+            assert!(error.0.contains(expected), "{text}: {error}");
         }
     }
 }

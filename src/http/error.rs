@@ -77,6 +77,12 @@ pub enum ErrorKind {
     NotImplemented,
     /// No such resource (404; the demo's static origin).
     NotFound,
+    /// A host this hop serves no site for (421): the client reached the
+    /// wrong server.
+    Misdirected,
+    /// A destination this hop may not fetch from: a host, port or address
+    /// outside the allow-list (403).
+    Forbidden,
     /// The request came round to us again, or passed too many proxies
     /// (508): a routing loop in front of us, refused as the request's.
     Loop,
@@ -115,6 +121,8 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Misdirected => StatusCode::MISDIRECTED_REQUEST,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::Loop => StatusCode::LOOP_DETECTED,
             ErrorKind::NotCached => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
@@ -138,6 +146,8 @@ impl ErrorKind {
             | ErrorKind::MethodNotAllowed
             | ErrorKind::NotImplemented
             | ErrorKind::NotFound
+            | ErrorKind::Misdirected
+            | ErrorKind::Forbidden
             | ErrorKind::Loop
             | ErrorKind::NotCached
             | ErrorKind::Unauthenticated
@@ -161,6 +171,8 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::NotImplemented => "not_implemented",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::Misdirected => "misdirected",
+            ErrorKind::Forbidden => "forbidden",
             ErrorKind::Loop => "loop",
             ErrorKind::NotCached => "not_cached",
             ErrorKind::Unauthenticated => "unauthenticated",
@@ -248,7 +260,17 @@ impl ProxyError {
         Self::new(ErrorKind::NotImplemented, message)
     }
 
-    /// No such resource (404).
+    /// A host this hop serves no site for (421).
+    pub fn misdirected(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Misdirected, message)
+    }
+
+    /// A destination outside what this hop may fetch from (403).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Forbidden, message)
+    }
+
+    /// 404.
     pub fn not_found() -> Self {
         Self::new(ErrorKind::NotFound, "not found")
     }

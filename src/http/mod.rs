@@ -12,13 +12,21 @@
 //!   `Via` read and written in one place, `Max-Forwards`).
 //! - [`auth`]: the users file and the gate in front of a role.
 //! - [`tls`]: rustls configurations for both ends of the hsync link.
+//! - [`dial`]: opening a connection upstream (resolve, the
+//!   [`address_policy`], connect, TLS); [`host_pattern`]: the host names a
+//!   site or a route answers to; [`forwarded`]: telling the origin who
+//!   asked.
 //! - [`spool`], [`transfer_memory`]: a body parked on disk for a reader that
 //!   stopped reading, and the budget streamed codings share.
 
+pub mod address_policy;
 pub mod auth;
+pub mod dial;
 pub mod error;
+pub mod forwarded;
 pub mod head_guard;
 pub mod headers;
+pub mod host_pattern;
 pub mod inetd;
 pub mod server;
 pub mod spool;

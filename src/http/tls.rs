@@ -102,6 +102,17 @@ pub fn client_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, Tls
     Ok(Arc::new(config))
 }
 
+/// TLS towards origin servers: as [`client_config`], offering HTTP/1.1
+/// only (the origin hop speaks HTTP/1.1).
+///
+/// # Errors
+/// As [`client_config`].
+pub fn origin_client_config(ca: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut config = (*client_config(ca)?).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// What a request that came over TLS knows of its connection, in its
 /// extensions: the name the client asked for and our address, so that an
 /// HTTP/2 request (whose target always carries an authority) can be told

@@ -198,6 +198,27 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    origin_over(service, None).await
+}
+
+/// [`origin`] over TLS with `tls` (an `https://` origin).
+pub async fn tls_origin<F, Fut, B>(service: F, tls: Arc<rustls::ServerConfig>) -> Origin
+where
+    F: Fn(Request<Incoming>, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    origin_over(service, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+}
+
+async fn origin_over<F, Fut, B>(service: F, tls: Option<tokio_rustls::TlsAcceptor>) -> Origin
+where
+    F: Fn(Request<Incoming>, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(Requests {
@@ -216,16 +237,21 @@ where
                     Err(_) => continue,
                 },
             };
-            let (service, log) = (service.clone(), log.clone());
+            let (service, log, tls) = (service.clone(), log.clone(), tls.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                     let earlier = log.record(&request);
                     let reply = service(request, earlier);
                     async move { Ok::<_, Infallible>(reply.await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let http1 = hyper::server::conn::http1::Builder::new();
+                let _ = match tls {
+                    None => http1.serve_connection(TokioIo::new(stream), service).await,
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(stream) => http1.serve_connection(TokioIo::new(stream), service).await,
+                        Err(_) => return,
+                    },
+                };
             });
         }
     });
@@ -385,6 +411,19 @@ impl Server<rproxy::client_proxy::ClientProxy> {
     pub fn store(&self) -> &CacheStore {
         self.handler.store()
     }
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost, as PEM files
+/// `cert.pem` and `key.pem` in `dir` (the certificate is its own CA).
+pub fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let made =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+    (cert, key)
 }
 
 /// A cache store of `bytes` in a fresh temporary directory, for a client

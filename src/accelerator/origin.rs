@@ -1,0 +1,150 @@
+//! The trip to the origin: the request as it goes (hop-by-hop fields and
+//! ours removed, identity asked for when we will code, `Via`, `Host`,
+//! `Forwarded`, the route's URL, HTTP/1.1), one send within the origin
+//! timeout, and the response head checked and made ours (no hop-by-hop
+//! fields, our `Via`, our reason phrase and version).
+//!
+//! Leaves out which origin (`sites.rs`) and what is done with the body
+//! (`mod.rs` decides to code or pass).
+//!
+//! Main items: [`Accelerator::rewrite_request`], [`Accelerator::fetch`],
+//! [`FromOrigin`].
+
+use http::Request;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::capture_connection;
+
+use super::Accelerator;
+use super::sites::Route;
+use crate::http::dial::AddressRefused;
+use crate::http::error::ProxyError;
+use crate::http::forwarded::{self, Hop};
+use crate::http::headers::{
+    HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
+    strip_hop_by_hop,
+};
+use crate::http::server::{BodyError, Peer, malformed_request_body};
+use crate::http::tls::TlsSession;
+use crate::http::upstream_guard::{self, ExchangeCheck};
+use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
+
+/// The origin's answer, its head made ours.
+pub(super) struct FromOrigin {
+    pub parts: http::response::Parts,
+    pub body: Incoming,
+    /// The HTTP/1.1 framing check of the exchange, read when the body ends.
+    pub framing: Option<ExchangeCheck>,
+}
+
+impl Accelerator {
+    /// Turns the client's request head into the one the origin gets along
+    /// `route`. `encodable`: we will code the answer, so the origin is
+    /// asked for identity; else an hsync offer is taken out of
+    /// `Accept-Encoding` (the origin cannot answer it).
+    ///
+    /// # Errors
+    /// A malformed `Connection` field (the client's fault).
+    pub(super) fn rewrite_request(
+        &self,
+        parts: &mut Parts,
+        route: &Route,
+        offers_hsync: bool,
+        encodable: bool,
+    ) -> Result<(), ProxyError> {
+        strip_hop_by_hop(&mut parts.headers)
+            .map_err(|error| ProxyError::bad_request(error.to_string()))?;
+        // The hsync fields and the queue's are between the client and us.
+        for name in [&HSYNC_SIGNATURE, &HSYNC_BASIS, &X_QUEUE, &X_QUEUED, &X_NODE] {
+            parts.headers.remove(name);
+        }
+        if encodable {
+            // We encode the identity body; the origin must not code it.
+            parts.headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        } else if offers_hsync {
+            remove_hsync_coding(&mut parts.headers);
+        }
+        add_via(&mut parts.headers, &self.config.via_name);
+        let hop = Hop {
+            client: parts.extensions.get::<Peer>().map(|peer| peer.0.ip()),
+            tls: parts.extensions.get::<TlsSession>().is_some(),
+            host: route.asked.as_deref(),
+        };
+        forwarded::forward(&mut parts.headers, hop, &self.config.trusted_forwarders);
+        parts.headers.insert(header::HOST, route.host.clone());
+        parts.uri = route.url.clone();
+        // The client may have come over HTTP/2; the origin hop is HTTP/1.1.
+        parts.version = http::Version::HTTP_11;
+        Ok(())
+    }
+
+    /// Sends the rewritten request and waits for the origin's head.
+    ///
+    /// # Errors
+    /// No head within the origin timeout (504), the origin unreachable or
+    /// not permitted (502, 403), the client's body malformed (400), a head
+    /// that cannot be relayed (502).
+    pub(super) async fn fetch(
+        &self,
+        parts: Parts,
+        body: Incoming,
+        route: &Route,
+    ) -> Result<FromOrigin, ProxyError> {
+        let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
+        let connection = capture_connection(&mut outbound);
+        let timeout = self.config.origin_timeout;
+        let response = match tokio::time::timeout(timeout, route.client.request(outbound)).await {
+            Err(_) => {
+                return Err(ProxyError::upstream_timeout(format!(
+                    "origin sent no response head within {timeout:?}"
+                )));
+            }
+            // The exchange failed on the client's body, not the origin.
+            Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
+                return Err(ProxyError::malformed_request(violation));
+            }
+            Ok(Err(error)) => {
+                if let Some(refused) = AddressRefused::in_chain(&error) {
+                    return Err(ProxyError::forbidden(refused.to_string()));
+                }
+                return Err(ProxyError::upstream_unreachable(format!(
+                    "origin unreachable: {}: {error}",
+                    route.url.authority().map_or("", |a| a.as_str())
+                )));
+            }
+            Ok(Ok(response)) => response,
+        };
+        if let Err(message) = check_response_head(response.headers()) {
+            // Whatever hyper made of it, the connection is not used again.
+            if let Some(connected) = connection.connection_metadata().as_ref() {
+                connected.poison();
+            }
+            return Err(ProxyError::bad_upstream_response(format!(
+                "origin response: {message}"
+            )));
+        }
+        let framing = upstream_guard::last_exchange(&connection);
+        let (mut parts, body) = response.into_parts();
+        // The reason phrase is the origin's; ours comes from the status
+        // (P-18).
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+        // The protocol version belongs to each hop: ours is HTTP/1.1
+        // whatever the origin speaks (an HTTP/1.0 origin must not make us
+        // answer 1.0 and lose chunked framing).
+        parts.version = http::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers).map_err(|error| {
+            ProxyError::bad_upstream_response(format!("origin response: {error}"))
+        })?;
+        add_via(&mut parts.headers, &self.config.via_name);
+        Ok(FromOrigin {
+            parts,
+            body,
+            framing,
+        })
+    }
+}

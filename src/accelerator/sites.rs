@@ -1,0 +1,326 @@
+//! Which site a request is for, and where it goes: the first site whose
+//! names match the host the client asked for (the absolute-form target's
+//! authority, else `Host`) serves it, from its origin server or, for a
+//! parent-mode site, from the URL's own host once the allow-list agrees.
+//! A request no site answers to is refused here, before any connection
+//! is made (P-12, A-7): an absolute-form target with 400, an unknown
+//! `Host` with 421, a destination outside a parent's allow-list with 403.
+//!
+//! Leaves out what is sent (the rewrite is `origin.rs`'s) and the check of
+//! the addresses a name resolves to, which happens where the connection
+//! is made ([`crate::http::dial`]), so that what was checked is what is
+//! connected to.
+//!
+//! Main types: [`Sites`], [`Route`].
+
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Method, Request, Uri};
+use hyper_util::client::legacy::Client;
+
+use super::config::{ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin};
+use crate::http::dial::{Dialer, OriginConnector};
+use crate::http::error::ProxyError;
+use crate::http::host_pattern::HostPattern;
+use crate::http::server::ProxyBody;
+use crate::http::tls::{TlsSession, origin_client_config};
+
+/// A pooled HTTP/1.1 client to origins.
+pub(super) type OriginClient = Client<OriginConnector, ProxyBody>;
+
+/// The sites, ready to route.
+pub(super) struct Sites {
+    sites: Vec<Site>,
+}
+
+struct Site {
+    names: SiteNames,
+    origin: Origin,
+    client: OriginClient,
+}
+
+enum Origin {
+    Server {
+        scheme: Scheme,
+        authority: Authority,
+    },
+    Parent(ParentPolicy),
+}
+
+/// Where one request goes.
+pub(super) struct Route {
+    /// The absolute URL fetched (hyper writes it in origin-form).
+    pub url: Uri,
+    /// The `Host` the origin is sent.
+    pub host: HeaderValue,
+    /// The host the client asked for, for `Forwarded` and the logs.
+    pub asked: Option<String>,
+    /// The pool the request goes through.
+    pub client: OriginClient,
+}
+
+/// The host a request asked for: the authority of an absolute-form
+/// target, else the `Host` header.
+struct Asked {
+    authority: Authority,
+    /// From an absolute-form target (or an HTTP/2 `:authority` that does
+    /// not name us).
+    absolute: bool,
+    scheme: Scheme,
+}
+
+impl Sites {
+    /// Connects nothing yet; builds a pool per site.
+    ///
+    /// # Errors
+    /// A bad origin URL, no site, or TLS settings that cannot be loaded.
+    pub fn new(
+        configs: &[SiteConfig],
+        connect_timeout: std::time::Duration,
+    ) -> Result<Sites, ConfigError> {
+        if configs.is_empty() {
+            return Err(ConfigError::NoSite);
+        }
+        let mut sites = Vec::with_capacity(configs.len());
+        for config in configs {
+            let (origin, dialer) = match &config.origin {
+                SiteOrigin::Server { url, ca_file } => {
+                    let bad = || ConfigError::BadOrigin {
+                        origin: url.to_string(),
+                    };
+                    let scheme = url.scheme().cloned().ok_or_else(bad)?;
+                    let authority = url.authority().cloned().ok_or_else(bad)?;
+                    let tls = match scheme.as_str() {
+                        "http" => None,
+                        "https" => Some(origin_client_config(ca_file.as_deref())?),
+                        _ => return Err(bad()),
+                    };
+                    if url.path_and_query().is_some_and(|p| p.as_str() != "/") {
+                        return Err(bad());
+                    }
+                    let dialer = Dialer {
+                        connect_timeout,
+                        policy: None,
+                        tls,
+                    };
+                    (Origin::Server { scheme, authority }, dialer)
+                }
+                SiteOrigin::Parent(policy) => {
+                    // Without roots, `https://` URLs fail one by one;
+                    // `http://` ones still work.
+                    let tls = match origin_client_config(policy.ca_file.as_deref()) {
+                        Ok(tls) => Some(tls),
+                        Err(error) if policy.ca_file.is_none() => {
+                            tracing::warn!(%error, "parent mode: https:// URLs cannot be fetched");
+                            None
+                        }
+                        Err(error) => return Err(error.into()),
+                    };
+                    let dialer = Dialer {
+                        connect_timeout,
+                        policy: Some(Arc::new(policy.addresses.clone())),
+                        tls,
+                    };
+                    (Origin::Parent(policy.clone()), dialer)
+                }
+            };
+            let client =
+                crate::http::server::upstream_client_builder().build(OriginConnector(dialer));
+            sites.push(Site {
+                names: config.names.clone(),
+                origin,
+                client,
+            });
+        }
+        Ok(Sites { sites })
+    }
+
+    /// The route of `request` whose target (origin-form, or `*` for
+    /// OPTIONS) is `target`.
+    ///
+    /// # Errors
+    /// Why the request is not ours to forward.
+    pub fn route<B>(&self, request: &Request<B>) -> Result<Route, ProxyError> {
+        if request.method() == Method::CONNECT {
+            return Err(ProxyError::bad_request(
+                "the accelerator does not tunnel (CONNECT)",
+            ));
+        }
+        let uri = request.uri();
+        let target = match uri.path_and_query() {
+            Some(target) if target.as_str().starts_with('/') => target.clone(),
+            _ if request.method() == Method::OPTIONS => PathAndQuery::from_static("*"),
+            _ => {
+                return Err(ProxyError::bad_request(format!(
+                    "request target {uri} is not a path"
+                )));
+            }
+        };
+        let asked = asked(request)?;
+        for site in &self.sites {
+            if !site.answers(asked.as_ref()) {
+                continue;
+            }
+            return site.route(asked.as_ref(), target);
+        }
+        Err(match asked {
+            Some(asked) if asked.absolute => ProxyError::bad_request(format!(
+                "this accelerator serves no site at {uri}; it is elsewhere"
+            )),
+            Some(asked) => ProxyError::misdirected(format!(
+                "this accelerator serves no site named {}",
+                asked.authority.host()
+            )),
+            None => ProxyError::bad_request("no Host: which site?"),
+        })
+    }
+}
+
+/// What `request` asked for, if it says.
+fn asked<B>(request: &Request<B>) -> Result<Option<Asked>, ProxyError> {
+    let uri = request.uri();
+    if let Some(authority) = uri.authority().filter(|a| !names_us(request, a)) {
+        if authority.as_str().contains('@') {
+            return Err(ProxyError::bad_request(format!(
+                "{uri}: user information in a URL is not forwarded"
+            )));
+        }
+        let scheme = match uri.scheme_str() {
+            Some("https") => Scheme::HTTPS,
+            Some("http") | None => Scheme::HTTP,
+            Some(other) => {
+                return Err(ProxyError::bad_request(format!(
+                    "{uri}: the scheme {other} is not fetched here"
+                )));
+            }
+        };
+        return Ok(Some(Asked {
+            authority: authority.clone(),
+            absolute: true,
+            scheme,
+        }));
+    }
+    let Some(host) = request.headers().get(header::HOST) else {
+        return Ok(None);
+    };
+    let authority = host
+        .to_str()
+        .ok()
+        .and_then(|h| h.parse::<Authority>().ok())
+        .filter(|a| !a.as_str().contains('@'))
+        .ok_or_else(|| ProxyError::bad_request("Host is not a host[:port]"))?;
+    Ok(Some(Asked {
+        authority,
+        absolute: false,
+        scheme: Scheme::HTTP,
+    }))
+}
+
+/// An HTTP/2 target always carries an authority: naming us (as the client
+/// reached us) it is what origin-form is on HTTP/1.1.
+pub(super) fn names_us<B>(request: &Request<B>, authority: &Authority) -> bool {
+    request.version() == http::Version::HTTP_2
+        && request
+            .extensions()
+            .get::<TlsSession>()
+            .is_some_and(|tls| tls.names_us(authority))
+}
+
+fn default_port(scheme: &Scheme) -> u16 {
+    if *scheme == Scheme::HTTPS { 443 } else { 80 }
+}
+
+impl Site {
+    /// Whether this site serves what the request asked for.
+    fn answers(&self, asked: Option<&Asked>) -> bool {
+        match (&self.names, asked) {
+            (SiteNames::AnyHost, Some(asked)) if asked.absolute => {
+                // The shorthand serves its origin's bytes under its origin's
+                // URL only (P-12).
+                let Origin::Server { scheme, authority } = &self.origin else {
+                    return true;
+                };
+                asked
+                    .authority
+                    .host()
+                    .eq_ignore_ascii_case(authority.host())
+                    && asked
+                        .authority
+                        .port_u16()
+                        .unwrap_or(default_port(&asked.scheme))
+                        == authority.port_u16().unwrap_or(default_port(scheme))
+            }
+            (SiteNames::AnyHost, _) => true,
+            (SiteNames::Listed(names), Some(asked)) => {
+                HostPattern::any_matches(names, asked.authority.host())
+            }
+            (SiteNames::Listed(_), None) => false,
+        }
+    }
+
+    fn route(&self, asked: Option<&Asked>, target: PathAndQuery) -> Result<Route, ProxyError> {
+        let (scheme, authority, host) = match &self.origin {
+            Origin::Server { scheme, authority } => {
+                let host = match (&self.names, asked) {
+                    (SiteNames::Listed(_), Some(asked)) => asked.authority.clone(),
+                    _ => authority.clone(),
+                };
+                (scheme.clone(), authority.clone(), host)
+            }
+            Origin::Parent(policy) => {
+                let asked = asked.ok_or_else(|| ProxyError::bad_request("no Host: which site?"))?;
+                permitted(policy, asked)?;
+                (
+                    asked.scheme.clone(),
+                    asked.authority.clone(),
+                    asked.authority.clone(),
+                )
+            }
+        };
+        let url = Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query(target)
+            .build()
+            .map_err(|e| ProxyError::bad_request(format!("target: {e}")))?;
+        Ok(Route {
+            url,
+            host: HeaderValue::from_str(host.as_str())
+                .expect("an authority is a valid header value"),
+            asked: asked.map(|a| a.authority.to_string()),
+            client: self.client.clone(),
+        })
+    }
+}
+
+/// Whether a parent-mode site may fetch what `asked` names: its host and
+/// port in the allow-list, and an address literal one the policy permits
+/// (a name's addresses are checked when connecting).
+fn permitted(policy: &ParentPolicy, asked: &Asked) -> Result<(), ProxyError> {
+    let host = asked.authority.host();
+    let port = asked
+        .authority
+        .port_u16()
+        .unwrap_or(default_port(&asked.scheme));
+    if !HostPattern::any_matches(&policy.hosts, host) {
+        return Err(ProxyError::forbidden(format!(
+            "{host} is not among the hosts this parent fetches from"
+        )));
+    }
+    if !policy.ports.contains(&port) {
+        return Err(ProxyError::forbidden(format!(
+            "port {port} is not among the ports this parent fetches from"
+        )));
+    }
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(address) = literal.parse::<std::net::IpAddr>()
+        && !policy.addresses.permits(address)
+    {
+        return Err(ProxyError::forbidden(format!(
+            "{address} is not an address this parent may connect to"
+        )));
+    }
+    Ok(())
+}
