@@ -10,7 +10,7 @@
 use std::io::Write;
 
 use super::SignatureParams;
-use super::decode::Basis;
+use super::basis::Basis;
 use super::delta::DeltaCommand;
 use super::frame::{Frame, Header, LiteralCodec};
 use super::matcher::SIMD_BLOCKS;
