@@ -83,6 +83,7 @@
 //! whose entries disagree, and it rejects a stream whose END does not match
 //! what it rebuilt.
 
+mod basis;
 mod decode;
 mod delta;
 mod encode;
@@ -90,7 +91,8 @@ mod frame;
 mod matcher;
 mod signature;
 
-pub use decode::{Basis, DecodeError, DecodeLimits, Decoded, Decoder, FileBasis, Partial};
+pub use basis::{Basis, FileBasis};
+pub use decode::{DecodeError, DecodeLimits, Decoded, Decoder, Partial};
 pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_commands, split_delta};
 pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, UNCODED_LEVEL};
 pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
