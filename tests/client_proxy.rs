@@ -1842,6 +1842,71 @@ async fn the_stats_path_answers_json_with_the_counters() {
     assert_eq!(stack.tap.server.requests(), 1, "never goes upstream");
 }
 
+/// The refusal counters of a snapshot: total, client, upstream, overload,
+/// proxy.
+fn refusals(stats: &StatsSnapshot) -> (u64, u64, u64, u64, u64) {
+    (
+        stats.refused,
+        stats.refused_client,
+        stats.refused_upstream,
+        stats.refused_overload,
+        stats.refused_proxy,
+    )
+}
+
+#[tokio::test]
+async fn refusals_are_counted_by_fault_and_a_stored_body_failing_after_a_304_is_ours() {
+    let stack = Stack::start().await;
+    // The client's: CONNECT is not tunnelled (501).
+    let connect =
+        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n";
+    let answer = raw_exchange(stack.proxy.addr, connect).await;
+    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    assert_eq!(refusals(&stack.proxy.stats()), (1, 1, 0, 0, 0));
+
+    // Ours: the stored body changed on disk, the upstream says 304 (it did
+    // nothing wrong), and the body fails its check before the head goes
+    // out: a 502, counted as the proxy's fault, not the upstream's.
+    let url = stack.url("/etag.js");
+    assert!(stack.get("/etag.js").await.body() == release(1));
+    stack.proxy.settled(&url).await;
+    stack.proxy.flip_stored_byte(&url, 1000);
+    let reply = stack.get("/etag.js").await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{reply:?}");
+    assert!(
+        String::from_utf8_lossy(reply.body()).contains("failed its check after a 304"),
+        "{reply:?}"
+    );
+    let stats = stack.proxy.stats();
+    assert_eq!(refusals(&stats), (2, 1, 0, 0, 1), "{stats:?}");
+    assert_eq!(stats.upstream_errors, 0, "{stats:?}");
+
+    // The same counters in the JSON of `/.rproxy/stats`.
+    let request = Request::get("/.rproxy/stats")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(stack.proxy.addr, request).await;
+    let value: serde_json::Value = serde_json::from_slice(reply.body()).unwrap();
+    assert_eq!(value["refused"], 2, "{value}");
+    assert_eq!(value["refused_client"], 1, "{value}");
+    assert_eq!(value["refused_proxy"], 1, "{value}");
+    assert_eq!(value["refused_upstream"], 0, "{value}");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_refused_as_the_upstreams_fault() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = Proxy::start(client_config(closed)).await;
+    let reply = send(proxy.addr, forward(Method::GET, closed, "/fresh.js")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(refusals(&proxy.stats()), (1, 0, 1, 0, 0));
+}
+
 // ---------------------------------------------------------------------------
 // 12. Privacy
 

@@ -786,7 +786,7 @@ async fn p7_a_bare_lf_in_a_value_is_refused() {
     assert_none(refused(&cases, &[400], false).await);
 }
 
-// The framing guard in front of hyper (src/head_guard.rs) follows pipelined
+// The framing guard in front of hyper (src/http/head_guard/) follows pipelined
 // requests through their bodies: the good ones before a refused head are
 // answered first (the one in flight too), then the 400, then the close.
 #[tokio::test]

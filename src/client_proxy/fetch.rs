@@ -69,8 +69,11 @@ enum Answer {
         asked_at: u64,
     },
     /// An answer that can be neither used nor passed on (502): a broken
-    /// head, hsync layered with other codings, a basis we cannot read.
+    /// head, hsync layered with other codings.
     Unusable(String),
+    /// A coded answer we cannot rebuild because our own basis file cannot
+    /// be read: our failure, answered 502 as a failed fetch.
+    BasisUnreadable(std::io::Error),
     /// Coded against a basis we did not offer.
     ForeignBasis,
     /// Neither hsync-coded nor storable: passed through as it came.
@@ -191,6 +194,10 @@ impl ClientProxy {
             } => self.refreshed(entry, &headers, &parts, asked_at).await,
             Answer::Unusable(message) => {
                 ProxyError::bad_upstream_response(message).log_and_respond()
+            }
+            Answer::BasisUnreadable(e) => {
+                ProxyError::internal_bad_gateway(format!("cannot read the basis: {e}"))
+                    .log_and_respond()
             }
             Answer::ForeignBasis => {
                 ClientStats::add(&self.stats.digest_failures, 1);
@@ -386,7 +393,7 @@ impl ClientProxy {
                     ..
                 }) => match FileBasis::new(file) {
                     Ok(file) => (ClientBasis::File(file), Some(key)),
-                    Err(e) => return Answer::Unusable(format!("cannot read the basis: {e}")),
+                    Err(e) => return Answer::BasisUnreadable(e),
                 },
                 None => (ClientBasis::None, None),
             };

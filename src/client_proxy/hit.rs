@@ -270,9 +270,9 @@ impl ClientProxy {
                 ClientStats::add(&self.stats.hits, 1);
                 response
             }
-            // The cache's failure, but 502 as every failed fetch is: the
-            // user agent retries.
-            Err(()) => ProxyError::bad_upstream_response(
+            // The cache's failure, so ours; but 502 as every failed fetch
+            // is: the user agent retries.
+            Err(()) => ProxyError::internal_bad_gateway(
                 "the stored body failed its check after a 304; retry",
             )
             .log_and_respond(),

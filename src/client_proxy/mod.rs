@@ -61,7 +61,7 @@ use hyper::body::Incoming;
 
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
-use crate::http::error::ProxyError;
+use crate::http::error::{ProxyError, fault_of};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, Hop, answer_at_this_hop, max_forwards,
     remove_hsync_coding, strip_hop_by_hop, via_names_hop,
@@ -431,11 +431,22 @@ impl ClientProxy {
 }
 
 impl Handler for ClientProxy {
+    /// [`ClientProxy::proxy`], and the one place its refusals are counted
+    /// by fault: they are made all along the request path (here, `hit.rs`,
+    /// `fetch.rs`, `pass.rs`, a queue wait's task), and each carries its
+    /// fault on the response it became.
     fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
-        self.proxy(request)
+        let stats = self.stats.clone();
+        async move {
+            let response = self.proxy(request).await;
+            if let Some(fault) = fault_of(&response) {
+                stats.refused(fault);
+            }
+            response
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the client proxy counts and logs: the counters `GET /.rproxy/stats`
 //! answers with ([`ClientStats`], [`StatsSnapshot`]) and the one summary
 //! line each relayed request writes when its body ends ([`record`]).
+//! Refusals are counted by who was at fault, as the accelerator's are.
 //! Leaves out deciding anything: the request path calls in here.
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use http::StatusCode;
 use http::header::HeaderValue;
 
 use super::transfer::Report;
+use crate::http::error::Fault;
 
 /// The path where the proxy answers with its counters as JSON.
 pub const STATS_PATH: &str = "/.rproxy/stats";
@@ -56,6 +58,15 @@ pub struct ClientStats {
     pub(super) memory_bases: AtomicU64,
     pub(super) upstream_bytes: AtomicU64,
     pub(super) downstream_bytes: AtomicU64,
+    /// Every refusal the role made, whoever was at fault: the sum of the
+    /// four below.
+    pub(super) refused: AtomicU64,
+    /// Refusals by fault, so that an upstream outage does not read like
+    /// clients sending bad requests, nor our own failures like either.
+    pub(super) refused_client: AtomicU64,
+    pub(super) refused_upstream: AtomicU64,
+    pub(super) refused_overload: AtomicU64,
+    pub(super) refused_proxy: AtomicU64,
     /// The cache store's own counter.
     pub(super) cache_write_errors: Arc<AtomicU64>,
 }
@@ -101,6 +112,25 @@ pub struct StatsSnapshot {
     pub upstream_bytes: u64,
     /// Body bytes sent to user agents.
     pub downstream_bytes: u64,
+    /// Requests refused (a 4xx or 5xx of our own making): the sum of the
+    /// four `refused_*` below.
+    #[serde(default)]
+    pub refused: u64,
+    /// Refused as the request's fault (malformed, not allowed, a loop,
+    /// `only-if-cached` with nothing stored).
+    #[serde(default)]
+    pub refused_client: u64,
+    /// Refused as the upstream's fault (unreachable, late, an answer we
+    /// cannot relay).
+    #[serde(default)]
+    pub refused_upstream: u64,
+    /// Refused because we are full.
+    #[serde(default)]
+    pub refused_overload: u64,
+    /// Refused as our own failure (a basis or stored body we cannot read
+    /// or trust, a fetch task that ended without an answer).
+    #[serde(default)]
+    pub refused_proxy: u64,
     /// File-system errors while storing (a full disk, say): those
     /// responses were served but not stored.
     pub cache_write_errors: u64,
@@ -109,6 +139,18 @@ pub struct StatsSnapshot {
 impl ClientStats {
     pub(super) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a refusal, in the total and under its fault.
+    pub(super) fn refused(&self, fault: Fault) {
+        Self::add(&self.refused, 1);
+        let by_fault = match fault {
+            Fault::Client => &self.refused_client,
+            Fault::Upstream => &self.refused_upstream,
+            Fault::Overload => &self.refused_overload,
+            Fault::Proxy => &self.refused_proxy,
+        };
+        Self::add(by_fault, 1);
     }
 
     /// The counters now.
@@ -132,6 +174,11 @@ impl ClientStats {
             memory_bases: get(&self.memory_bases),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
+            refused: get(&self.refused),
+            refused_client: get(&self.refused_client),
+            refused_upstream: get(&self.refused_upstream),
+            refused_overload: get(&self.refused_overload),
+            refused_proxy: get(&self.refused_proxy),
             cache_write_errors: get(&self.cache_write_errors),
         }
     }

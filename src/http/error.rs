@@ -12,6 +12,9 @@
 //! layers below (`hsync`, the cache store), which keep their own enums
 //! and are turned into a `ProxyError` where a request meets them.
 //!
+//! A refusal's response carries its fault as an extension, so that a role
+//! can count refusals by fault where its responses pass ([`fault_of`]).
+//!
 //! Main types: [`ProxyError`], [`ErrorKind`], [`Fault`].
 
 use bytes::Bytes;
@@ -37,7 +40,8 @@ pub enum Fault {
     Upstream,
     /// We are full: slots, password checks. Retrying later helps.
     Overload,
-    /// Our own bug or failure: the encoder failed or panicked.
+    /// Our own bug or failure: the encoder failed or panicked, a stored
+    /// body or basis could not be read.
     Proxy,
 }
 
@@ -108,6 +112,12 @@ pub enum ErrorKind {
     BadUpstreamResponse,
     /// Our own failure, such as the encoder's (500).
     Internal,
+    /// Our own failure on the way to an answer the client proxy fetches:
+    /// a basis file we cannot read, a stored body that fails its check
+    /// after a 304, a fetch task that ended without an answer. Answered
+    /// 502, as a failed fetch is, so that the user agent retries; filed as
+    /// ours, since the upstream did nothing wrong.
+    InternalBadGateway,
 }
 
 impl ErrorKind {
@@ -128,9 +138,9 @@ impl ErrorKind {
             ErrorKind::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             ErrorKind::LoginsThrottled | ErrorKind::AuthBusy => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::SlotsBusy => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorKind::UpstreamUnreachable | ErrorKind::BadUpstreamResponse => {
-                StatusCode::BAD_GATEWAY
-            }
+            ErrorKind::UpstreamUnreachable
+            | ErrorKind::BadUpstreamResponse
+            | ErrorKind::InternalBadGateway => StatusCode::BAD_GATEWAY,
             ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -156,7 +166,7 @@ impl ErrorKind {
             ErrorKind::UpstreamUnreachable
             | ErrorKind::UpstreamTimeout
             | ErrorKind::BadUpstreamResponse => Fault::Upstream,
-            ErrorKind::Internal => Fault::Proxy,
+            ErrorKind::Internal | ErrorKind::InternalBadGateway => Fault::Proxy,
         }
     }
 
@@ -183,6 +193,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTimeout => "upstream_timeout",
             ErrorKind::BadUpstreamResponse => "bad_upstream_response",
             ErrorKind::Internal => "internal",
+            ErrorKind::InternalBadGateway => "internal_bad_gateway",
         }
     }
 }
@@ -334,6 +345,12 @@ impl ProxyError {
         Self::new(ErrorKind::Internal, message)
     }
 
+    /// Our own failure while fetching for the client, answered as a failed
+    /// fetch (502, fault: proxy): see [`ErrorKind::InternalBadGateway`].
+    pub fn internal_bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InternalBadGateway, message)
+    }
+
     /// The same refusal, closing the connection after it.
     pub fn closing(mut self) -> Self {
         self.close = true;
@@ -381,9 +398,12 @@ impl ProxyError {
     }
 
     /// The plain-text response: the message and a newline, as
-    /// `text/plain`, with the situation's headers.
+    /// `text/plain`, with the situation's headers; its fault rides along
+    /// for [`fault_of`].
     pub fn into_response(self) -> Response<ProxyBody> {
+        let fault = self.fault();
         let mut response = text_response(self.status(), self.message);
+        response.extensions_mut().insert(Refused(fault));
         let headers = response.headers_mut();
         if let Some(extra) = self.headers {
             headers.extend(*extra);
@@ -422,6 +442,21 @@ impl ProxyError {
     }
 }
 
+/// Marks a response made by [`ProxyError::into_response`] (a response
+/// extension; it never goes on the wire).
+#[derive(Debug, Clone, Copy)]
+struct Refused(Fault);
+
+/// Who was at fault, when `response` is a refusal made by
+/// [`ProxyError::into_response`]; `None` for any other response (an
+/// upstream's own 502 is not our refusal).
+pub fn fault_of<B>(response: &Response<B>) -> Option<Fault> {
+    response
+        .extensions()
+        .get::<Refused>()
+        .map(|&Refused(fault)| fault)
+}
+
 /// A plain-text response, for errors and refusals: `message` and a
 /// newline.
 pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody> {
@@ -454,6 +489,30 @@ mod tests {
         assert_eq!(ProxyError::auth_busy(1).fault(), Fault::Overload);
         assert_eq!(ProxyError::logins_throttled(1).fault(), Fault::Client);
         assert_eq!(ProxyError::internal("x").fault(), Fault::Proxy);
+    }
+
+    #[test]
+    fn an_internal_bad_gateway_is_a_502_on_us() {
+        let error = ProxyError::internal_bad_gateway("cannot read the basis");
+        assert_eq!(error.kind(), ErrorKind::InternalBadGateway);
+        assert_eq!(error.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(error.fault(), Fault::Proxy);
+        assert_eq!(error.kind().reason(), "internal_bad_gateway");
+        // The upstream's 502s stay the upstream's.
+        assert_eq!(
+            ProxyError::bad_upstream_response("x").fault(),
+            Fault::Upstream
+        );
+    }
+
+    #[test]
+    fn a_refusal_response_carries_its_fault_and_no_other_response_does() {
+        let refusal = ProxyError::internal_bad_gateway("x").into_response();
+        assert_eq!(fault_of(&refusal), Some(Fault::Proxy));
+        let refusal = ProxyError::bad_request("x").into_response();
+        assert_eq!(fault_of(&refusal), Some(Fault::Client));
+        let answer = text_response(StatusCode::BAD_GATEWAY, "from upstream".into());
+        assert_eq!(fault_of(&answer), None);
     }
 
     #[tokio::test]

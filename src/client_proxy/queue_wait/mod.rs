@@ -500,8 +500,8 @@ impl QueueWaits {
 }
 
 /// A navigation's fetch task that ended without sending its answer (it
-/// panicked, or the runtime is shutting down): a 502, as any fetch that
-/// failed.
+/// panicked, or the runtime is shutting down): our failure, answered 502
+/// as any fetch that failed.
 fn fetch_ended() -> ProxyError {
-    ProxyError::upstream_unreachable("the fetch ended without an answer")
+    ProxyError::internal_bad_gateway("the fetch ended without an answer")
 }
