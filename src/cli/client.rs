@@ -37,6 +37,9 @@ pub struct ClientArgs {
     /// The upstream, `http://host[:port]` or `https://host[:port]`: the
     /// accelerator (any HTTP server works too; then this is an ordinary
     /// caching proxy). Over https, HTTP/2 when the upstream offers it.
+    /// Every host goes there (the one-route shorthand; `[[route]]` tables
+    /// in the config file route hosts to several upstreams or direct).
+    /// Default: http://127.0.0.1:8081.
     #[arg(long)]
     pub upstream: Option<String>,
     /// Cache directory (created if missing; safe to delete).
@@ -169,11 +172,11 @@ impl ClientArgs {
             None => ClientSettings::default(),
         };
         override_with_flags!(settings, self;
-            plain: listen, upstream, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
+            plain: listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
                 signature_bytes,
                 max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
                 queue_wait_max, queue_page_after;
-            optional: via_name, upstream_user, queue_callback, queue_node, upstream_ca,
+            optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;
             switches: private, inetd, allow_open);
         self.auth.apply(&mut settings.auth);
@@ -217,7 +220,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         return serve_one(stdio, proxy, limits);
     }
     serve_listener(settings.listen, proxy, limits, None, |address, proxy| {
-        tracing::info!(listen = %address, upstream = %settings.upstream, cache = %settings.cache.display(), "client proxy ready");
+        tracing::info!(listen = %address, routes = %settings.describe_routes(), cache = %settings.cache.display(), "client proxy ready");
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {

@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use http::header::HeaderValue;
 
-use super::{ClientProxy, ClientStats};
+use super::{ClientProxy, ClientStats, Target};
 use crate::cache::{CacheKey, Entry};
 use crate::http::headers::byte_sequence;
 
@@ -43,10 +43,11 @@ impl ClientProxy {
     /// URL, else the longest-prefix entry of the same origin.
     pub(super) async fn choose_basis(
         &self,
+        target: &Target,
         key: &CacheKey,
         same_url: Option<&Entry>,
     ) -> Option<BasisOffer> {
-        let budget = self.signature_budget();
+        let budget = self.signature_budget(target);
         if let Some(entry) = same_url {
             // D-B1: an entry kept for one user (Authorization, Set-Cookie,
             // private) is never another request's basis, even for its URL.
@@ -81,14 +82,15 @@ impl ClientProxy {
 
     /// Signature bytes to send: what the upstream advertised, within our
     /// own cap, else the default.
-    fn signature_budget(&self) -> usize {
-        self.upstream
-            .advertised()
-            .map_or(self.config.default_signature_bytes, |advertised| {
+    fn signature_budget(&self, target: &Target) -> usize {
+        target.upstream.advertised(&target.url).map_or(
+            self.config.default_signature_bytes,
+            |advertised| {
                 advertised
                     .max_signature
                     .min(self.config.max_signature_bytes)
-            })
+            },
+        )
     }
 }
 

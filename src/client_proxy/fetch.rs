@@ -172,7 +172,7 @@ impl ClientProxy {
         attempt: Attempt,
     ) -> Response<ProxyBody> {
         let basis = match attempt {
-            Attempt::First => self.choose_basis(&key, stale.as_ref()).await,
+            Attempt::First => self.choose_basis(&target, &key, stale.as_ref()).await,
             Attempt::WithoutBasis => None,
         };
         let stale_complete =

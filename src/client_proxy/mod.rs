@@ -30,6 +30,9 @@
 //! entry's headers mean, and the entry a storable answer opens, is
 //! `entry.rs`'s.
 //!
+//! Where a request goes upstream is `routes.rs`'s: the first route whose
+//! hosts match, to an upstream proxy or direct.
+//!
 //! Leaves out: CONNECT tunnels (501).
 //!
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
@@ -44,6 +47,7 @@ mod hit;
 pub mod hot;
 mod pass;
 pub mod queue_wait;
+mod routes;
 mod stats;
 pub mod transfer;
 pub mod upstream;
@@ -54,8 +58,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::uri::{Authority, Scheme};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
@@ -73,8 +76,10 @@ use coalesce::{InFlight, Role};
 use hit::Lookup;
 use hot::HotCache;
 use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits};
+use routes::{Routes, Target};
 use transfer::full;
-use upstream::Upstream;
+
+pub use routes::{RouteConfig, RouteError as ConfigError, RouteHosts, RouteTo};
 
 pub use stats::{ClientStats, STATS_PATH, StatsSnapshot};
 use stats::{LoggedAtEnd, Started};
@@ -88,8 +93,9 @@ pub const CACHE_NAME: &str = "rproxy";
 /// Client proxy settings, validated.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// The upstream, `http://host[:port]`: the accelerator, or any server.
-    pub upstream: Uri,
+    /// The routes upstream, tried in order (the `--upstream` shorthand
+    /// is one route for every host).
+    pub routes: Vec<RouteConfig>,
     /// Our name in `Via`.
     pub via_name: HeaderValue,
     /// Whether several users share this cache (the default) or it is one
@@ -127,39 +133,11 @@ pub struct ClientConfig {
     pub max_spool_total: u64,
 }
 
-/// Why the configuration cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The upstream URL is not `http(s)://host[:port]`.
-    #[error("upstream {upstream} must be http://host[:port] or https://host[:port] (no path)")]
-    BadUpstream {
-        /// The URL given.
-        upstream: String,
-    },
-    /// An `https://` upstream without a TLS configuration.
-    #[error("an https:// upstream needs a TLS configuration")]
-    NoTls,
-    /// The upstream host cannot be a TLS server name.
-    #[error("{0}")]
-    TlsName(String),
-}
-
-/// Where a request is going.
-struct Target {
-    /// The absolute URL (the cache key's source).
-    url: Uri,
-    /// Absolute-form request (forward proxy), else gateway.
-    forward: bool,
-}
-
 /// The client proxy role.
 pub struct ClientProxy {
     config: ClientConfig,
-    upstream_authority: Authority,
-    /// `http` or `https`: gateway URLs (and their cache keys) take it.
-    upstream_scheme: Scheme,
     store: CacheStore,
-    upstream: Upstream,
+    routes: Routes,
     in_flight: InFlight,
     hot: HotCache,
     stats: Arc<ClientStats>,
@@ -174,28 +152,14 @@ impl ClientProxy {
     /// Builds the proxy over an opened cache.
     ///
     /// # Errors
-    /// [`ConfigError::BadUpstream`] for anything but `http://host[:port]`.
+    /// A [`ConfigError`]: no route, a bad upstream URL, an `https://`
+    /// upstream without TLS settings.
     pub fn new(config: ClientConfig, store: CacheStore) -> Result<ClientProxy, ConfigError> {
-        let bad = || ConfigError::BadUpstream {
-            upstream: config.upstream.to_string(),
-        };
-        let upstream_scheme = config.upstream.scheme().cloned().ok_or_else(bad)?;
-        if !(upstream_scheme == Scheme::HTTP || upstream_scheme == Scheme::HTTPS)
-            || config
-                .upstream
-                .path_and_query()
-                .is_some_and(|p| p.as_str() != "/")
-        {
-            return Err(bad());
-        }
-        let upstream_authority = config.upstream.authority().cloned().ok_or_else(bad)?;
-        let tls = match (&upstream_scheme, &config.upstream_tls) {
-            (s, Some(tls)) if *s == Scheme::HTTPS => Some(tls.clone()),
-            (s, None) if *s == Scheme::HTTPS => return Err(ConfigError::NoTls),
-            _ => None,
-        };
-        let upstream = Upstream::new(upstream_authority.clone(), tls, config.connect_timeout)
-            .map_err(ConfigError::TlsName)?;
+        let routes = Routes::new(
+            &config.routes,
+            config.upstream_tls.as_ref(),
+            config.connect_timeout,
+        )?;
         let stats = Arc::new(ClientStats {
             cache_write_errors: store.write_errors(),
             ..ClientStats::default()
@@ -203,13 +167,11 @@ impl ClientProxy {
         Ok(ClientProxy {
             memory: TransferMemory::new(config.transfer_memory),
             spool_disk: SpoolDisk::new(config.max_spool_total),
-            upstream,
+            routes,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
             waits: Arc::new(QueueWaits::new(config.queue.clone(), stats.clone())),
             stats,
-            upstream_authority,
-            upstream_scheme,
             store,
             config,
         })
@@ -244,42 +206,6 @@ impl ClientProxy {
         self.config.scope == CacheScope::Shared
     }
 
-    /// The absolute URL of a request, or why it cannot be served (P-12).
-    fn target(&self, request: &Request<Incoming>) -> Result<Target, String> {
-        let uri = request.uri();
-        if uri.authority().is_some() {
-            if uri.scheme() != Some(&Scheme::HTTP) {
-                return Err(format!("only http:// URLs can be proxied, not {uri}"));
-            }
-            if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-                return Err("a URL with userinfo is refused".into());
-            }
-            let path = uri.path_and_query().map_or("/", |p| p.as_str());
-            let url = Uri::builder()
-                .scheme(Scheme::HTTP)
-                .authority(uri.authority().expect("checked").clone())
-                .path_and_query(path)
-                .build()
-                .map_err(|e| format!("bad URL {uri}: {e}"))?;
-            return Ok(Target { url, forward: true });
-        }
-        match uri.path_and_query() {
-            Some(path) if path.as_str().starts_with('/') => {
-                let url = Uri::builder()
-                    .scheme(self.upstream_scheme.clone())
-                    .authority(self.upstream_authority.clone())
-                    .path_and_query(path.clone())
-                    .build()
-                    .map_err(|e| format!("bad target {uri}: {e}"))?;
-                Ok(Target {
-                    url,
-                    forward: false,
-                })
-            }
-            _ => Err(format!("request target {uri} is neither a path nor a URL")),
-        }
-    }
-
     async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         ClientStats::add(&self.stats.requests, 1);
@@ -301,9 +227,9 @@ impl ClientProxy {
             )
             .log_and_respond();
         }
-        let target = match self.target(&request) {
+        let target = match self.routes.target(&request) {
             Ok(target) => target,
-            Err(message) => return ProxyError::bad_request(message).log_and_respond(),
+            Err(refusal) => return refusal.log_and_respond(),
         };
         if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
             return ProxyError::loop_detected(format!(

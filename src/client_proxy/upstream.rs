@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -47,7 +47,8 @@ use tokio::time::Instant;
 
 use super::{ClientProxy, ClientStats, Target};
 use crate::expiring::ExpiringMap;
-use crate::http::dial::{Dialer, Transport};
+use crate::http::address_policy::AddressPolicy;
+use crate::http::dial::{AddressRefused, Dialer, Transport};
 use crate::http::error::ProxyError;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
 use crate::http::server::{ProxyBody, malformed_request_body};
@@ -93,7 +94,9 @@ impl Advertised {
 
 /// The pooled clients and what the upstream advertised.
 pub struct Upstream {
-    authority: Authority,
+    /// The proxy every request goes to, with its scheme; `None` for a
+    /// direct route, where each request goes to its URL's own host.
+    fixed: Option<(Scheme, Authority)>,
     gateway: Client<UpstreamConnector, ProxyBody>,
     forward: Client<UpstreamConnector, ProxyBody>,
     /// Connects held connections (HTTP/1.1 only over TLS).
@@ -183,6 +186,11 @@ impl Upstream {
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
     ) -> Result<Upstream, String> {
+        let scheme = if tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        };
         let held_tls = match &tls {
             Some(config) => {
                 let host = authority
@@ -202,13 +210,34 @@ impl Upstream {
             policy: None,
             tls,
         };
+        Ok(Upstream::with(
+            Some((scheme, authority)),
+            dialer(tls),
+            dialer(held_tls),
+        ))
+    }
+
+    /// Clients for a direct route: each request goes to its URL's own
+    /// host (`http://` only), at an address `policy` permits (SSRF guard,
+    /// A-7), in origin-form.
+    pub fn direct(policy: AddressPolicy, connect_timeout: Duration) -> Upstream {
+        let dialer = Dialer {
+            connect_timeout,
+            policy: Some(Arc::new(policy)),
+            tls: None,
+        };
+        Upstream::with(None, dialer.clone(), dialer)
+    }
+
+    fn with(fixed: Option<(Scheme, Authority)>, dialer: Dialer, held: Dialer) -> Upstream {
+        let authority = fixed.as_ref().map(|(_, authority)| authority.clone());
         let connector = |proxied| UpstreamConnector {
             authority: authority.clone(),
-            dialer: dialer(tls.clone()),
+            dialer: dialer.clone(),
             proxied,
         };
         let held = UpstreamConnector {
-            dialer: dialer(held_tls),
+            dialer: held,
             ..connector(false)
         };
         let gateway = crate::http::server::upstream_client_builder().build(connector(false));
@@ -216,18 +245,42 @@ impl Upstream {
             // Host is set by the caller from the absolute target.
             .set_host(false)
             .build(connector(true));
-        Ok(Upstream {
-            authority,
+        Upstream {
+            fixed,
             gateway,
             forward,
             held,
             advertised: Mutex::new(ExpiringMap::new(ADVERTISED_TTL)),
-        })
+        }
     }
 
-    /// The upstream's `host:port`.
-    pub fn authority(&self) -> &Authority {
-        &self.authority
+    /// The proxy's scheme and `host:port`; `None` for a direct route.
+    pub fn fixed(&self) -> Option<&(Scheme, Authority)> {
+        self.fixed.as_ref()
+    }
+
+    /// Whether requests go to their URL's own host.
+    pub fn is_direct(&self) -> bool {
+        self.fixed.is_none()
+    }
+
+    /// The upstream as logs and errors name it: its `host:port`, or
+    /// `url`'s host for a direct route.
+    pub fn name<'a>(&'a self, url: &'a Uri) -> &'a str {
+        self.fixed
+            .as_ref()
+            .map(|(_, authority)| authority.as_str())
+            .or_else(|| url.authority().map(Authority::as_str))
+            .unwrap_or("-")
+    }
+
+    /// Whose `Hsync-Accept` a request for `url` is answered under: the
+    /// proxy's, or for a direct route the URL's host's.
+    fn advertiser<'a>(&'a self, url: &'a Uri) -> Option<&'a Authority> {
+        self.fixed
+            .as_ref()
+            .map(|(_, authority)| authority)
+            .or_else(|| url.authority())
     }
 
     /// Sends `request`: a URI whose authority is the upstream's goes in
@@ -242,6 +295,7 @@ impl Upstream {
         forward: bool,
     ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
         let connection = PooledConnection(capture_connection(&mut request));
+        let advertiser = self.advertiser(request.uri()).cloned();
         let mut response = if forward {
             self.forward.request(request).await?
         } else {
@@ -252,7 +306,9 @@ impl Upstream {
             // made of it, this connection is not used again (P-17).
             connection.retire();
         }
-        self.remember_advertised(&response);
+        if let Some(advertiser) = advertiser {
+            self.remember_advertised(advertiser, &response);
+        }
         if let Some(check) = connection.last_exchange() {
             response.extensions_mut().insert(check);
         }
@@ -260,7 +316,7 @@ impl Upstream {
         Ok(response)
     }
 
-    fn remember_advertised(&self, response: &Response<Incoming>) {
+    fn remember_advertised(&self, advertiser: Authority, response: &Response<Incoming>) {
         if let Some(advertised) = response
             .headers()
             .get(HSYNC_ACCEPT)
@@ -269,7 +325,7 @@ impl Upstream {
             self.advertised
                 .lock()
                 .expect("no panics under this lock")
-                .insert(self.authority.clone(), advertised, Instant::now());
+                .insert(advertiser, advertised, Instant::now());
         }
     }
 
@@ -280,9 +336,9 @@ impl Upstream {
     ///
     /// # Errors
     /// Connect, TLS or handshake failure.
-    pub async fn hold(&self) -> io::Result<HeldConnection> {
+    pub async fn hold(&self, url: &Uri) -> io::Result<HeldConnection> {
         let mut connector = self.held.clone();
-        let stream = tower_service::Service::call(&mut connector, Uri::from_static("/")).await?;
+        let stream = tower_service::Service::call(&mut connector, url.clone()).await?;
         let watch = stream.io.inner().watch().clone();
         let (sender, connection) = hyper::client::conn::http1::handshake(stream)
             .await
@@ -297,12 +353,14 @@ impl Upstream {
         Ok(HeldConnection { sender, watch })
     }
 
-    /// What the upstream advertised last, if it is still believed.
-    pub fn advertised(&self) -> Option<Advertised> {
+    /// What the upstream a request for `url` goes to advertised last, if
+    /// it is still believed.
+    pub fn advertised(&self, url: &Uri) -> Option<Advertised> {
+        let advertiser = self.advertiser(url)?;
         self.advertised
             .lock()
             .expect("no panics under this lock")
-            .get(&self.authority, Instant::now())
+            .get(advertiser, Instant::now())
             .copied()
     }
 }
@@ -347,7 +405,8 @@ impl HeldConnection {
 /// hyper writes absolute-form targets on HTTP/1.1.
 #[derive(Clone)]
 pub struct UpstreamConnector {
-    authority: Authority,
+    /// `None`: the URI's own authority (a direct route).
+    authority: Option<Authority>,
     dialer: Dialer,
     proxied: bool,
 }
@@ -361,15 +420,21 @@ impl tower_service::Service<Uri> for UpstreamConnector {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _target: Uri) -> Self::Future {
+    fn call(&mut self, target: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
             let tls = this.dialer.tls.is_some();
-            let port = this
-                .authority
-                .port_u16()
-                .unwrap_or(if tls { 443 } else { 80 });
-            let transport = this.dialer.dial(this.authority.host(), port, tls).await?;
+            let authority = match this.authority.as_ref().or(target.authority()) {
+                Some(authority) => authority.clone(),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{target}: no host to connect to"),
+                    ));
+                }
+            };
+            let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+            let transport = this.dialer.dial(authority.host(), port, tls).await?;
             let h2 = transport.is_h2();
             let io = if h2 {
                 FramedUpstream::unchecked(transport)
@@ -468,7 +533,10 @@ impl ClientProxy {
         body: ProxyBody,
     ) -> Request<ProxyBody> {
         add_via(&mut headers, &self.config.via_name);
-        if let Some(credentials) = &self.config.upstream_credentials {
+        // Our credentials are for the proxies upstream, never an origin's.
+        if let Some(credentials) = &self.config.upstream_credentials
+            && !target.upstream.is_direct()
+        {
             headers.insert(header::PROXY_AUTHORIZATION, credentials.clone());
         }
         let authority = target.url.authority().expect("targets are absolute");
@@ -479,11 +547,13 @@ impl ClientProxy {
         let mut request = Request::new(body);
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = target.url.clone();
-        if !target.forward {
+        if !target.forward
+            && let Some((scheme, authority)) = target.upstream.fixed()
+        {
             // Gateway requests go to the upstream itself.
             *request.uri_mut() = Uri::builder()
-                .scheme(self.upstream_scheme.clone())
-                .authority(self.upstream_authority.clone())
+                .scheme(scheme.clone())
+                .authority(authority.clone())
                 .path_and_query(target.url.path_and_query().expect("absolute").clone())
                 .build()
                 .expect("scheme, authority and path are valid");
@@ -499,7 +569,7 @@ impl ClientProxy {
         request: Request<ProxyBody>,
         target: &Target,
     ) -> Result<Response<Incoming>, ProxyError> {
-        self.checked(self.upstream.send(request, target.forward))
+        self.checked(target, target.upstream.send(request, target.forward))
             .await
     }
 
@@ -510,8 +580,10 @@ impl ClientProxy {
     /// pooled ones).
     pub(super) async fn checked<E: std::error::Error + 'static>(
         &self,
+        target: &Target,
         sent: impl Future<Output = Result<Response<Incoming>, E>>,
     ) -> Result<Response<Incoming>, ProxyError> {
+        let upstream = target.upstream.name(&target.url);
         match tokio::time::timeout(self.config.upstream_timeout, sent).await {
             // The upstream's challenge is for us, not for the user agent
             // (whose credentials never go upstream): a gateway error.
@@ -524,7 +596,7 @@ impl ClientProxy {
                 };
                 Err(ProxyError::bad_upstream_response(format!(
                     "upstream {} {what}",
-                    self.upstream_authority
+                    upstream
                 )))
             }
             Ok(Ok(mut response)) => {
@@ -532,7 +604,7 @@ impl ClientProxy {
                     ClientStats::add(&self.stats.upstream_errors, 1);
                     return Err(ProxyError::bad_upstream_response(format!(
                         "upstream {}: {message}",
-                        self.upstream_authority
+                        upstream
                     )));
                 }
                 // The reason phrase is the upstream's; ours comes from the
@@ -547,10 +619,14 @@ impl ClientProxy {
                 Err(ProxyError::bad_request(violation.reason.to_string()))
             }
             Ok(Err(e)) => {
+                if let Some(refused) = AddressRefused::in_chain(&e) {
+                    // A direct route's destination the policy refused.
+                    return Err(ProxyError::forbidden(refused.to_string()));
+                }
                 ClientStats::add(&self.stats.upstream_errors, 1);
                 Err(ProxyError::upstream_unreachable(format!(
                     "upstream {} unreachable: {}",
-                    self.upstream_authority,
+                    upstream,
                     error_chain(&e)
                 )))
             }
@@ -558,7 +634,7 @@ impl ClientProxy {
                 ClientStats::add(&self.stats.upstream_errors, 1);
                 Err(ProxyError::upstream_timeout(format!(
                     "upstream {} sent no response head within {:?}",
-                    self.upstream_authority, self.config.upstream_timeout
+                    upstream, self.config.upstream_timeout
                 )))
             }
         }

@@ -11,15 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Uri};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::shared::saturating_usize;
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
-use crate::client_proxy::ClientConfig;
 use crate::client_proxy::queue_wait::QueueWaitConfig;
+use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo};
+use crate::http::address_policy::AddressPolicy;
 use crate::http::auth::basic_credentials;
+use crate::http::host_pattern::HostPattern;
 
 /// The environment variable holding the upstream password.
 pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
@@ -28,6 +31,74 @@ pub const UPSTREAM_PASSWORD_ENV: &str = "RPROXY_UPSTREAM_PASSWORD";
 /// connection gives up waiting in the upstream's queue, so that the
 /// upstream's answer still reaches it.
 const HELD_WAIT_MARGIN: Duration = Duration::from_secs(10);
+
+/// The upstream `rproxy client` uses when neither `--upstream` nor a
+/// `[[route]]` says.
+pub const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:8081";
+
+/// One `[[route]]` table: the hosts it takes, and an upstream or direct.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RouteSettings {
+    /// Host names: `www.example.com`, `*.example.com`, `*`.
+    pub hosts: Vec<String>,
+    /// An accelerator, a parent, or another client proxy:
+    /// `http://host[:port]` or `https://host[:port]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// To the URL's own host, as any forward proxy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
+    /// Direct routes: non-public address ranges that may be connected to
+    /// (loopback, link-local and private ones are refused otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_addresses: Vec<IpNet>,
+}
+
+impl RouteSettings {
+    /// The validated route; `index` names it in errors.
+    fn to_config(&self, index: usize) -> Result<RouteConfig, UsageError> {
+        let at = |what: String| UsageError(format!("route {}: {what}", index + 1));
+        let hosts = self
+            .hosts
+            .iter()
+            .map(|name| HostPattern::parse(name).map_err(|e| at(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        if hosts.is_empty() {
+            return Err(at("hosts: give at least one host name".into()));
+        }
+        let to = match (&self.upstream, self.direct) {
+            (Some(url), false) => {
+                if !self.allow_addresses.is_empty() {
+                    return Err(at("allow-addresses is for direct routes".into()));
+                }
+                RouteTo::Upstream(upstream_url(url).map_err(|e| at(e.0))?)
+            }
+            (None, true) => RouteTo::Direct(AddressPolicy::new(self.allow_addresses.clone())),
+            _ => return Err(at("give upstream = \"URL\" or direct = true".into())),
+        };
+        Ok(RouteConfig {
+            hosts: RouteHosts::Listed(hosts),
+            to,
+        })
+    }
+}
+
+/// `http[s]://host[:port]`, checked.
+fn upstream_url(text: &str) -> Result<Uri, UsageError> {
+    let bad = || {
+        UsageError(format!(
+            "upstream {text}: use http://host[:port] or https://host[:port]"
+        ))
+    };
+    let url: Uri = text.parse().map_err(|_| bad())?;
+    let scheme_ok = matches!(url.scheme_str(), Some("http" | "https"));
+    let path_ok = url.path_and_query().is_none_or(|p| p.as_str() == "/");
+    if !scheme_ok || url.authority().is_none() || !path_ok {
+        return Err(bad());
+    }
+    Ok(url)
+}
 
 /// The settings of `rproxy client`, one field per flag (see its `--help`
 /// for what each means).
@@ -39,7 +110,9 @@ pub struct ClientSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
     pub listen: SocketAddr,
-    pub upstream: String,
+    /// None: [`DEFAULT_UPSTREAM`], unless `[[route]]` tables say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
     pub cache: PathBuf,
     pub cache_size: Size,
     pub memory_cache: Size,
@@ -75,6 +148,9 @@ pub struct ClientSettings {
     pub upstream_password_file: Option<PathBuf>,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
+    /// `[[route]]` tables, tried in order.
+    #[serde(rename = "route", skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteSettings>,
 }
 
 impl Default for ClientSettings {
@@ -83,7 +159,7 @@ impl Default for ClientSettings {
         ClientSettings {
             role: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8082)),
-            upstream: "http://127.0.0.1:8081".into(),
+            upstream: None,
             cache: "cache/client".into(),
             cache_size: Size::gib(1),
             memory_cache: Size::mib(64),
@@ -109,6 +185,7 @@ impl Default for ClientSettings {
             upstream_password_file: None,
             limits: LimitSettings::default(),
             auth: AuthSettings::default(),
+            routes: Vec::new(),
         }
     }
 }
@@ -145,11 +222,8 @@ impl ClientSettings {
                 self.queue_page_after, self.limits.idle_timeout, HELD_WAIT_MARGIN
             )));
         }
-        let upstream = self
-            .upstream
-            .parse()
-            .map_err(|_| UsageError(format!("--upstream {}: not a URL", self.upstream)))?;
-        let base = self.config_with(upstream, via_name(self.via_name.as_deref(), address)?);
+        let routes = self.route_configs()?;
+        let base = self.config_with(routes, via_name(self.via_name.as_deref(), address)?);
         Ok(ClientConfig {
             upstream_credentials: self.upstream_credentials()?,
             upstream_tls: self.upstream_tls()?,
@@ -161,11 +235,60 @@ impl ClientSettings {
         })
     }
 
-    /// The runtime config for `upstream`, named `via_name`, without
+    /// The routes: the `[[route]]` tables, or the one `--upstream` names.
+    fn route_configs(&self) -> Result<Vec<RouteConfig>, UsageError> {
+        match (&self.upstream, self.routes.is_empty()) {
+            (Some(_), false) => Err(UsageError(
+                "--upstream and [[route]] tables: give one or the other".into(),
+            )),
+            (upstream, true) => {
+                let url = upstream_url(upstream.as_deref().unwrap_or(DEFAULT_UPSTREAM))
+                    .map_err(|e| UsageError(format!("--{}", e.0)))?;
+                Ok(vec![RouteConfig::upstream(url)])
+            }
+            (None, false) => self
+                .routes
+                .iter()
+                .enumerate()
+                .map(|(index, route)| route.to_config(index))
+                .collect(),
+        }
+    }
+
+    /// The routes in one line, for the log: `hosts -> upstream; ...`.
+    pub fn describe_routes(&self) -> String {
+        if self.routes.is_empty() {
+            return format!(
+                "* -> {}",
+                self.upstream.as_deref().unwrap_or(DEFAULT_UPSTREAM)
+            );
+        }
+        self.routes
+            .iter()
+            .map(|route| {
+                let to = route.upstream.as_deref().unwrap_or("direct");
+                format!("{} -> {to}", route.hosts.join(" "))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The upstream URLs the routes name.
+    fn upstream_urls(&self) -> Vec<&str> {
+        if self.routes.is_empty() {
+            return vec![self.upstream.as_deref().unwrap_or(DEFAULT_UPSTREAM)];
+        }
+        self.routes
+            .iter()
+            .filter_map(|route| route.upstream.as_deref())
+            .collect()
+    }
+
+    /// The runtime config for `routes`, named `via_name`, without
     /// credentials, TLS or QUEUE callbacks.
-    fn config_with(&self, upstream: Uri, via_name: HeaderValue) -> ClientConfig {
+    fn config_with(&self, routes: Vec<RouteConfig>, via_name: HeaderValue) -> ClientConfig {
         ClientConfig {
-            upstream,
+            routes,
             via_name,
             scope: if self.private {
                 CacheScope::Private
@@ -235,11 +358,13 @@ impl ClientSettings {
 
     /// TLS for an https:// upstream.
     fn upstream_tls(&self) -> Result<Option<Arc<rustls::ClientConfig>>, UsageError> {
-        if !self.upstream.starts_with("https://") {
+        if !self
+            .upstream_urls()
+            .iter()
+            .any(|url| url.starts_with("https://"))
+        {
             if self.upstream_ca.is_some() {
-                return Err(UsageError(
-                    "--upstream-ca: the upstream is not https://".into(),
-                ));
+                return Err(UsageError("--upstream-ca: no upstream is https://".into()));
             }
             return Ok(None);
         }
@@ -288,7 +413,10 @@ impl ClientConfig {
     /// The settings `rproxy client` uses by default, in front of
     /// `upstream` and named `client` in Via.
     pub fn for_upstream(upstream: Uri) -> ClientConfig {
-        ClientSettings::default().config_with(upstream, HeaderValue::from_static("client"))
+        ClientSettings::default().config_with(
+            vec![RouteConfig::upstream(upstream)],
+            HeaderValue::from_static("client"),
+        )
     }
 }
 
@@ -300,7 +428,7 @@ mod tests {
     fn for_upstream_is_the_default_settings() {
         let address = "127.0.0.1:8082".parse().unwrap();
         let resolved = ClientSettings::default().to_config(address).unwrap();
-        let for_upstream = ClientConfig::for_upstream(resolved.upstream.clone());
+        let for_upstream = ClientConfig::for_upstream(DEFAULT_UPSTREAM.parse().unwrap());
         assert_eq!(
             format!("{resolved:?}"),
             format!("{for_upstream:?}").replace("\"client\"", "\"127.0.0.1:8082\"")
@@ -325,6 +453,62 @@ mod tests {
             },
         ] {
             assert!(settings.to_config(address).is_err(), "{settings:?}");
+        }
+    }
+
+    #[test]
+    fn routes_come_from_the_file_and_print_back() {
+        let text = r#"
+[[route]]
+hosts = ["*.example.com", "example.org"]
+upstream = "http://accel.example.com"
+
+[[route]]
+hosts = ["*"]
+direct = true
+allow-addresses = ["10.0.0.0/8"]
+"#;
+        let settings: ClientSettings = toml::from_str(text).unwrap();
+        let config = settings.to_config(settings.listen).unwrap();
+        assert_eq!(config.routes.len(), 2);
+        assert!(
+            matches!(&config.routes[0].to, RouteTo::Upstream(url) if url.host() == Some("accel.example.com"))
+        );
+        let RouteTo::Direct(policy) = &config.routes[1].to else {
+            panic!("route 2 is direct");
+        };
+        assert!(policy.permits("10.1.2.3".parse().unwrap()));
+        assert!(!policy.permits("127.0.0.1".parse().unwrap()));
+        let printed = super::super::to_toml(&settings);
+        let reread: ClientSettings = toml::from_str(&printed).unwrap();
+        assert_eq!(reread, settings, "{printed}");
+    }
+
+    #[test]
+    fn bad_routes_are_refused_with_their_number() {
+        for (text, expected) in [
+            ("[[route]]\nhosts = []\ndirect = true", "route 1: hosts"),
+            ("[[route]]\nhosts = [\"*\"]", "route 1: give upstream"),
+            (
+                "[[route]]\nhosts = [\"*\"]\ndirect = true\nupstream = \"http://a\"",
+                "route 1: give upstream",
+            ),
+            (
+                "[[route]]\nhosts = [\"*\"]\nupstream = \"ftp://a\"",
+                "route 1: upstream ftp://a",
+            ),
+            (
+                "[[route]]\nhosts = [\"*\"]\nupstream = \"http://a\"\nallow-addresses = [\"10.0.0.0/8\"]",
+                "for direct routes",
+            ),
+            (
+                "upstream = \"http://a\"\n[[route]]\nhosts = [\"*\"]\ndirect = true",
+                "one or the other",
+            ),
+        ] {
+            let settings: ClientSettings = toml::from_str(text).unwrap();
+            let error = settings.to_config(settings.listen).unwrap_err();
+            assert!(error.0.contains(expected), "{text}: {error}");
         }
     }
 }

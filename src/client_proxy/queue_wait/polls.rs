@@ -213,7 +213,10 @@ impl ClientProxy {
         target: &Target,
     ) -> Result<Response<Incoming>, String> {
         if held.as_ref().is_none_or(HeldConnection::is_closed) {
-            let opened = tokio::time::timeout(self.config.connect_timeout, self.upstream.hold());
+            let opened = tokio::time::timeout(
+                self.config.connect_timeout,
+                target.upstream.hold(&target.url),
+            );
             *held = Some(match opened.await {
                 Ok(Ok(connection)) => connection,
                 Ok(Err(e)) => return Err(format!("cannot connect: {e}")),
@@ -221,7 +224,7 @@ impl ClientProxy {
             });
         }
         let connection = held.as_mut().expect("opened above");
-        self.checked(connection.send(request, target.forward))
+        self.checked(target, connection.send(request, target.forward))
             .await
             .map_err(|refusal| refusal.message().to_owned())
     }

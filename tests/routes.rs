@@ -1,0 +1,233 @@
+//! The client proxy's routes (issue 18): one client proxy in front of
+//! several sites, each host going to the accelerator that fronts it or
+//! direct; deltas across every aware link; direct routes guarded against
+//! loopback and private addresses unless listed; hosts no route
+//! takes refused before any connection; gateway requests routed by
+//! `Host`; our upstream credentials never sent to an origin.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use http_body_util::Full;
+use rproxy::accelerator::{AcceleratorConfig, SiteConfig, SiteNames, SiteOrigin};
+use rproxy::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo};
+use rproxy::http::address_policy::AddressPolicy;
+use rproxy::http::host_pattern::HostPattern;
+use support::proxy::client_config;
+use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin};
+use support::user_agent::get;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A page of about 200 KB whose `n`th version differs from the first in
+/// one line, revalidated on every request.
+fn page(site: &str, n: usize) -> Vec<u8> {
+    let mut text = String::new();
+    for line in 0..4000 {
+        if line == 2000 {
+            text.push_str(&format!("version {n} of {site}\n"));
+        }
+        text.push_str(&format!(
+            "{site} line {line}: the quick brown fox {}\n",
+            line * 7919 % 1000
+        ));
+    }
+    text.into_bytes()
+}
+
+/// An origin serving [`page`] of `site`, a new version per request.
+async fn versioned_origin(site: &'static str) -> Origin {
+    origin(move |_, earlier| async move {
+        let mut response = Response::new(Full::new(Bytes::from(page(site, earlier))));
+        let headers = response.headers_mut();
+        headers.insert("cache-control", HeaderValue::from_static("max-age=0"));
+        headers.insert(
+            "etag",
+            HeaderValue::from_str(&format!("\"{site}{earlier}\"")).unwrap(),
+        );
+        response
+    })
+    .await
+}
+
+fn hosts(names: &[&str]) -> Vec<HostPattern> {
+    names
+        .iter()
+        .map(|n| HostPattern::parse(n).unwrap())
+        .collect()
+}
+
+/// An accelerator answering to `names`, in front of `origin`.
+async fn accelerator(names: &[&str], origin: &Origin) -> Accelerator {
+    Accelerator::start(AcceleratorConfig {
+        sites: vec![SiteConfig {
+            names: SiteNames::Listed(hosts(names)),
+            origin: SiteOrigin::Server {
+                url: format!("http://{}", origin.addr).parse().unwrap(),
+                ca_file: None,
+            },
+        }],
+        ..accelerator_config(origin.addr)
+    })
+    .await
+}
+
+fn to_upstream(names: &[&str], upstream: &Accelerator) -> RouteConfig {
+    RouteConfig {
+        hosts: RouteHosts::Listed(hosts(names)),
+        to: RouteTo::Upstream(format!("http://{}", upstream.addr).parse().unwrap()),
+    }
+}
+
+fn direct(names: &[&str], allowed: &[&str]) -> RouteConfig {
+    RouteConfig {
+        hosts: RouteHosts::Listed(hosts(names)),
+        to: RouteTo::Direct(AddressPolicy::new(
+            allowed.iter().map(|a| a.parse().unwrap()).collect(),
+        )),
+    }
+}
+
+async fn client(routes: Vec<RouteConfig>) -> ClientProxy {
+    ClientProxy::start(ClientConfig {
+        routes,
+        ..client_config("http://127.0.0.1:1")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn one_client_proxy_reaches_three_sites_with_deltas_where_an_accelerator_fronts_them() {
+    let a = versioned_origin("a").await;
+    let b = versioned_origin("b").await;
+    let c = versioned_origin("c").await;
+    let accel_a = accelerator(&["*.a.test"], &a).await;
+    let accel_b = accelerator(&["b.test"], &b).await;
+    let proxy = client(vec![
+        to_upstream(&["*.a.test"], &accel_a),
+        to_upstream(&["b.test"], &accel_b),
+        direct(&["*"], &["127.0.0.0/8"]),
+    ])
+    .await;
+    let direct_url = format!("http://{}/c.html", c.addr);
+
+    for n in 0..2 {
+        get(proxy.addr, "http://www.a.test/a.html")
+            .await
+            .assert_body("a", &page("a", n));
+        get(proxy.addr, "http://b.test/b.html")
+            .await
+            .assert_body("b", &page("b", n));
+        get(proxy.addr, &direct_url)
+            .await
+            .assert_body("c", &page("c", n));
+    }
+    // Each site was asked by its own way: the virtual host's name, or the
+    // direct URL's.
+    assert_eq!(a.seen()[0].header("host"), Some("www.a.test"));
+    assert_eq!(b.seen()[1].header("host"), Some("b.test"));
+    assert_eq!(
+        c.seen()[0].header("host"),
+        Some(c.addr.to_string().as_str())
+    );
+    assert!(
+        c.seen()[0]
+            .header("via")
+            .is_some_and(|via| via.contains("client-test"))
+    );
+    // Every answer of a and b's accelerators was an hsync stream, the
+    // second versions' against the first; c's origin speaks no hsync, so
+    // its bodies came whole.
+    let stats = proxy.stats();
+    assert_eq!(stats.deltas, 4, "{stats:?}");
+    let whole_bytes = 2 * (page("a", 0).len() + page("b", 0).len() + page("c", 0).len()) as u64;
+    assert!(
+        stats.upstream_bytes < whole_bytes * 7 / 10,
+        "{} bytes upstream for {whole_bytes} delivered",
+        stats.upstream_bytes
+    );
+    assert_eq!(accel_a.stats().await["coded"], 2);
+    assert_eq!(accel_b.stats().await["coded"], 2);
+}
+
+#[tokio::test]
+async fn direct_routes_refuse_private_addresses_unless_listed() {
+    let c = versioned_origin("c").await;
+    let proxy = client(vec![direct(&["*"], &[])]).await;
+    let fetched = get(proxy.addr, &format!("http://{}/", c.addr)).await;
+    assert_eq!(fetched.status, 403);
+    let fetched = get(proxy.addr, &format!("http://localhost:{}/", c.addr.port())).await;
+    assert_eq!(fetched.status, 403);
+    let fetched = get(proxy.addr, "http://169.254.169.254/latest/meta-data/").await;
+    assert_eq!(fetched.status, 403);
+    assert_eq!(c.requests(), 0);
+}
+
+#[tokio::test]
+async fn a_host_no_route_takes_is_refused_without_a_connection() {
+    let a = versioned_origin("a").await;
+    let accel_a = accelerator(&["a.test"], &a).await;
+    let proxy = client(vec![to_upstream(&["a.test"], &accel_a)]).await;
+    let fetched = get(proxy.addr, "http://elsewhere.test/").await;
+    assert_eq!(fetched.status, 403);
+    let body = String::from_utf8(fetched.body.unwrap()).unwrap();
+    assert!(body.contains("no route for elsewhere.test"), "{body}");
+    assert_eq!(
+        accel_a.stats().await["requests"],
+        1,
+        "only the stats request"
+    );
+}
+
+#[tokio::test]
+async fn gateway_requests_are_routed_by_host() {
+    let a = versioned_origin("a").await;
+    let accel_a = accelerator(&["a.test"], &a).await;
+    let proxy = client(vec![to_upstream(&["a.test"], &accel_a)]).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"GET /a.html HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("version 0 of a\n"), "{text}");
+    assert_eq!(a.seen()[0].header("host"), Some("a.test"));
+}
+
+#[tokio::test]
+async fn our_upstream_credentials_never_reach_an_origin() {
+    let a = versioned_origin("a").await;
+    let c = versioned_origin("c").await;
+    let accel_a = accelerator(&["a.test"], &a).await;
+    let proxy = ClientProxy::start(ClientConfig {
+        routes: vec![
+            to_upstream(&["a.test"], &accel_a),
+            direct(&["*"], &["127.0.0.0/8"]),
+        ],
+        upstream_credentials: Some(HeaderValue::from_static("Basic dXNlcjpwYXNz")),
+        ..client_config("http://127.0.0.1:1")
+    })
+    .await;
+    get(proxy.addr, &format!("http://{}/", c.addr))
+        .await
+        .assert_body("c", &page("c", 0));
+    assert_eq!(c.seen()[0].header("proxy-authorization"), None);
+    get(proxy.addr, "http://a.test/")
+        .await
+        .assert_body("a", &page("a", 0));
+    // The accelerator got them (and took them out before its origin).
+    assert_eq!(a.seen()[0].header("proxy-authorization"), None);
+}
