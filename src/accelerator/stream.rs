@@ -469,7 +469,7 @@ impl Streaming {
 /// Writes `data` to the spool; false if the client left or the spool
 /// failed (then dropping it fails the client's body).
 async fn write_spooled(spool: &mut Spool, data: Bytes) -> bool {
-    match spool.write(data).await {
+    match spool.write(&data).await {
         Ok(()) => true,
         Err(_) if spool.reader_left() => false,
         Err(error) => {

@@ -261,7 +261,7 @@ impl Driver {
         match item {
             Ok(frame) => {
                 if let Ok(data) = frame.into_data()
-                    && spool.write(data).await.is_err()
+                    && spool.write(&data).await.is_err()
                 {
                     // The user agent left, or the disk failed: as when a
                     // channel closes, nobody gets the rest.
