@@ -69,6 +69,7 @@ use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, Encoder};
+use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync, add_via,
@@ -85,7 +86,7 @@ use crate::http::upstream_guard::{self, FramedHttpConnector};
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
 
 use basis_store::{BasisStore, shareable};
-use coding::{Coding, Parking};
+use coding::Coding;
 use pace::Pacer;
 use slots::{Admitted, Slots};
 use stream::encode_body;

@@ -12,10 +12,14 @@
 //!   `Via` read and written in one place, `Max-Forwards`).
 //! - [`auth`]: the users file and the gate in front of a role.
 //! - [`tls`]: rustls configurations for both ends of the hsync link.
+//! - [`body_pipe`]: the pipe a streamed body goes through (upstream reader,
+//!   channels, slices to the reader, a spool for a stalled one), around
+//!   each role's own work on the bytes.
 //! - [`spool`], [`transfer_memory`]: a body parked on disk for a reader that
 //!   stopped reading, and the budget streamed codings share.
 
 pub mod auth;
+pub mod body_pipe;
 pub mod error;
 pub mod head_guard;
 pub mod headers;
