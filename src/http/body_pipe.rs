@@ -34,7 +34,7 @@ use hyper::body::{Frame, Incoming};
 use tokio::sync::mpsc;
 
 use crate::http::server::BodyError;
-use crate::http::spool::{BodyFeed, BodyItem, Spool, SpoolDisk};
+use crate::http::spool::{BodyFeed, BodyItem, Spool, SpoolDisk, WeakBodyFeed};
 use crate::http::transfer_memory::ShareTaker;
 
 /// Upstream chunks in flight between the reader task and the role's task:
@@ -148,8 +148,10 @@ static SPOOL_FAILED: std::sync::Once = std::sync::Once::new();
 /// through [`Downstream::end`].
 pub struct Downstream {
     sink: Sink,
-    /// The reader's end of the channel, for a spool to take over.
-    feed: BodyFeed,
+    /// The reader's end of the channel, for a spool to take over. Weak: a
+    /// reader that drops its body closes the channel, and the producer
+    /// hears that it left.
+    feed: WeakBodyFeed,
     /// Where the body may still be parked (taken when it is, or when that
     /// failed).
     parking: Option<Parking>,
@@ -174,7 +176,7 @@ impl Downstream {
         let feed = BodyFeed::new(from_producer);
         let downstream = Downstream {
             sink: Sink::Reader(to_reader),
-            feed: feed.clone(),
+            feed: feed.downgrade(),
             parking,
             slice: slice.max(1),
         };
@@ -295,6 +297,10 @@ impl Downstream {
         let Some(parking) = self.parking.take() else {
             return Some(false);
         };
+        let Some(feed) = self.feed.upgrade() else {
+            // The reader left while we waited for it.
+            return None;
+        };
         let mut spool = match Spool::create(&parking.dir, parking.limit, &parking.disk) {
             Ok(spool) => spool,
             Err(error) if error.kind() == std::io::ErrorKind::StorageFull => {
@@ -309,7 +315,9 @@ impl Downstream {
                 return Some(false);
             }
         };
-        for item in spool.take_over(&self.feed) {
+        let queued = spool.take_over(&feed);
+        drop(feed);
+        for item in queued {
             // Only data is sent before the end: an error ends the body,
             // and nothing follows it.
             if let Ok(frame) = item
@@ -436,6 +444,31 @@ mod tests {
         assert!(blocked.is_err(), "the producer ran ahead of its reader");
         assert_eq!(heard, [Stall::Stopped]);
         drop(feed);
+        let gone = tokio::time::timeout(Duration::from_secs(2), downstream.send(&data, |_| {}))
+            .await
+            .expect("a reader that left does not hold the producer");
+        assert!(!gone, "the reader left");
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_leaves_a_parked_body_stops_its_producer() {
+        let (mut downstream, feed) = Downstream::new(1000, Some(parking()));
+        let data = body(100_000);
+        assert!(downstream.send(&data, |_| {}).await);
+        assert!(downstream.is_parked());
+        drop(feed);
+        let gone = tokio::time::timeout(Duration::from_secs(2), async {
+            // The spool holds a MiB ahead: the producer learns at a page.
+            for _ in 0..20 {
+                if !downstream.send(&data, |_| {}).await {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .expect("a reader that left does not hold the producer");
+        assert!(gone, "the reader left");
     }
 
     #[tokio::test]

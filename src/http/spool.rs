@@ -32,7 +32,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -98,11 +98,24 @@ impl Drop for SpoolFile {
 pub type BodyItem = Result<Frame<Bytes>, BodyError>;
 
 /// The receiving end of a body's channel, as the response body reads it,
-/// and as a [`Spool`] takes it over: a clone is kept by the producer for
-/// that. (Only the receiver is shared; the lock is taken per poll, by one
-/// reader, and once by the spool.)
+/// and as a [`Spool`] takes it over: the producer keeps a
+/// [`BodyFeed::downgrade`] of it for that. (Only the receiver is shared;
+/// the lock is taken per poll, by one reader, and once by the spool.)
 #[derive(Clone)]
 pub struct BodyFeed(Arc<Mutex<Feed>>);
+
+/// What a producer keeps of its reader's [`BodyFeed`]: enough for a spool
+/// to take it over, and not enough to keep it alive, so that the channel
+/// closes when the reader drops its body (a reader that left).
+#[derive(Clone)]
+pub struct WeakBodyFeed(Weak<Mutex<Feed>>);
+
+impl WeakBodyFeed {
+    /// The feed, while its reader still has it.
+    pub fn upgrade(&self) -> Option<BodyFeed> {
+        self.0.upgrade().map(BodyFeed)
+    }
+}
 
 struct Feed {
     from: mpsc::Receiver<BodyItem>,
@@ -115,6 +128,11 @@ impl BodyFeed {
     /// The body that reads `from`.
     pub fn new(from: mpsc::Receiver<BodyItem>) -> BodyFeed {
         BodyFeed(Arc::new(Mutex::new(Feed { from, waker: None })))
+    }
+
+    /// A handle that does not keep the feed (and its channel) alive.
+    pub fn downgrade(&self) -> WeakBodyFeed {
+        WeakBodyFeed(Arc::downgrade(&self.0))
     }
 
     /// The next item, as `mpsc::Receiver::poll_recv`.
