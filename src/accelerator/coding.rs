@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::hsync::Encoder;
-use crate::http::spool::SpoolDisk;
+use crate::http::body_pipe::Parking;
 use crate::http::transfer_memory::TransferMemory;
 
 use super::basis_store::BasisStore;
@@ -25,17 +25,7 @@ pub(super) struct Coding {
     pub(super) store: Option<Arc<BasisStore>>,
     pub(super) stats: Arc<Stats>,
     /// Where a streamed body is parked if its client stops reading
-    /// (`None`: never).
+    /// ([`AcceleratorConfig::spool_dir`](super::AcceleratorConfig::spool_dir),
+    /// `max_spool`; `None`: never).
     pub(super) parking: Option<Parking>,
-}
-
-/// Where and how much of a streamed body may be parked for a client that
-/// stopped reading ([`AcceleratorConfig::spool_dir`](super::AcceleratorConfig::spool_dir),
-/// `max_spool`).
-#[derive(Debug, Clone)]
-pub(super) struct Parking {
-    pub(super) dir: Arc<std::path::Path>,
-    pub(super) limit: u64,
-    /// What all spools take together.
-    pub(super) disk: SpoolDisk,
 }

@@ -73,6 +73,7 @@ use hyper::body::Incoming;
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, Encoder};
+use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync,
@@ -84,7 +85,7 @@ use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard;
 
 use basis_store::{BasisStore, shareable};
-use coding::{Coding, Parking};
+use coding::Coding;
 use origin::FromOrigin;
 use pace::Pacer;
 use sites::Sites;

@@ -16,12 +16,16 @@
 //!   [`address_policy`], connect, TLS); [`host_pattern`]: the host names a
 //!   site or a route answers to; [`forwarded`]: telling the origin who
 //!   asked.
+//! - [`body_pipe`]: the pipe a streamed body goes through (upstream reader,
+//!   channels, slices to the reader, a spool for a stalled one), around
+//!   each role's own work on the bytes.
 //! - [`spool`], [`transfer_memory`]: a body parked on disk for a reader that
 //!   stopped reading, and the budget streamed codings share.
 
 pub mod address_policy;
 pub mod auth;
 pub mod dial;
+pub mod body_pipe;
 pub mod error;
 pub mod forwarded;
 pub mod head_guard;

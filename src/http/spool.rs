@@ -32,7 +32,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -98,11 +98,24 @@ impl Drop for SpoolFile {
 pub type BodyItem = Result<Frame<Bytes>, BodyError>;
 
 /// The receiving end of a body's channel, as the response body reads it,
-/// and as a [`Spool`] takes it over: a clone is kept by the producer for
-/// that. (Only the receiver is shared; the lock is taken per poll, by one
-/// reader, and once by the spool.)
+/// and as a [`Spool`] takes it over: the producer keeps a
+/// [`BodyFeed::downgrade`] of it for that. (Only the receiver is shared;
+/// the lock is taken per poll, by one reader, and once by the spool.)
 #[derive(Clone)]
 pub struct BodyFeed(Arc<Mutex<Feed>>);
+
+/// What a producer keeps of its reader's [`BodyFeed`]: enough for a spool
+/// to take it over, and not enough to keep it alive, so that the channel
+/// closes when the reader drops its body (a reader that left).
+#[derive(Clone)]
+pub struct WeakBodyFeed(Weak<Mutex<Feed>>);
+
+impl WeakBodyFeed {
+    /// The feed, while its reader still has it.
+    pub fn upgrade(&self) -> Option<BodyFeed> {
+        self.0.upgrade().map(BodyFeed)
+    }
+}
 
 struct Feed {
     from: mpsc::Receiver<BodyItem>,
@@ -115,6 +128,11 @@ impl BodyFeed {
     /// The body that reads `from`.
     pub fn new(from: mpsc::Receiver<BodyItem>) -> BodyFeed {
         BodyFeed(Arc::new(Mutex::new(Feed { from, waker: None })))
+    }
+
+    /// A handle that does not keep the feed (and its channel) alive.
+    pub fn downgrade(&self) -> WeakBodyFeed {
+        WeakBodyFeed(Arc::downgrade(&self.0))
     }
 
     /// The next item, as `mpsc::Receiver::poll_recv`.
@@ -256,12 +274,15 @@ impl Spool {
         queued
     }
 
-    /// Appends `data`, waiting while the spool holds its limit ahead of the
+    /// Appends `data` (copied into the spool's page: the caller keeps its
+    /// buffer), waiting while the spool holds its limit ahead of the
     /// reader. `Err` when the file cannot be written or the reader left.
-    pub async fn write(&mut self, mut data: Bytes) -> io::Result<()> {
+    pub async fn write(&mut self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
             let take = data.len().min(PAGE - self.page.len());
-            self.page.extend_from_slice(&data.split_to(take));
+            let (now, rest) = data.split_at(take);
+            self.page.extend_from_slice(now);
+            data = rest;
             if self.page.len() == PAGE {
                 self.write_page().await?;
             }
@@ -486,7 +507,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(1);
         spool.follow(tx);
         for piece in data.chunks(50_000) {
-            spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
+            spool.write(piece).await.unwrap();
         }
         spool.finish(Ok(())).await;
         let mut got = Vec::new();
@@ -512,7 +533,7 @@ mod tests {
             got
         });
         for piece in data.chunks(30_000) {
-            spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
+            spool.write(piece).await.unwrap();
             assert!(
                 file.file.metadata().unwrap().len() <= limit,
                 "the file outgrew its ring"
@@ -565,12 +586,12 @@ mod tests {
         assert!(queued.len() <= waiting.len());
         for item in queued {
             spool
-                .write(item.unwrap().into_data().unwrap())
+                .write(&item.unwrap().into_data().unwrap())
                 .await
                 .unwrap();
         }
         for piece in pieces {
-            spool.write(Bytes::copy_from_slice(piece)).await.unwrap();
+            spool.write(piece).await.unwrap();
         }
         spool.finish(Ok(())).await;
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
@@ -588,7 +609,7 @@ mod tests {
         assert!(spool.take_over(&feed).is_empty());
         drop(tx);
         for _ in 0..8 {
-            spool.write(Bytes::from(body(PAGE))).await.unwrap();
+            spool.write(&body(PAGE)).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         // Nobody reads: the follower put one page in the channel and read
@@ -615,7 +636,7 @@ mod tests {
         let mut second = Spool::create(&std::env::temp_dir(), 1 << 20, &disk).unwrap();
         // The first grows to four pages, taking the budget's rest.
         for _ in 0..4 {
-            first.write(Bytes::from(body(PAGE))).await.unwrap();
+            first.write(&body(PAGE)).await.unwrap();
         }
         assert_eq!(disk.used(), 5 * PAGE as u64);
         let refused = Spool::create(&std::env::temp_dir(), 1 << 20, &disk);
@@ -625,10 +646,10 @@ mod tests {
         );
         // The second cannot grow past its page: it is a ring of one, and
         // its producer waits for a reader.
-        second.write(Bytes::from(body(PAGE))).await.unwrap();
+        second.write(&body(PAGE)).await.unwrap();
         let blocked = tokio::time::timeout(
             std::time::Duration::from_millis(100),
-            second.write(Bytes::from(body(PAGE))),
+            second.write(&body(PAGE)),
         )
         .await;
         assert!(blocked.is_err(), "a spool grew past the disk budget");
@@ -643,7 +664,7 @@ mod tests {
             got
         });
         for piece in data.chunks(PAGE) {
-            first.write(Bytes::copy_from_slice(piece)).await.unwrap();
+            first.write(piece).await.unwrap();
         }
         assert_eq!(
             disk.used(),
@@ -663,7 +684,7 @@ mod tests {
         let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20, &disk()).unwrap();
         let (tx, rx) = mpsc::channel(1);
         spool.follow(tx);
-        spool.write(Bytes::from(body(PAGE))).await.unwrap();
+        spool.write(&body(PAGE)).await.unwrap();
         spool.finish(Err("cut".into())).await;
         // (The pages written go first, then the failure.)
         let body = http_body_util::StreamBody::new(ReceiverStream(rx));
@@ -679,18 +700,18 @@ mod tests {
         // The follower takes one page into the channel and waits; two
         // more fit the spool; the next write waits for the reader.
         for _ in 0..3 {
-            spool.write(Bytes::from(body(PAGE))).await.unwrap();
+            spool.write(&body(PAGE)).await.unwrap();
         }
         let blocked = tokio::time::timeout(
             std::time::Duration::from_millis(200),
-            spool.write(Bytes::from(body(2 * PAGE))),
+            spool.write(&body(2 * PAGE)),
         )
         .await;
         assert!(blocked.is_err(), "the spool ran past its limit");
         drop(rx);
         let gone = tokio::time::timeout(
             std::time::Duration::from_secs(2),
-            spool.write(Bytes::from(body(4 * PAGE))),
+            spool.write(&body(4 * PAGE)),
         )
         .await
         .expect("a reader that left does not hold the producer");

@@ -2,13 +2,16 @@
 //! cache: an hsync stream is rebuilt against the basis on the way, any
 //! other body passes as it is and gets its signature computed here.
 //!
-//! A reader task takes the upstream body frame by frame into a small
+//! The relay is the client proxy's place in the shared [`body_pipe`]: its
+//! reader task takes the upstream body frame by frame into a small
 //! channel; a driver task takes each chunk to the blocking pool, where it
 //! is decoded, hashed and written to the cache entry (a large body's by a
 //! writer task of its own, `cache_writer`), and hands the results to the
-//! user agent's channel. Both channels are bounded, so a slow user agent
-//! slows the upstream read instead of filling memory, and every wait is
-//! a task's: a user agent that stops reading holds no thread (L-13).
+//! user agent's [`Downstream`], which slices them into a small channel
+//! and parks them in a spool for a user agent that stopped reading. Both
+//! channels are bounded, so a slow user agent slows the upstream read
+//! instead of filling memory, and every wait is a task's: a user agent
+//! that stops reading holds no thread (L-13).
 //! An hsync body's bytes go out only as far as the stream's SIG entries
 //! (or END) vouched for them, so a rotten basis shows as a failed check
 //! before its wrong bytes leave (C-V3). The user agent's response ends cleanly only after every
@@ -26,10 +29,9 @@
 //! choosing the whole or the streamed branch, [`Relay`], [`Coding`],
 //! [`ClientBasis`], [`Relayed`], [`Report`], [`Outcome`]); the parts, each
 //! with one reason to change:
-//! - `upstream_reader`: the task reading the upstream body, and its
-//!   transfer-memory share;
-//! - `driver`: the relay's async task (channels, stalled user agents and
-//!   the spool, the background writer);
+//! - `driver`: the relay's async task (the worker's trips to the blocking
+//!   pool, the background writer, the user agent's downstream, what an
+//!   upstream error means);
 //! - `worker`: the blocking work on the bytes (decode, verify, hash,
 //!   cache writes, the last checks, the commit);
 //! - `digests`: the origin's `Content-Digest`/`Repr-Digest`;
@@ -40,39 +42,29 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use tokio::sync::mpsc;
 
 pub use super::cache_writer::StoreTarget;
 use crate::cache::CacheKey;
 use crate::hsync::{Basis, DecodeLimits, EncoderOptions, FileBasis};
+use crate::http::body_pipe::{
+    self, AGENT_SLICE, DOWNSTREAM_DEPTH, Downstream, Parking, UPSTREAM_DEPTH,
+};
 use crate::http::server::{BodyError, ProxyBody};
-use crate::http::spool::{BodyFeed, BodyItem, SpoolDisk};
+use crate::http::spool::{BodyFeed, SpoolDisk};
 use crate::http::transfer_memory::{self, TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
 pub use digests::OriginDigest;
 use driver::Driver;
-use upstream_reader::read_upstream;
 use worker::Worker;
 
 mod digests;
 mod driver;
-mod upstream_reader;
 mod window_pool;
 mod worker;
 
-/// Upstream chunks in flight between the reader task and the relay.
-const CHANNEL_DEPTH: usize = 4;
-
-/// Slices in flight towards the user agent. A user agent that stops
-/// reading does not keep them: the spool takes them over (L-13).
-const AGENT_DEPTH: usize = 8;
-
-/// Largest piece of body sent to the user agent at a time (and to the
-/// cache writer): what hyper holds for a user agent that stopped reading,
-/// beside the spool's page. (Fewer, larger pieces in flight cost L-3 as
-/// much: the relay then waits on hyper, and the accelerator's pacer takes
-/// the slower client for a slower link.)
-const SEND_SLICE: usize = 64 << 10;
+/// Bytes a spool holds at most ahead of its user agent; past it the relay
+/// waits for the user agent, as it does without a spool.
+const MAX_SPOOL: u64 = 1 << 30;
 
 /// The basis a stream is rebuilt against: nothing, or the cached body file
 /// whose signature was sent (its open descriptor, so an entry replaced in
@@ -166,7 +158,7 @@ impl Relay {
                 coded_transfer_cost(EncoderOptions::default().window_bytes, None)
             }
             Coding::Plain { expected_len } => {
-                let in_flight = ((CHANNEL_DEPTH + AGENT_DEPTH) * SEND_SLICE) as u64;
+                let in_flight = ((UPSTREAM_DEPTH + DOWNSTREAM_DEPTH) * AGENT_SLICE) as u64;
                 expected_len.map_or(in_flight, |len| len.min(in_flight))
             }
         }
@@ -246,26 +238,29 @@ pub async fn relay(
     wait: std::time::Duration,
     done: impl FnOnce(Report) + Send + 'static,
 ) -> Relayed {
-    let (to_worker, from_upstream) = mpsc::channel::<Result<Bytes, BodyError>>(CHANNEL_DEPTH);
-    let (to_agent, from_worker) = mpsc::channel::<BodyItem>(AGENT_DEPTH);
-    let from_worker = BodyFeed::new(from_worker);
-    let feed = from_worker.clone();
+    let (to_worker, from_upstream) = body_pipe::upstream_channel();
+    let parking = relay.spool_dir.as_deref().map(|dir| Parking {
+        dir: dir.into(),
+        limit: MAX_SPOOL,
+        disk: relay.spool_disk.clone(),
+    });
+    let (to_agent, from_worker) = Downstream::new(AGENT_SLICE, parking);
     let (corrupt_tx, corrupt_rx) = tokio::sync::oneshot::channel();
     let (taker, holder) = transfer_memory::share(
         &relay.memory,
         relay.memory_cost(),
         transfer_memory::SHARE_PAST,
     );
-    tokio::spawn(read_upstream(upstream, to_worker, taker));
+    // Past a small body's size, the relay's state grows: nothing more is
+    // read before its share of the transfer memory.
+    tokio::spawn(async move {
+        body_pipe::read_upstream(upstream, taker, &to_worker, |_| {}).await;
+    });
     tokio::spawn(async move {
         let mut driver = Driver {
-            spool_dir: relay.spool_dir.clone(),
-            spool_disk: relay.spool_disk.clone(),
             memory: holder,
             worker: Box::new(Worker::new(relay)),
             to_agent: Some(to_agent),
-            feed,
-            spool: None,
         };
         let report = driver.run(from_upstream).await;
         let _ = corrupt_tx.send(matches!(report.outcome, Outcome::Corrupt { .. }));

@@ -10,18 +10,17 @@
 //! Main items: [`Worker`], [`Stop`], [`Ending`], [`Commit`].
 
 use bytes::Bytes;
-use hyper::body::Frame;
 
 use super::digests::DigestCheck;
 use super::window_pool::WindowPool;
-use super::{ClientBasis, Coding, Outcome, Relay, SEND_SLICE, StoreTarget};
+use super::{ClientBasis, Coding, Outcome, Relay, StoreTarget};
 use crate::cache::{CacheError, CacheKey, Completeness, EntryWriter, NewEntry};
 use crate::client_proxy::cache_writer::BackgroundWriter;
 use crate::client_proxy::cached_body::SMALL_BODY;
 use crate::hsync::{
     DecodeError, Decoder, EncoderOptions, SignatureBuilder, SignatureParams, choose_block_size,
 };
-use crate::http::server::BodyError;
+use crate::http::body_pipe::AGENT_SLICE;
 use crate::http::upstream_guard::ExchangeCheck;
 
 /// Body bytes written to the cache on the relay's own thread; the rest of
@@ -45,13 +44,15 @@ pub(super) struct Worker {
     /// The cache entry once the body is large: written by a task of its own.
     pub(super) background: Option<BackgroundWriter>,
     digests: DigestCheck,
-    /// For the user agent and the background writer, in order.
-    pub(super) to_agent: Vec<Result<Frame<Bytes>, BodyError>>,
+    /// Body for the user agent, checked, in order (the driver's
+    /// downstream slices it), and slices for the background writer.
+    pub(super) to_agent: Vec<Bytes>,
     pub(super) to_write: Vec<Bytes>,
     pub(super) agent_gone: bool,
-    /// The user agent's body was ended (cleanly or not).
+    /// The user agent's body was ended (cleanly or not): after what is
+    /// in `to_agent`, with `agent_error` if it failed.
     pub(super) agent_ended: bool,
-    /// Why the user agent's body failed, once it did (for a spool's end).
+    /// Why the user agent's body failed, once it did.
     pub(super) agent_error: Option<String>,
     pub(super) upstream_bytes: u64,
     pub(super) body_bytes: u64,
@@ -228,7 +229,7 @@ impl Worker {
         self.body_bytes += data.len() as u64;
         self.digests.update(data);
         // Past the first MiB the cache writes move to a task of their own,
-        // which takes the slices sent to the user agent.
+        // which takes the body in slices.
         if self.body_bytes > BACKGROUND_WRITE_AFTER
             && let Some(target) = self.store.take()
         {
@@ -242,24 +243,27 @@ impl Worker {
             tracing::warn!(cache = %target.store.root().display(), %error, "cache write failed; not storing this response");
             self.store = None;
         }
-        // A rebuilt window can be many MiB: it goes to the user agent in
-        // slices, so that the channel and the writer's queue hold a few
-        // slices, not a few windows' worth of queued bytes. The user
-        // agent's slices are copies: a slice of the window would keep the
-        // whole window allocated for as long as a stalled user agent
-        // leaves it in the channel (L-13); the cache writer's are not.
-        let mut starts = (0..data.len()).step_by(SEND_SLICE).peekable();
-        while let Some(start) = starts.next() {
-            let range = start..data.len().min(start + SEND_SLICE);
-            if self.background.is_some() {
-                self.to_write.push(data.slice(range.clone()));
+        // A rebuilt window can be many MiB: it goes to the writer's queue
+        // in slices, so that the queue holds a few slices, not a few
+        // windows' worth of bytes. These slices share the window: the
+        // writer does not stall as a user agent may. (The user agent's
+        // copies are cut by the driver's downstream, as room comes.)
+        if self.background.is_some() {
+            for start in (0..data.len()).step_by(AGENT_SLICE) {
+                self.to_write
+                    .push(data.slice(start..data.len().min(start + AGENT_SLICE)));
             }
-            let chunk = Bytes::copy_from_slice(&data[range]);
-            if starts.peek().is_none() && self.announced_len == Some(self.body_bytes) {
-                self.held = Some(chunk);
-            } else {
-                self.send_to_agent(chunk);
-            }
+        }
+        if data.is_empty() {
+            return;
+        }
+        if self.announced_len == Some(self.body_bytes) {
+            // The last slice the downstream would cut is held back.
+            let last = (data.len() - 1) / AGENT_SLICE * AGENT_SLICE;
+            self.send_to_agent(data.slice(..last));
+            self.held = Some(data.slice(last..));
+        } else {
+            self.send_to_agent(data.clone());
         }
     }
 
@@ -277,9 +281,9 @@ impl Worker {
         self.agent_ended = true;
     }
 
-    fn send_to_agent(&mut self, chunk: Bytes) {
-        if !self.agent_gone && !self.agent_ended {
-            self.to_agent.push(Ok(Frame::data(chunk)));
+    fn send_to_agent(&mut self, piece: Bytes) {
+        if !piece.is_empty() && !self.agent_gone && !self.agent_ended {
+            self.to_agent.push(piece);
         }
     }
 
@@ -289,7 +293,7 @@ impl Worker {
         tracing::warn!(%reason, "aborting the response");
         self.held = None;
         if !self.agent_gone && !self.agent_ended {
-            self.to_agent.push(Err(BodyError::from(reason.to_owned())));
+            self.agent_error = Some(reason.to_owned());
         }
         self.agent_ended = true;
     }
