@@ -30,7 +30,8 @@
 //! entry's headers mean, and the entry a storable answer opens, is
 //! `entry.rs`'s.
 //!
-//! Leaves out: CONNECT tunnels (501).
+//! A CONNECT opens a tunnel (`tunnel.rs`): checked, then relayed byte for
+//! byte, neither cached nor coded.
 //!
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
 
@@ -46,6 +47,7 @@ mod pass;
 pub mod queue_wait;
 mod stats;
 pub mod transfer;
+mod tunnel;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -77,6 +79,7 @@ use transfer::full;
 use upstream::Upstream;
 
 pub use stats::{ClientStats, STATS_PATH, StatsSnapshot};
+pub use tunnel::TunnelConfig;
 use stats::{LoggedAtEnd, Started};
 
 /// What `OPTIONS` answered here says we pass on.
@@ -125,6 +128,9 @@ pub struct ClientConfig {
     /// take together, in the cache's `tmp/` (bytes); past it, a relay
     /// waits for its user agent in memory.
     pub max_spool_total: u64,
+    /// CONNECT tunnels: the ports and non-public addresses they may go
+    /// to, and how long one may stay quiet.
+    pub tunnel: TunnelConfig,
 }
 
 /// Why the configuration cannot be used.
@@ -296,10 +302,7 @@ impl ClientProxy {
             return response;
         }
         if request.method() == Method::CONNECT {
-            return ProxyError::not_implemented(
-                "this proxy does not tunnel (CONNECT); use http:// URLs",
-            )
-            .log_and_respond();
+            return self.tunnel(request).await;
         }
         let target = match self.target(&request) {
             Ok(target) => target,

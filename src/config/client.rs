@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Uri};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::shared::saturating_usize;
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
-use crate::client_proxy::ClientConfig;
+use crate::client_proxy::{ClientConfig, TunnelConfig};
 use crate::client_proxy::queue_wait::QueueWaitConfig;
 use crate::http::auth::basic_credentials;
 
@@ -73,6 +74,8 @@ pub struct ClientSettings {
     pub upstream_ca: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_password_file: Option<PathBuf>,
+    pub connect_ports: Vec<u16>,
+    pub connect_allow_addresses: Vec<IpNet>,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
 }
@@ -107,6 +110,8 @@ impl Default for ClientSettings {
             queue_node: None,
             upstream_ca: None,
             upstream_password_file: None,
+            connect_ports: TunnelConfig::default().ports,
+            connect_allow_addresses: Vec::new(),
             limits: LimitSettings::default(),
             auth: AuthSettings::default(),
         }
@@ -189,6 +194,11 @@ impl ClientSettings {
             },
             transfer_memory: self.transfer_memory.0,
             max_spool_total: self.max_spool_total.0,
+            tunnel: TunnelConfig {
+                ports: self.connect_ports.clone(),
+                allow_addresses: self.connect_allow_addresses.clone(),
+                idle_timeout: self.limits.idle_timeout,
+            },
         }
     }
 
