@@ -195,7 +195,10 @@ async fn a_port_not_listed_is_refused_before_any_connection() {
     let proxy = ClientProxy::start(config(&[443], true, PROMPT)).await;
     let (head, _) = connect(proxy.addr, &echo.addr.to_string(), "").await;
     assert_eq!(status(&head), 403, "{head}");
-    assert!(head.to_ascii_lowercase().contains("connection: close"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
     assert_eq!(echo.connections(), 0);
     assert_eq!(proxy.stats().tunnels, 0);
 }
@@ -271,17 +274,18 @@ fn authenticator(user: &str, password: &str) -> Authenticator {
 async fn a_connect_without_credentials_gets_407_and_opens_nothing() {
     let echo = Echo::start().await;
     let (dir, store) = temp_store(16 << 20);
-    let proxy = rproxy::client_proxy::ClientProxy::new(
-        config(&[echo.addr.port()], true, PROMPT),
-        store,
-    )
-    .unwrap();
+    let proxy =
+        rproxy::client_proxy::ClientProxy::new(config(&[echo.addr.port()], true, PROMPT), store)
+            .unwrap();
     let gate = AuthGate::new(proxy, Some(authenticator("alice", "wonderland")));
     let gate = serve(Arc::new(gate), Listen::default()).await.keeping(dir);
     let target = echo.addr.to_string();
     let (head, _) = connect(gate.addr, &target, "").await;
     assert_eq!(status(&head), 407, "{head}");
-    assert!(head.to_ascii_lowercase().contains("proxy-authenticate"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("proxy-authenticate"),
+        "{head}"
+    );
     assert_eq!(echo.connections(), 0);
     let credentials = basic_credentials("alice", "wonderland");
     let (head, mut tunnel) = connect(

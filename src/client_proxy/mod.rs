@@ -79,8 +79,8 @@ use transfer::full;
 use upstream::Upstream;
 
 pub use stats::{ClientStats, STATS_PATH, StatsSnapshot};
-pub use tunnel::TunnelConfig;
 use stats::{LoggedAtEnd, Started};
+pub use tunnel::TunnelConfig;
 
 /// What `OPTIONS` answered here says we pass on.
 const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";

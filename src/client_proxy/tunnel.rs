@@ -98,7 +98,10 @@ fn destination(uri: &Uri) -> Result<Destination, String> {
     let Some(port) = authority.port_u16() else {
         return Err(format!("CONNECT {authority}: the target needs a port"));
     };
-    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     if host.is_empty() {
         return Err(format!("CONNECT {authority}: no host"));
     }
@@ -143,7 +146,10 @@ impl ClientProxy {
             policy: Some(policy(config)),
             tls: None,
         };
-        let target = match dialer.dial(&destination.host, destination.port, false).await {
+        let target = match dialer
+            .dial(&destination.host, destination.port, false)
+            .await
+        {
             Ok(target) => target,
             Err(error) => return dial_refusal(&destination, &error).log_and_respond(),
         };

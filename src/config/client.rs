@@ -18,8 +18,8 @@ use super::shared::saturating_usize;
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
-use crate::client_proxy::{ClientConfig, TunnelConfig};
 use crate::client_proxy::queue_wait::QueueWaitConfig;
+use crate::client_proxy::{ClientConfig, TunnelConfig};
 use crate::http::auth::basic_credentials;
 
 /// The environment variable holding the upstream password.

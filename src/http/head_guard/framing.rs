@@ -631,7 +631,8 @@ mod tests {
 
     #[test]
     fn what_follows_a_connect_head_is_a_tunnel_not_a_request() {
-        let mut tunnel = b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".to_vec();
+        let mut tunnel =
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".to_vec();
         tunnel.extend_from_slice(b"\x16\x03\x01\x02\x00\x01\r\x00 no request line");
         assert_eq!(reason(&tunnel), None);
         let mut framing = Framing::new();
