@@ -1677,10 +1677,12 @@ async fn p12_connect_tls_and_userinfo_targets_are_refused_without_upstream_reque
     let origin = stack.origin.addr;
     let cases = [
         (
-            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n"
+            // Tunnelled now, but only to the listed ports (443): refused
+            // before any lookup or connection.
+            "CONNECT example.com:25 HTTP/1.1\r\nHost: example.com:25\r\nConnection: close\r\n\r\n"
                 .to_owned(),
-            "501",
-            "does not tunnel",
+            "403",
+            "port 25",
         ),
         (
             "GET https://example.com/ HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n"
@@ -1857,11 +1859,11 @@ fn refusals(stats: &StatsSnapshot) -> (u64, u64, u64, u64, u64) {
 #[tokio::test]
 async fn refusals_are_counted_by_fault_and_a_stored_body_failing_after_a_304_is_ours() {
     let stack = Stack::start().await;
-    // The client's: CONNECT is not tunnelled (501).
+    // The client's: a CONNECT to a port tunnels may not go to (403).
     let connect =
-        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n";
+        "CONNECT example.com:25 HTTP/1.1\r\nHost: example.com:25\r\nConnection: close\r\n\r\n";
     let answer = raw_exchange(stack.proxy.addr, connect).await;
-    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     assert_eq!(refusals(&stack.proxy.stats()), (1, 1, 0, 0, 0));
 
     // Ours: the stored body changed on disk, the upstream says 304 (it did

@@ -157,6 +157,18 @@ pub struct ClientArgs {
     /// File whose first line is the --upstream-user's password.
     #[arg(long, value_name = "FILE", requires = "upstream_user")]
     pub upstream_password_file: Option<PathBuf>,
+    /// Ports CONNECT tunnels may go to, comma-separated (default 443);
+    /// other ports get 403. A tunnel is relayed byte for byte, closed
+    /// after --idle-timeout without traffic: nothing in it is cached or
+    /// coded.
+    #[arg(long, value_name = "PORT,...", value_delimiter = ',', num_args = 1..)]
+    pub connect_ports: Option<Vec<u16>>,
+    /// Non-public addresses CONNECT tunnels may go to all the same
+    /// (loopback, private, link-local...), as CIDR ranges, comma-separated
+    /// (127.0.0.0/8,10.0.0.0/8); by default none: a host that resolves
+    /// only to such addresses gets 403.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', num_args = 1..)]
+    pub connect_allow_addresses: Option<Vec<ipnet::IpNet>>,
 }
 
 impl ClientArgs {
@@ -175,7 +187,7 @@ impl ClientArgs {
             plain: listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
                 signature_bytes,
                 max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
-                queue_wait_max, queue_page_after;
+                queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses;
             optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;
             switches: private, inetd, allow_open);

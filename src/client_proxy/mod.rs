@@ -31,9 +31,9 @@
 //! `entry.rs`'s.
 //!
 //! Where a request goes upstream is `routes.rs`'s: the first route whose
-//! hosts match, to an upstream proxy or direct.
-//!
-//! Leaves out: CONNECT tunnels (501).
+//! hosts match, to an upstream proxy or direct. A CONNECT opens a tunnel
+//! (`tunnel.rs`): checked, then relayed byte for byte, neither cached nor
+//! coded.
 //!
 //! Main types: [`ClientProxy`], [`ClientConfig`], [`ClientStats`].
 
@@ -50,6 +50,7 @@ pub mod queue_wait;
 mod routes;
 mod stats;
 pub mod transfer;
+mod tunnel;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -83,6 +84,7 @@ pub use routes::{RouteConfig, RouteError as ConfigError, RouteHosts, RouteTo};
 
 pub use stats::{ClientStats, STATS_PATH, StatsSnapshot};
 use stats::{LoggedAtEnd, Started};
+pub use tunnel::TunnelConfig;
 
 /// What `OPTIONS` answered here says we pass on.
 const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
@@ -131,6 +133,9 @@ pub struct ClientConfig {
     /// take together, in the cache's `tmp/` (bytes); past it, a relay
     /// waits for its user agent in memory.
     pub max_spool_total: u64,
+    /// CONNECT tunnels: the ports and non-public addresses they may go
+    /// to, and how long one may stay quiet.
+    pub tunnel: TunnelConfig,
 }
 
 /// The client proxy role.
@@ -222,10 +227,7 @@ impl ClientProxy {
             return response;
         }
         if request.method() == Method::CONNECT {
-            return ProxyError::not_implemented(
-                "this proxy does not tunnel (CONNECT); use http:// URLs",
-            )
-            .log_and_respond();
+            return self.tunnel(request).await;
         }
         let target = match self.routes.target(&request) {
             Ok(target) => target,

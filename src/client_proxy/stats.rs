@@ -58,6 +58,8 @@ pub struct ClientStats {
     pub(super) memory_bases: AtomicU64,
     pub(super) upstream_bytes: AtomicU64,
     pub(super) downstream_bytes: AtomicU64,
+    pub(super) tunnels: AtomicU64,
+    pub(super) tunnel_bytes: AtomicU64,
     /// Every refusal the role made, whoever was at fault: the sum of the
     /// four below.
     pub(super) refused: AtomicU64,
@@ -112,6 +114,12 @@ pub struct StatsSnapshot {
     pub upstream_bytes: u64,
     /// Body bytes sent to user agents.
     pub downstream_bytes: u64,
+    /// CONNECT tunnels opened (the target connected, 200 answered).
+    #[serde(default)]
+    pub tunnels: u64,
+    /// Bytes relayed by tunnels that ended, both ways together.
+    #[serde(default)]
+    pub tunnel_bytes: u64,
     /// Requests refused (a 4xx or 5xx of our own making): the sum of the
     /// four `refused_*` below.
     #[serde(default)]
@@ -174,6 +182,8 @@ impl ClientStats {
             memory_bases: get(&self.memory_bases),
             upstream_bytes: get(&self.upstream_bytes),
             downstream_bytes: get(&self.downstream_bytes),
+            tunnels: get(&self.tunnels),
+            tunnel_bytes: get(&self.tunnel_bytes),
             refused: get(&self.refused),
             refused_client: get(&self.refused_client),
             refused_upstream: get(&self.refused_upstream),

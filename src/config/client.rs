@@ -19,7 +19,7 @@ use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
 use crate::client_proxy::queue_wait::QueueWaitConfig;
-use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo};
+use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
 use crate::http::address_policy::AddressPolicy;
 use crate::http::auth::basic_credentials;
 use crate::http::host_pattern::HostPattern;
@@ -146,6 +146,8 @@ pub struct ClientSettings {
     pub upstream_ca: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_password_file: Option<PathBuf>,
+    pub connect_ports: Vec<u16>,
+    pub connect_allow_addresses: Vec<IpNet>,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
     /// `[[route]]` tables, tried in order.
@@ -183,6 +185,8 @@ impl Default for ClientSettings {
             queue_node: None,
             upstream_ca: None,
             upstream_password_file: None,
+            connect_ports: TunnelConfig::default().ports,
+            connect_allow_addresses: Vec::new(),
             limits: LimitSettings::default(),
             auth: AuthSettings::default(),
             routes: Vec::new(),
@@ -312,6 +316,11 @@ impl ClientSettings {
             },
             transfer_memory: self.transfer_memory.0,
             max_spool_total: self.max_spool_total.0,
+            tunnel: TunnelConfig {
+                ports: self.connect_ports.clone(),
+                allow_addresses: self.connect_allow_addresses.clone(),
+                idle_timeout: self.limits.idle_timeout,
+            },
         }
     }
 

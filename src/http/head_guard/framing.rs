@@ -64,6 +64,9 @@ pub struct Framing {
     /// The last eight bytes of the request line (its version).
     request_line_tail: u64,
     http10: bool,
+    /// As requests: the current one is a CONNECT, after whose head the
+    /// connection is a tunnel (or is closed, when refused).
+    connect: bool,
     content_length: Option<u64>,
     chunked: bool,
     failed: Option<Violation>,
@@ -106,7 +109,9 @@ enum State {
     },
     ChunkDataCr,
     ChunkDataLf,
-    /// A response body without a length: it ends with the connection.
+    /// A response body without a length, or what follows a CONNECT
+    /// request's head (a tunnel's bytes, not HTTP): it ends with the
+    /// connection.
     UntilClose,
 }
 
@@ -169,6 +174,7 @@ impl Framing {
             number: 0,
             request_line_tail: 0,
             http10: false,
+            connect: false,
             content_length: None,
             chunked: false,
             failed: None,
@@ -364,6 +370,11 @@ impl Framing {
                         self.next_head(start + i as u64 + 1);
                     } else if self.direction == Direction::Responses && self.has_no_body() {
                         self.next_message(start + i as u64 + 1);
+                    } else if self.connect {
+                        // RFC 9112 §3.2.3: a tunnel's bytes follow, which
+                        // the role relays or refuses by closing.
+                        self.messages += 1;
+                        self.state = State::UntilClose;
                     } else if self.chunked {
                         self.start_chunk();
                     } else {
@@ -480,6 +491,7 @@ impl Framing {
         match self.direction {
             Direction::Requests => {
                 self.http10 = self.request_line_tail == HTTP_10;
+                self.connect = line.starts_with(b"CONNECT ");
                 let bit = 1u64 << (self.messages % 64);
                 if line.starts_with(b"HEAD ") {
                     self.head_requests |= bit;
@@ -538,6 +550,7 @@ impl Framing {
         self.in_trailer = false;
         self.request_line_tail = 0;
         self.http10 = false;
+        self.connect = false;
         self.content_length = None;
         self.chunked = false;
     }
@@ -615,6 +628,21 @@ mod tests {
     }
 
     const CHUNKS: &str = "5\r\nhello\r\n0\r\n\r\n";
+
+    #[test]
+    fn what_follows_a_connect_head_is_a_tunnel_not_a_request() {
+        let mut tunnel =
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".to_vec();
+        tunnel.extend_from_slice(b"\x16\x03\x01\x02\x00\x01\r\x00 no request line");
+        assert_eq!(reason(&tunnel), None);
+        let mut framing = Framing::new();
+        assert!(framing.check(&tunnel).violation.is_none());
+        assert!(!framing.is_between_messages());
+        // The same bytes after any other head are a broken next request.
+        let mut get = b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n".to_vec();
+        get.extend_from_slice(b"\x16\x03\x01\x02\x00\x01\r\x00 no request line");
+        assert!(reason(&get).is_some());
+    }
 
     #[test]
     fn well_formed_requests_pass_whole() {

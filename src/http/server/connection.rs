@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use http::{HeaderValue, Method, Version, header};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -93,6 +94,11 @@ fn service<H: Handler>(
             request.extensions_mut().insert(tls.clone());
         }
         strip_unkeyed(request.headers_mut());
+        // A refused CONNECT over HTTP/1.x closes its connection: what
+        // follows its head is a tunnel's bytes, which the guard let
+        // through unchecked and hyper must not read as a next request.
+        let closes_unless_tunnel =
+            request.method() == Method::CONNECT && request.version() <= Version::HTTP_11;
         let refused = refused_body
             .get()
             .filter(|v| v.message == index)
@@ -104,6 +110,12 @@ fn service<H: Handler>(
                 Some(response) => response,
                 None => handler.handle(request).await,
             };
+            let mut response = response;
+            if closes_unless_tunnel && !response.status().is_success() {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             let held = response.extensions().get::<HoldConnection>();
             hold.store(held.map_or(0, |h| h.0.as_secs()), Ordering::Relaxed);
             Ok::<_, Infallible>(response)
@@ -169,11 +181,15 @@ async fn serve_http1<I, S>(
         limits.idle_timeout,
         hold,
     );
-    let mut connection = builder.serve_connection(TokioIo::new(io), service);
+    // With upgrades: a CONNECT answered 2xx hands the connection to the
+    // role's tunnel (`hyper::upgrade::on`).
+    let mut connection = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
     let mut shutting_down = false;
     let result = std::future::poll_fn(|cx| {
         loop {
-            let polled = connection.poll_without_shutdown(cx);
+            let polled = Pin::new(&mut connection).poll(cx);
             if polled.is_pending() && !shutting_down && refusing.load(Ordering::Relaxed) {
                 // hyper waits at a refused head: let it finish the requests
                 // in flight, then stop.
@@ -185,9 +201,13 @@ async fn serve_http1<I, S>(
         }
     })
     .await;
-    let mut io = connection.into_parts().io.into_inner();
+    let Some(parts) = connection.into_parts() else {
+        // Upgraded: the connection is the tunnel's now, and ends with it.
+        return;
+    };
+    let mut io = parts.io.into_inner();
     match result {
-        _ if let Some(violation) = io.io.refusal() => {
+        _ if let Some(violation) = io.io.take_refusal() => {
             // hyper gave up on the connection: the answer goes out raw.
             let refusal = ProxyError::malformed_request(violation);
             refusal.log();

@@ -181,6 +181,14 @@ impl<I> Guarded<I> {
         self.stop.filter(|_| self.owes_refusal).map(|s| s.violation)
     }
 
+    /// [`Guarded::refusal`], taken: whoever takes it writes the `400`, and
+    /// the connection may shut down after it.
+    pub(super) fn take_refusal(&mut self) -> Option<Violation> {
+        let refusal = self.refusal();
+        self.owes_refusal = false;
+        refusal
+    }
+
     /// What hyper reads once a request broke the rules.
     fn stopped(&mut self, stop: Stop) -> Poll<io::Result<()>> {
         let in_head = matches!(stop.violation.part, Part::Head { .. });
@@ -261,6 +269,11 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.owes_refusal {
+            // hyper shuts down when it is done; the serving code still
+            // owes the refused head its 400, and shuts down after it.
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

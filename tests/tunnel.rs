@@ -1,0 +1,299 @@
+//! CONNECT tunnels through the client proxy: bytes both ways to a TCP
+//! echo server, curl fetching an `https://` page through one, and every
+//! refusal made before any connection is opened (a port not listed, a
+//! loopback address or a name resolving to one, a malformed target, no
+//! credentials); a quiet tunnel closes after the idle timeout. Everything
+//! stays on 127.0.0.1.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::Full;
+use rproxy::client_proxy::{ClientConfig, TunnelConfig};
+use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use support::proxy::{client_config, eventually};
+use support::topology::{self, ClientProxy, Listen, serve, temp_store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Patience for anything that should happen at once.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// A TCP server on 127.0.0.1 that echoes what it reads and counts the
+/// connections it accepted.
+struct Echo {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Echo {
+    async fn start() -> Echo {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut read, mut write) = stream.split();
+                    let _ = tokio::io::copy(&mut read, &mut write).await;
+                });
+            }
+        });
+        Echo { addr, connections }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// A client proxy whose tunnels may go to `ports` and to 127.0.0.0/8 when
+/// `loopback`; its upstream is never asked.
+fn config(ports: &[u16], loopback: bool, idle_timeout: Duration) -> ClientConfig {
+    ClientConfig {
+        tunnel: TunnelConfig {
+            ports: ports.to_vec(),
+            allow_addresses: if loopback {
+                vec!["127.0.0.0/8".parse().unwrap()]
+            } else {
+                Vec::new()
+            },
+            idle_timeout,
+        },
+        ..client_config("http://127.0.0.1:9")
+    }
+}
+
+/// Sends a CONNECT for `target` (with `extra` header lines) and reads the
+/// answer's head; the stream is left at the tunnel's first byte.
+async fn connect(proxy: SocketAddr, target: &str, extra: &str) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(PROMPT, stream.read(&mut byte))
+            .await
+            .expect("an answer to CONNECT")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    (String::from_utf8_lossy(&head).into_owned(), stream)
+}
+
+fn status(head: &str) -> u16 {
+    head.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"))
+}
+
+/// Writes `bytes` into a tunnel and reads as many back.
+async fn round_trip(stream: &mut TcpStream, bytes: &[u8]) -> Vec<u8> {
+    stream.write_all(bytes).await.unwrap();
+    let mut got = vec![0; bytes.len()];
+    tokio::time::timeout(PROMPT, stream.read_exact(&mut got))
+        .await
+        .expect("the echo")
+        .unwrap();
+    got
+}
+
+#[tokio::test]
+async fn a_tunnel_carries_bytes_both_ways_and_is_counted() {
+    let echo = Echo::start().await;
+    let proxy = ClientProxy::start(config(&[echo.addr.port()], true, PROMPT)).await;
+    let (head, mut tunnel) = connect(proxy.addr, &echo.addr.to_string(), "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    // Bytes that are no HTTP request (a TLS record's start, a blank line).
+    let first: &[u8] = b"\x16\x03\x01 not HTTP\r\n\r\n";
+    let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(round_trip(&mut tunnel, first).await, first);
+    assert_eq!(round_trip(&mut tunnel, &payload).await, payload);
+    assert_eq!(echo.connections(), 1);
+    drop(tunnel);
+    let sent = (first.len() + payload.len()) as u64 * 2;
+    eventually("the tunnel's bytes counted at its end", || {
+        proxy.stats().tunnel_bytes == sent
+    })
+    .await;
+    assert_eq!(proxy.stats().tunnels, 1);
+    let json = reqwest_free_stats(proxy.addr).await;
+    assert!(json.contains("\"tunnels\":1"), "{json}");
+    assert!(json.contains(&format!("\"tunnel_bytes\":{sent}")), "{json}");
+}
+
+/// `GET /.rproxy/stats` over a raw socket.
+async fn reqwest_free_stats(proxy: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream
+        .write_all(b"GET /.rproxy/stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(PROMPT, stream.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    answer
+}
+
+#[tokio::test]
+async fn curl_fetches_an_https_page_through_a_tunnel() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = topology::self_signed(dir.path());
+    let tls = rproxy::http::tls::server_config(&cert, &key).unwrap();
+    let mut tls = (*tls).clone();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let origin = topology::tls_origin(
+        |_, _| async { Response::new(Full::new(Bytes::from("secret page"))) },
+        Arc::new(tls),
+    )
+    .await;
+    let port = origin.addr.port();
+    let proxy = ClientProxy::start(config(&[port], true, PROMPT)).await;
+    let output = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new("curl")
+            .env_remove("no_proxy")
+            .env_remove("NO_PROXY")
+            .args(["-s", "-S", "--noproxy", "", "--proxy"])
+            .arg(format!("http://{}", proxy.addr))
+            .arg("--cacert")
+            .arg(&cert)
+            .arg(format!("https://localhost:{port}/"))
+            .output(),
+    )
+    .await
+    .expect("curl within 20 s")
+    .expect("curl is installed");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.stdout, b"secret page");
+    assert_eq!(origin.requests(), 1);
+    assert_eq!(proxy.stats().tunnels, 1, "curl went through the proxy");
+}
+
+#[tokio::test]
+async fn a_port_not_listed_is_refused_before_any_connection() {
+    let echo = Echo::start().await;
+    let proxy = ClientProxy::start(config(&[443], true, PROMPT)).await;
+    let (head, _) = connect(proxy.addr, &echo.addr.to_string(), "").await;
+    assert_eq!(status(&head), 403, "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert_eq!(echo.connections(), 0);
+    assert_eq!(proxy.stats().tunnels, 0);
+}
+
+#[tokio::test]
+async fn loopback_addresses_and_names_are_refused_unless_allowed() {
+    let echo = Echo::start().await;
+    let port = echo.addr.port();
+    let proxy = ClientProxy::start(config(&[port], false, PROMPT)).await;
+    for target in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::ffff:127.0.0.1]:{port}"),
+    ] {
+        let (head, _) = connect(proxy.addr, &target, "").await;
+        assert_eq!(status(&head), 403, "{target}: {head}");
+    }
+    assert_eq!(echo.connections(), 0);
+    // Allowed, the same target goes through.
+    let allowed = ClientProxy::start(config(&[port], true, PROMPT)).await;
+    let (head, _) = connect(allowed.addr, &format!("localhost:{port}"), "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    eventually("the echo server saw the tunnel", || echo.connections() == 1).await;
+}
+
+#[tokio::test]
+async fn malformed_targets_are_bad_requests() {
+    let echo = Echo::start().await;
+    let port = echo.addr.port();
+    let proxy = ClientProxy::start(config(&[port, 443], true, PROMPT)).await;
+    for target in [
+        "/path".to_owned(),
+        format!("a@127.0.0.1:{port}"),
+        "127.0.0.1".to_owned(),
+        "example.com".to_owned(),
+        format!("http://127.0.0.1:{port}/"),
+    ] {
+        let (head, _) = connect(proxy.addr, &target, "").await;
+        assert_eq!(status(&head), 400, "{target}: {head}");
+    }
+    assert_eq!(echo.connections(), 0);
+}
+
+#[tokio::test]
+async fn a_quiet_tunnel_closes_after_the_idle_timeout() {
+    let echo = Echo::start().await;
+    let idle = Duration::from_millis(400);
+    let proxy = ClientProxy::start(config(&[echo.addr.port()], true, idle)).await;
+    let (head, mut tunnel) = connect(proxy.addr, &echo.addr.to_string(), "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    // Traffic keeps it open past the timeout…
+    for _ in 0..4 {
+        tokio::time::sleep(idle / 2).await;
+        assert_eq!(round_trip(&mut tunnel, b"ping").await, b"ping");
+    }
+    // … and quiet closes it.
+    let quiet = tokio::time::Instant::now();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(PROMPT, tunnel.read(&mut byte))
+        .await
+        .expect("the proxy closes a quiet tunnel");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(quiet.elapsed() >= idle - Duration::from_millis(50));
+}
+
+fn authenticator(user: &str, password: &str) -> Authenticator {
+    let mut file = AuthFile::default();
+    file.set(user, password).unwrap();
+    Authenticator::new(&file, "rproxy").unwrap()
+}
+
+#[tokio::test]
+async fn a_connect_without_credentials_gets_407_and_opens_nothing() {
+    let echo = Echo::start().await;
+    let (dir, store) = temp_store(16 << 20);
+    let proxy =
+        rproxy::client_proxy::ClientProxy::new(config(&[echo.addr.port()], true, PROMPT), store)
+            .unwrap();
+    let gate = AuthGate::new(proxy, Some(authenticator("alice", "wonderland")));
+    let gate = serve(Arc::new(gate), Listen::default()).await.keeping(dir);
+    let target = echo.addr.to_string();
+    let (head, _) = connect(gate.addr, &target, "").await;
+    assert_eq!(status(&head), 407, "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("proxy-authenticate"),
+        "{head}"
+    );
+    assert_eq!(echo.connections(), 0);
+    let credentials = basic_credentials("alice", "wonderland");
+    let (head, mut tunnel) = connect(
+        gate.addr,
+        &target,
+        &format!("Proxy-Authorization: {}\r\n", credentials.to_str().unwrap()),
+    )
+    .await;
+    assert_eq!(status(&head), 200, "{head}");
+    assert_eq!(round_trip(&mut tunnel, b"through").await, b"through");
+}
