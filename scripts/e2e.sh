@@ -30,9 +30,8 @@
 #   - update 2 crossed as deltas: client `deltas` and accelerator `coded`
 #     up by 2 (Release and Packages), and all its link bytes (streams +
 #     basis signatures) under MAX_LINK_RATIO of Packages;
-#   - update 3: apt's max-age=0 makes the client revalidate Release (a
-#     second after it stored it: an age of 0 satisfies max-age=0) and no
-#     body crosses the link;
+#   - update 3: apt's max-age=0 makes the client revalidate Release (even
+#     within the second it stored it) and no body crosses the link;
 #   - `apt-get download` of the new version gives the origin's .deb (cmp).
 # It prints bytes per fetch, link bytes and the ratio, and exits non-zero
 # with a message saying what went wrong. Every process and temp file it
@@ -312,17 +311,6 @@ apt_get() {
     local name=$1 log=$lab_tmp/logs/apt-$1.log
     local before_c before_a after_c after_a prev now origin_before settled failures
     shift
-    # KNOWN DEFECT worked around here: ages are whole seconds and the
-    # client proxy refuses only an age greater than the request's max-age
-    # (src/cache/freshness.rs), so within the second it stored Release it
-    # answers apt's max-age=0 from its cache without asking upstream, and
-    # a Release changed in that second goes unseen (apt exits 0 with the
-    # old lists: 3 of 6 runs without this wait). RFC 2616 14.9.4 made
-    # max-age=0 "end-to-end revalidation", which is what apt means by it.
-    # Remove the wait once max-age=0 always revalidates.
-    while (($(date +%s) <= apt_last_second)); do
-        sleep 0.05
-    done
     origin_before=$(grep -c 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" || true)
     before_a=$(lab_stats "$lab_accel_url")
     before_c=$(lab_stats "$lab_client_url")
@@ -332,7 +320,6 @@ apt_get() {
         cat "$log" >&2
         lab_die "$name: apt-get $* failed (log above)"
     fi
-    apt_last_second=$(date +%s)
     lab_check_alive
     if grep -Eq '^(W|E|Err):' "$log"; then
         cat "$log" >&2
@@ -376,7 +363,7 @@ apt_get() {
         "$name" "$a_requests" "$a_origin" "$a_link" "$a_stream" "$a_sig" "$a_deltas" "$a_coded" "$a_hits" "$a_revalidated" >&2
 }
 
-apt_last_second=0
+
 
 # The Packages file apt keeps for our source must be the origin's.
 apt_lists_check() {

@@ -407,7 +407,8 @@ pub enum Reuse {
 /// in seconds.
 ///
 /// Revalidates when the response has `no-cache`; when the request has
-/// `no-cache` (or `Pragma: no-cache`), a `max-age` the age exceeds, or a
+/// `no-cache` (or `Pragma: no-cache`), `max-age=0` or a `max-age` the age
+/// exceeds, or a
 /// `min-fresh` the remaining freshness doesn't cover; and when the response
 /// is stale, unless the request's `max-stale` covers the staleness and the
 /// response has no `must-revalidate` (nor, in a shared cache,
@@ -424,7 +425,13 @@ pub fn reuse(
     if resp.no_cache || req.no_cache {
         return Reuse::Revalidate;
     }
-    if req.max_age.is_some_and(|max_age| age > max_age) {
+    // Ages are whole seconds, so a response stored a moment ago has age 0:
+    // `max-age=0` would let it through within that second, where the
+    // client (apt, a browser's reload) asks for end-to-end revalidation.
+    if req
+        .max_age
+        .is_some_and(|max_age| max_age == 0 || age > max_age)
+    {
         return Reuse::Revalidate;
     }
     if lifetime > age {
@@ -1029,6 +1036,9 @@ mod tests {
     fn request_max_age_zero_forces_revalidation() {
         let req = [("cache-control", "max-age=0")];
         assert_eq!(reuse_of(&req, &[], 1, 60), Reuse::Revalidate);
+        // Stored within the same second (age 0): still revalidated, as
+        // apt's `max-age=0` means (its lists would keep an old Release).
+        assert_eq!(reuse_of(&req, &[], 0, 60), Reuse::Revalidate);
         assert_eq!(
             reuse_of(&[("cache-control", "max-age=5")], &[], 1, 60),
             Reuse::Serve

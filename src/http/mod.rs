@@ -24,8 +24,8 @@
 
 pub mod address_policy;
 pub mod auth;
-pub mod dial;
 pub mod body_pipe;
+pub mod dial;
 pub mod error;
 pub mod forwarded;
 pub mod head_guard;
