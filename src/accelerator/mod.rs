@@ -31,7 +31,10 @@
 //! - `config.rs`: the validated settings; `stats.rs`: the counters;
 //! - `sites.rs`: which site and origin a request is for; `origin.rs`: the
 //!   request as it goes and the trip to the origin;
-//! - `coding.rs`: what a coded response is coded with, handed from here to
+//! - [`coder`]: whether and how an answer is coded (the head, the
+//!   encoder, whole or streamed), shared with a client proxy that serves
+//!   downstream client proxies;
+//! - `coding.rs`: what a coded response is coded with, handed from the coder to
 //!   `whole.rs` (small bodies, coded whole) or `stream.rs` (coded as they
 //!   stream, parked for a client that stopped reading);
 //! - `turns.rs`: the encoders' turns on the CPU; `pacing.rs`: what each
@@ -45,6 +48,7 @@
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
 pub mod basis_store;
+pub mod coder;
 mod coding;
 mod config;
 mod origin;
@@ -57,6 +61,7 @@ mod stream;
 mod turns;
 mod whole;
 
+pub use coder::{Coder, CoderConfig, Offer};
 pub use config::{
     AcceleratorConfig, ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
     TrustedForwarders,
@@ -67,32 +72,18 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
-use crate::cache::freshness::Storability;
-use crate::hsync::{Basis, Encoder};
-use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
-use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, Hop, accepts_hsync,
-    answer_at_this_hop, max_forwards, parse_byte_sequence, via_names_hop, weaken_etag,
-};
+use crate::http::headers::{Hop, answer_at_this_hop, max_forwards, via_names_hop};
 use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
-use crate::http::spool::SpoolDisk;
-use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard;
 
-use basis_store::{BasisStore, shareable};
-use coding::Coding;
 use origin::FromOrigin;
-use pace::Pacer;
 use sites::Sites;
 use slots::{Admitted, Slots};
-use stream::encode_body;
-use turns::Encoders;
-use whole::{OriginBody, SMALL_BODY, encode_whole};
 
 /// What an OPTIONS this hop answers itself says in `Allow`: the methods it
 /// forwards to the origin (all but CONNECT; whether the origin's resource
@@ -104,46 +95,8 @@ pub struct Accelerator {
     config: AcceleratorConfig,
     slots: Option<Arc<Slots>>,
     sites: Sites,
-    bodies: Arc<BasisStore>,
+    coder: Coder,
     stats: Arc<Stats>,
-    encoders: Encoders,
-    /// What streamed codings hold at once.
-    memory: TransferMemory,
-    parking: Option<Parking>,
-}
-
-/// What a request offers of hsync, read before its head is rewritten.
-struct Offer {
-    /// `Accept-Encoding` names hsync.
-    offers_hsync: bool,
-    /// A GET without Range that offers hsync: the answer may be coded.
-    encodable: bool,
-    /// The client's basis signature, decoded.
-    signature: Option<Vec<u8>>,
-    /// `Hsync-Basis` as sent (echoed in the answer) and the digest it names.
-    basis_name: Option<HeaderValue>,
-    basis_digest: Option<[u8; 32]>,
-}
-
-impl Offer {
-    fn read(method: &Method, headers: &HeaderMap, max_signature: usize) -> Offer {
-        let offers_hsync = accepts_hsync(headers);
-        let basis_name = headers.get(HSYNC_BASIS).cloned();
-        Offer {
-            offers_hsync,
-            encodable: offers_hsync
-                && method == Method::GET
-                && !headers.contains_key(header::RANGE),
-            signature: headers
-                .get(HSYNC_SIGNATURE)
-                .and_then(|v| parse_byte_sequence(v, max_signature)),
-            basis_digest: basis_name
-                .as_ref()
-                .and_then(|name| parse_byte_sequence(name, 32))
-                .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()),
-            basis_name,
-        }
-    }
 }
 
 impl Accelerator {
@@ -154,30 +107,15 @@ impl Accelerator {
     /// cannot be set up.
     pub fn new(config: AcceleratorConfig) -> Result<Self, ConfigError> {
         let sites = Sites::new(&config.sites, config.connect_timeout)?;
-        let bodies = Arc::new(BasisStore::new(
-            config.basis_store_bytes,
-            config.max_stored_body,
-        ));
         let slots = config
             .queue
             .clone()
             .map(|queue| Arc::new(Slots::new(queue, config.queue_state.clone())));
-        let encoders = match config.max_encoders {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-            n => n,
-        };
-        let parking = (config.max_spool > 0).then(|| Parking {
-            disk: SpoolDisk::new(config.max_spool_total),
-            dir: config.spool_dir.as_path().into(),
-            limit: config.max_spool,
-        });
+        let stats = Arc::new(Stats::default());
         Ok(Accelerator {
-            memory: TransferMemory::new(config.transfer_memory),
-            parking,
+            coder: Coder::new(CoderConfig::from(&config), stats.clone()),
+            stats,
             slots,
-            encoders: Encoders::new(encoders),
-            stats: Arc::default(),
-            bodies,
             config,
             sites,
         })
@@ -257,11 +195,7 @@ impl Accelerator {
         route: sites::Route,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
-        let offer = Offer::read(
-            &parts.method,
-            &parts.headers,
-            self.config.max_signature_bytes,
-        );
+        let offer = self.coder.offer(&parts.method, &parts.headers);
         if let Err(refusal) =
             self.rewrite_request(&mut parts, &route, offer.offers_hsync, offer.encodable)
         {
@@ -269,170 +203,40 @@ impl Accelerator {
         }
         // What the basis store decision reads of the request (D-B3), once
         // the response head is in.
-        let request_headers =
-            (offer.encodable && !self.config.basis_store_private).then(|| parts.headers.clone());
+        let request_headers = offer.encodable.then(|| parts.headers.clone());
         let method = parts.method.clone();
         let uri = parts.uri.clone();
-        match self.fetch(parts, body, &route).await {
-            Ok(answer) => {
-                self.respond(answer, offer, request_headers, method, uri)
-                    .await
-            }
-            Err(refusal) => self.refuse(refusal),
-        }
-    }
-
-    /// The origin's answer for the client: coded when the offer, the
-    /// status, the coding and the size allow, else passed through.
-    async fn respond(
-        self: Arc<Self>,
-        answer: FromOrigin,
-        offer: Offer,
-        request_headers: Option<HeaderMap>,
-        method: Method,
-        uri: Uri,
-    ) -> Response<ProxyBody> {
         let FromOrigin {
-            mut parts,
+            parts,
             body,
             framing,
-        } = answer;
-        let content_length = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        let coded = parts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        let no_transform = parts
-            .headers
-            .get_all(header::CACHE_CONTROL)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|d| d.trim().eq_ignore_ascii_case("no-transform"));
-        let encode = offer.encodable
-            && parts.status == StatusCode::OK
-            && !coded
-            && !no_transform
-            && content_length.is_none_or(|len| len <= self.config.max_encode_len);
-
-        if !encode {
-            Stats::add(&self.stats.passed, 1);
-            let status = parts.status.as_u16();
-            let mut body = body.map_err(BodyError::from).boxed();
-            if let Some(check) = framing {
-                body = upstream_guard::checked_at_end(body, check);
+        } = match self.fetch(parts, body, &route).await {
+            Ok(answer) => answer,
+            Err(refusal) => return self.refuse(refusal),
+        };
+        let mut body = body.map_err(BodyError::from).boxed();
+        match request_headers {
+            Some(request) if self.coder.codes(&offer, &parts) => {
+                match (self.coder)
+                    .code(parts, body, framing, offer, &request, method, uri)
+                    .await
+                {
+                    Ok(response) => response,
+                    Err(refusal) => self.refuse(refusal),
+                }
             }
-            let body = counted(body, move |bytes, complete| {
-                tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
-            });
-            return Response::from_parts(parts, body);
-        }
-
-        parts.headers.remove(header::CONTENT_LENGTH);
-        parts.headers.insert(
-            header::CONTENT_ENCODING,
-            HeaderValue::from_static(HSYNC_CODING),
-        );
-        parts.headers.append(
-            header::VARY,
-            HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
-        );
-        weaken_etag(&mut parts.headers);
-        if let Some(name) = offer.basis_name {
-            parts.headers.insert(HSYNC_BASIS, name);
-        }
-        parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
-        // A basis we served and still hold: compress against the body itself.
-        let held = offer
-            .basis_digest
-            .and_then(|digest| self.bodies.get(&digest))
-            .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
-        let encoder = match held {
-            Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
-            None => Encoder::new(
-                offer.signature.as_deref(),
-                content_length,
-                self.config.encoder,
-            ),
-        };
-        tracing::debug!(basis = ?encoder.basis_use(), "encoding");
-        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
-            && self.may_keep(request_headers.as_ref(), &parts.headers);
-        let store = keep.then(|| self.bodies.clone());
-        Stats::add(&self.stats.coded, 1);
-        if content_length.is_some_and(|len| len <= SMALL_BODY) {
-            let origin = OriginBody {
-                body,
-                framing,
-                timeout: self.config.origin_timeout,
-            };
-            let coding = Coding {
-                encoder,
-                encoders: self.encoders.clone(),
-                memory: None,
-                store,
-                stats: self.stats.clone(),
-                parking: None,
-            };
-            return match encode_whole(origin, coding, method, uri).await {
-                Ok(stream) => Response::from_parts(
-                    parts,
-                    Full::new(stream).map_err(|never| match never {}).boxed(),
-                ),
-                Err(refusal) => self.refuse(refusal),
-            };
-        }
-        let pacer = self.config.adapt_entropy_coding.then(Pacer::new);
-        let coding = Coding {
-            encoder,
-            encoders: self.encoders.clone(),
-            memory: Some((
-                self.memory.clone(),
-                // The coding's state, and the copy of the body collected
-                // for the basis store.
-                coded_transfer_cost(self.config.encoder.window_bytes, content_length)
-                    + if keep {
-                        content_length.unwrap_or(self.bodies.max_body() as u64)
-                    } else {
-                        0
-                    },
-                content_length,
-            )),
-            store,
-            stats: self.stats.clone(),
-            parking: self.parking.clone(),
-        };
-        let body = encode_body(body, framing, coding, pacer, method, uri);
-        Response::from_parts(parts, body)
-    }
-
-    /// Whether the basis store may keep this response's body: only what a
-    /// shared cache may store, unless the operator opted in (D-B3).
-    /// `request` is `None` when the operator did.
-    fn may_keep(&self, request: Option<&http::HeaderMap>, response: &http::HeaderMap) -> bool {
-        let Some(request) = request else {
-            return true;
-        };
-        match shareable(request, response) {
-            Storability::Storable => true,
-            Storability::NotStorable(reason) => {
-                tracing::debug!(reason, "body not kept as a basis");
-                false
+            _ => {
+                Stats::add(&self.stats.passed, 1);
+                let status = parts.status.as_u16();
+                if let Some(check) = framing {
+                    body = upstream_guard::checked_at_end(body, check);
+                }
+                let body = counted(body, move |bytes, complete| {
+                    tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
+                });
+                Response::from_parts(parts, body)
             }
         }
-    }
-
-    /// What we advertise: version and the signature size we accept.
-    fn hsync_accept(&self) -> HeaderValue {
-        HeaderValue::from_str(&format!(
-            "v=1, max-signature={}",
-            self.config.max_signature_bytes
-        ))
-        .expect("digits and ASCII")
     }
 }
 

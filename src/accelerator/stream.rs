@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Uri};
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::http::body_pipe::{self, Downstream, LINK_SLICE, Stall, UpstreamChunk};
@@ -104,7 +104,7 @@ async fn wait_releasing<T>(ready: impl Future<Output = T>, release: impl FnOnce(
 /// the client holds no thread. The body is also collected, up to the
 /// store's limits, and kept there once END's digest is known.
 pub(super) fn encode_body(
-    origin: Incoming,
+    origin: ProxyBody,
     framing: Option<ExchangeCheck>,
     coding: Coding,
     pacer: Option<Pacer>,

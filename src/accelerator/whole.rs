@@ -11,10 +11,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Uri};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use crate::hsync::EncodeError;
 use crate::http::error::ProxyError;
+use crate::http::server::ProxyBody;
 use crate::http::upstream_guard::ExchangeCheck;
 
 use super::coding::Coding;
@@ -29,7 +29,7 @@ pub(super) const SMALL_BODY: u64 = 64 << 10;
 
 /// An origin body that [`encode_whole`] reads whole.
 pub(super) struct OriginBody {
-    pub(super) body: Incoming,
+    pub(super) body: ProxyBody,
     pub(super) framing: Option<ExchangeCheck>,
     /// For the whole body, after the head came.
     pub(super) timeout: Duration,

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use crate::http::server::BodyError;
@@ -84,12 +84,16 @@ pub fn upstream_channel() -> (mpsc::Sender<UpstreamChunk>, mpsc::Receiver<Upstre
 /// true when it ended (the caller may then check what follows it).
 /// `waited` is told when a wait for room in the channel began, once it is
 /// over (the role's task was busy); a send with room reads no clock.
-pub async fn read_upstream(
-    mut upstream: Incoming,
+pub async fn read_upstream<B>(
+    mut upstream: B,
     mut share: ShareTaker,
     to: &mpsc::Sender<UpstreamChunk>,
     mut waited: impl FnMut(Instant),
-) -> bool {
+) -> bool
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BodyError>,
+{
     while let Some(item) = share.next_chunk(&mut upstream).await {
         let failed = item.is_err();
         let room = match to.try_reserve() {

@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::http::server::BodyError;
@@ -139,7 +138,11 @@ impl ShareTaker {
     /// The next data chunk of `body` (trailers are skipped), read only
     /// once this transfer's share is taken where it is due (L-13, L-14);
     /// `None` at the end.
-    pub async fn next_chunk(&mut self, body: &mut Incoming) -> Option<Result<Bytes, BodyError>> {
+    pub async fn next_chunk<B>(&mut self, body: &mut B) -> Option<Result<Bytes, BodyError>>
+    where
+        B: hyper::body::Body<Data = Bytes> + Unpin,
+        B::Error: Into<BodyError>,
+    {
         loop {
             self.take_past(self.read).await;
             match body.frame().await? {
@@ -149,7 +152,7 @@ impl ShareTaker {
                         return Some(Ok(data));
                     }
                 }
-                Err(error) => return Some(Err(BodyError::from(error))),
+                Err(error) => return Some(Err(error.into())),
             }
         }
     }

@@ -1,0 +1,327 @@
+//! Coding an answer for a client that offered hsync ([`Coder`]): whether
+//! it may be coded (a GET without Range, a 200 without Content-Encoding or
+//! `no-transform`, no larger than the limit), the head of a coded answer,
+//! the encoder against the client's basis signature or against a body we
+//! served and kept ([`BasisStore`]), and the choice between coding a small
+//! body whole and streaming a large one. The accelerator codes its origin's
+//! answers with it; a client proxy with downstream client proxies (a chain)
+//! codes what it serves them with one of its own.
+//!
+//! Leaves out where the answer came from and what happens to one that is
+//! not coded (the role passes it through).
+//!
+//! Main types: [`Coder`], [`CoderConfig`], [`Offer`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Method, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+
+use crate::cache::freshness::Storability;
+use crate::hsync::{Basis, Encoder, EncoderOptions};
+use crate::http::body_pipe::Parking;
+use crate::http::error::ProxyError;
+use crate::http::headers::{
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, parse_byte_sequence,
+    weaken_etag,
+};
+use crate::http::server::ProxyBody;
+use crate::http::spool::SpoolDisk;
+use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
+use crate::http::upstream_guard::ExchangeCheck;
+
+use super::AcceleratorConfig;
+use super::basis_store::{BasisStore, shareable};
+use super::coding::Coding;
+use super::pace::Pacer;
+use super::stats::Stats;
+use super::stream::encode_body;
+use super::turns::Encoders;
+use super::whole::{OriginBody, SMALL_BODY, encode_whole};
+
+/// How answers are coded: the accelerator's settings of the same names.
+#[derive(Debug, Clone)]
+pub struct CoderConfig {
+    /// Encoder settings.
+    pub encoder: EncoderOptions,
+    /// Entropy-code literals only while that is faster than sending them
+    /// without (see [`super::pace`]).
+    pub adapt_entropy_coding: bool,
+    /// Largest body coded (bytes); larger ones pass through.
+    pub max_encode_len: u64,
+    /// Largest basis signature accepted from a request (bytes, decoded).
+    pub max_signature_bytes: usize,
+    /// Memory for bodies served, kept as future bases (bytes; 0: none).
+    pub basis_store_bytes: usize,
+    /// Largest body kept there (bytes).
+    pub max_stored_body: usize,
+    /// Keep every coded body there, shareable or not (D-B3).
+    pub basis_store_private: bool,
+    /// Encoders that run at once (0: one per core).
+    pub max_encoders: usize,
+    /// Where a coded body is parked for a client that stopped reading.
+    pub spool_dir: PathBuf,
+    /// Most bytes of a coded body parked ahead of its reader (0: never).
+    pub max_spool: u64,
+    /// Disk that all parked bodies take together (bytes).
+    pub max_spool_total: u64,
+    /// Memory that streamed codings hold at once (bytes; 0: no bound).
+    pub transfer_memory: u64,
+    /// Time for a small body to arrive whole once its head came.
+    pub body_timeout: Duration,
+}
+
+impl From<&AcceleratorConfig> for CoderConfig {
+    fn from(config: &AcceleratorConfig) -> CoderConfig {
+        CoderConfig {
+            encoder: config.encoder,
+            adapt_entropy_coding: config.adapt_entropy_coding,
+            max_encode_len: config.max_encode_len,
+            max_signature_bytes: config.max_signature_bytes,
+            basis_store_bytes: config.basis_store_bytes,
+            max_stored_body: config.max_stored_body,
+            basis_store_private: config.basis_store_private,
+            max_encoders: config.max_encoders,
+            spool_dir: config.spool_dir.clone(),
+            max_spool: config.max_spool,
+            max_spool_total: config.max_spool_total,
+            transfer_memory: config.transfer_memory,
+            body_timeout: config.origin_timeout,
+        }
+    }
+}
+
+/// What a request offers of hsync, read before its head is rewritten.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// `Accept-Encoding` names hsync.
+    pub offers_hsync: bool,
+    /// A GET without Range that offers hsync: the answer may be coded.
+    pub encodable: bool,
+    /// The client's basis signature, decoded.
+    signature: Option<Vec<u8>>,
+    /// `Hsync-Basis` as sent (echoed in the answer) and the digest it names.
+    basis_name: Option<HeaderValue>,
+    basis_digest: Option<[u8; 32]>,
+}
+
+impl Offer {
+    /// What `headers` offer, taking a signature of at most `max_signature`
+    /// bytes.
+    pub fn read(method: &Method, headers: &HeaderMap, max_signature: usize) -> Offer {
+        let offers_hsync = accepts_hsync(headers);
+        let basis_name = headers.get(HSYNC_BASIS).cloned();
+        Offer {
+            offers_hsync,
+            encodable: offers_hsync
+                && method == Method::GET
+                && !headers.contains_key(header::RANGE),
+            signature: headers
+                .get(HSYNC_SIGNATURE)
+                .and_then(|v| parse_byte_sequence(v, max_signature)),
+            basis_digest: basis_name
+                .as_ref()
+                .and_then(|name| parse_byte_sequence(name, 32))
+                .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()),
+            basis_name,
+        }
+    }
+}
+
+/// Codes answers: the encoders' turns, the memory and disk they may take,
+/// the bodies kept as bases, the counters.
+pub struct Coder {
+    config: CoderConfig,
+    bodies: Arc<BasisStore>,
+    stats: Arc<Stats>,
+    encoders: Encoders,
+    /// What streamed codings hold at once.
+    memory: TransferMemory,
+    parking: Option<Parking>,
+}
+
+impl Coder {
+    /// A coder with `config`, counting into `stats`.
+    pub fn new(config: CoderConfig, stats: Arc<Stats>) -> Coder {
+        let encoders = match config.max_encoders {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let parking = (config.max_spool > 0).then(|| Parking {
+            disk: SpoolDisk::new(config.max_spool_total),
+            dir: config.spool_dir.as_path().into(),
+            limit: config.max_spool,
+        });
+        Coder {
+            bodies: Arc::new(BasisStore::new(
+                config.basis_store_bytes,
+                config.max_stored_body,
+            )),
+            memory: TransferMemory::new(config.transfer_memory),
+            encoders: Encoders::new(encoders),
+            parking,
+            stats,
+            config,
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// What the request offers, within our signature limit.
+    pub fn offer(&self, method: &Method, headers: &HeaderMap) -> Offer {
+        Offer::read(method, headers, self.config.max_signature_bytes)
+    }
+
+    /// Whether an answer with this head may be coded for `offer`.
+    pub fn codes(&self, offer: &Offer, response: &http::response::Parts) -> bool {
+        let coded = response
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let no_transform = response
+            .headers
+            .get_all(header::CACHE_CONTROL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|d| d.trim().eq_ignore_ascii_case("no-transform"));
+        offer.encodable
+            && response.status == StatusCode::OK
+            && !coded
+            && !no_transform
+            && content_length(&response.headers).is_none_or(|len| len <= self.config.max_encode_len)
+    }
+
+    /// Codes an answer [`Coder::codes`] said yes to. `request` is the
+    /// request's head as forwarded (what decides whether the body may be
+    /// kept as a basis).
+    ///
+    /// # Errors
+    /// A small body that fails to arrive whole, or the encoder's failure:
+    /// the client has seen nothing yet.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn code(
+        &self,
+        mut parts: http::response::Parts,
+        body: ProxyBody,
+        framing: Option<ExchangeCheck>,
+        offer: Offer,
+        request: &HeaderMap,
+        method: Method,
+        uri: Uri,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let content_length = content_length(&parts.headers);
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static(HSYNC_CODING),
+        );
+        parts.headers.append(
+            header::VARY,
+            HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
+        );
+        weaken_etag(&mut parts.headers);
+        if let Some(name) = offer.basis_name {
+            parts.headers.insert(HSYNC_BASIS, name);
+        }
+        parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
+        // A basis we served and still hold: compress against the body itself.
+        let held = offer
+            .basis_digest
+            .and_then(|digest| self.bodies.get(&digest))
+            .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
+        let encoder = match held {
+            Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
+            None => Encoder::new(
+                offer.signature.as_deref(),
+                content_length,
+                self.config.encoder,
+            ),
+        };
+        tracing::debug!(basis = ?encoder.basis_use(), "encoding");
+        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
+            && self.may_keep(request, &parts.headers);
+        let store = keep.then(|| self.bodies.clone());
+        Stats::add(&self.stats.coded, 1);
+        if content_length.is_some_and(|len| len <= SMALL_BODY) {
+            let origin = OriginBody {
+                body,
+                framing,
+                timeout: self.config.body_timeout,
+            };
+            let coding = Coding {
+                encoder,
+                encoders: self.encoders.clone(),
+                memory: None,
+                store,
+                stats: self.stats.clone(),
+                parking: None,
+            };
+            let stream = encode_whole(origin, coding, method, uri).await?;
+            return Ok(Response::from_parts(
+                parts,
+                Full::new(stream).map_err(|never| match never {}).boxed(),
+            ));
+        }
+        let pacer = self.config.adapt_entropy_coding.then(Pacer::new);
+        let coding = Coding {
+            encoder,
+            encoders: self.encoders.clone(),
+            memory: Some((
+                self.memory.clone(),
+                // The coding's state, and the copy of the body collected
+                // for the basis store.
+                coded_transfer_cost(self.config.encoder.window_bytes, content_length)
+                    + if keep {
+                        content_length.unwrap_or(self.bodies.max_body() as u64)
+                    } else {
+                        0
+                    },
+                content_length,
+            )),
+            store,
+            stats: self.stats.clone(),
+            parking: self.parking.clone(),
+        };
+        let body = encode_body(body, framing, coding, pacer, method, uri);
+        Ok(Response::from_parts(parts, body))
+    }
+
+    /// Whether the basis store may keep this response's body: only what a
+    /// shared cache may store, unless the operator opted in (D-B3).
+    fn may_keep(&self, request: &HeaderMap, response: &HeaderMap) -> bool {
+        if self.config.basis_store_private {
+            return true;
+        }
+        match shareable(request, response) {
+            Storability::Storable => true,
+            Storability::NotStorable(reason) => {
+                tracing::debug!(reason, "body not kept as a basis");
+                false
+            }
+        }
+    }
+
+    /// What we advertise: version and the signature size we accept.
+    fn hsync_accept(&self) -> HeaderValue {
+        HeaderValue::from_str(&format!(
+            "v=1, max-signature={}",
+            self.config.max_signature_bytes
+        ))
+        .expect("digits and ASCII")
+    }
+}
+
+/// The announced `Content-Length`, if any.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
