@@ -17,7 +17,7 @@ use rproxy::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo};
 use rproxy::http::address_policy::AddressPolicy;
 use rproxy::http::host_pattern::HostPattern;
 use support::proxy::client_config;
-use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin};
+use support::topology::{Accelerator, Chain, ClientProxy, Origin, accelerator_config, origin};
 use support::user_agent::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -230,4 +230,67 @@ async fn our_upstream_credentials_never_reach_an_origin() {
         .assert_body("a", &page("a", 0));
     // The accelerator got them (and took them out before its origin).
     assert_eq!(a.seen()[0].header("proxy-authorization"), None);
+}
+
+#[tokio::test]
+async fn in_a_chain_every_client_proxy_is_an_hsync_hop() {
+    let a = versioned_origin("a").await;
+    let chain = Chain::start(a.addr, 2).await;
+    let (middle, nearest) = (&chain.clients[0], chain.nearest());
+    let url = format!("http://{}/a.html", a.addr);
+
+    get(nearest.addr, &url)
+        .await
+        .assert_body("a", &page("a", 0));
+    let first_link = nearest.stats().upstream_bytes;
+    get(nearest.addr, &url)
+        .await
+        .assert_body("a", &page("a", 1));
+
+    // Both links carried hsync: the accelerator's to the middle proxy, and
+    // the middle proxy's, coded against the nearest one's copy, to it.
+    assert_eq!(middle.stats().deltas, 2, "{:?}", middle.stats());
+    assert_eq!(nearest.stats().deltas, 2, "{:?}", nearest.stats());
+    let second_link = nearest.stats().upstream_bytes - first_link;
+    assert!(
+        second_link < page("a", 1).len() as u64 / 20,
+        "{second_link} bytes for a one-line change between the two proxies"
+    );
+    // Each hop's Via reached the origin.
+    let seen = &a.seen()[1];
+    let via: Vec<&str> = seen
+        .headers
+        .get_all("via")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    let via = via.join(", ");
+    for hop in ["client-test-1", "client-test-0", "accel-test"] {
+        assert!(via.contains(hop), "{via}");
+    }
+}
+
+#[tokio::test]
+async fn a_chain_link_can_serve_plain_bodies() {
+    let a = versioned_origin("a").await;
+    let accel = accelerator(&["*"], &a).await;
+    let middle = ClientProxy::start(ClientConfig {
+        downstream_coding: None,
+        ..client_config(&format!("http://{}", accel.addr))
+    })
+    .await;
+    let nearest = ClientProxy::start(ClientConfig {
+        via_name: HeaderValue::from_static("client-test-near"),
+        ..client_config(&format!("http://{}", middle.addr))
+    })
+    .await;
+    let url = format!("http://{}/a.html", a.addr);
+    get(nearest.addr, &url)
+        .await
+        .assert_body("a", &page("a", 0));
+    get(nearest.addr, &url)
+        .await
+        .assert_body("a", &page("a", 1));
+    assert_eq!(middle.stats().deltas, 2);
+    assert_eq!(nearest.stats().deltas, 0);
 }

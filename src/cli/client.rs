@@ -74,6 +74,10 @@ pub struct ClientArgs {
     /// requests with credentials, are stored and used as bases.
     #[arg(long)]
     pub private: bool,
+    /// Serve client proxies downstream of this one (a chain) plain bodies
+    /// instead of hsync deltas against their own cached copies.
+    #[arg(long)]
+    pub no_downstream_coding: bool,
     /// Our name in Via (letters, digits, '.', ':', '_', '-'); default: the
     /// listen address.
     #[arg(long)]
@@ -190,7 +194,7 @@ impl ClientArgs {
                 queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses;
             optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;
-            switches: private, inetd, allow_open);
+            switches: private, no_downstream_coding, inetd, allow_open);
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
         Ok(settings)

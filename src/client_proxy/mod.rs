@@ -63,6 +63,7 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
+use crate::accelerator::{Coder, CoderConfig, Offer};
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
 use crate::http::error::{ProxyError, fault_of};
@@ -136,6 +137,32 @@ pub struct ClientConfig {
     /// CONNECT tunnels: the ports and non-public addresses they may go
     /// to, and how long one may stay quiet.
     pub tunnel: TunnelConfig,
+    /// How answers to downstream client proxies that offer hsync are coded
+    /// (a chain of proxies); `None` serves them plain bodies.
+    pub downstream_coding: Option<CoderConfig>,
+}
+
+/// Codes `response` for a downstream client proxy that offered hsync,
+/// when it may be coded (the bytes are ours, verified and rebuilt).
+async fn code_downstream(
+    coder: &Coder,
+    response: Response<ProxyBody>,
+    offer: Offer,
+    request: &http::HeaderMap,
+    method: Method,
+    uri: http::Uri,
+) -> Response<ProxyBody> {
+    let (parts, body) = response.into_parts();
+    if !coder.codes(&offer, &parts) {
+        return Response::from_parts(parts, body);
+    }
+    match coder
+        .code(parts, body, None, offer, request, method, uri)
+        .await
+    {
+        Ok(response) => response,
+        Err(refusal) => refusal.log_and_respond(),
+    }
 }
 
 /// The client proxy role.
@@ -143,6 +170,8 @@ pub struct ClientProxy {
     config: ClientConfig,
     store: CacheStore,
     routes: Routes,
+    /// Codes what downstream client proxies are served, when enabled.
+    coder: Option<Coder>,
     in_flight: InFlight,
     hot: HotCache,
     stats: Arc<ClientStats>,
@@ -173,6 +202,10 @@ impl ClientProxy {
             memory: TransferMemory::new(config.transfer_memory),
             spool_disk: SpoolDisk::new(config.max_spool_total),
             routes,
+            coder: config
+                .downstream_coding
+                .clone()
+                .map(|coding| Coder::new(coding, Arc::default())),
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
             waits: Arc::new(QueueWaits::new(config.queue.clone(), stats.clone())),
@@ -257,6 +290,14 @@ impl ClientProxy {
         if let Err(e) = strip_hop_by_hop(&mut parts.headers) {
             return ProxyError::bad_request(e.to_string()).log_and_respond();
         }
+        // A downstream client proxy's offer (a chain of proxies): what we
+        // serve it is coded against its basis, as an accelerator codes.
+        let downstream = self
+            .coder
+            .as_ref()
+            .map(|coder| coder.offer(&parts.method, &parts.headers))
+            .filter(|offer| offer.encodable)
+            .map(|offer| (offer, parts.headers.clone()));
         // Hsync headers from the user agent are never ours to trust, and
         // it cannot take the coding from us: we offer it ourselves, where
         // we decode it.
@@ -267,9 +308,16 @@ impl ClientProxy {
         let method = parts.method.clone();
         let url = target.url.to_string();
         parts.extensions.insert(Started(started));
+        let uri = target.url.clone();
         let response = match method {
             Method::GET | Method::HEAD => self.clone().cacheable(parts, body, target, key).await,
             _ => self.clone().pass_unsafe(parts, body, target, key).await,
+        };
+        let response = match (&self.coder, downstream) {
+            (Some(coder), Some((offer, request))) => {
+                code_downstream(coder, response, offer, &request, method.clone(), uri).await
+            }
+            _ => response,
         };
         let logged = response.extensions().get::<LoggedAtEnd>().is_some();
         let (parts, body) = response.into_parts();

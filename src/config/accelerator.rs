@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use super::shared::saturating_usize;
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
-use crate::accelerator::{AcceleratorConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin};
+use crate::accelerator::{
+    AcceleratorConfig, CoderConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
+};
 use crate::hsync::EncoderOptions;
 use crate::http::address_policy::AddressPolicy;
 use crate::http::host_pattern::HostPattern;
@@ -344,6 +346,14 @@ impl AcceleratorSettings {
             ..defaults
         }
     }
+}
+
+/// How `rproxy accelerator` codes answers by default: what a client proxy
+/// codes its answers to downstream client proxies with.
+pub fn default_coding() -> CoderConfig {
+    let config = AcceleratorSettings::default()
+        .config_with(Vec::new(), HeaderValue::from_static("accelerator"));
+    CoderConfig::from(&config)
 }
 
 impl AcceleratorConfig {

@@ -119,6 +119,7 @@ pub struct ClientSettings {
     pub transfer_memory: Size,
     pub max_spool_total: Size,
     pub private: bool,
+    pub no_downstream_coding: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub via_name: Option<String>,
     pub signature_bytes: Size,
@@ -168,6 +169,7 @@ impl Default for ClientSettings {
             transfer_memory: Size(crate::http::transfer_memory::DEFAULT_CLIENT_MEMORY),
             max_spool_total: Size::gib(8),
             private: false,
+            no_downstream_coding: false,
             via_name: None,
             // 4608 bytes are 6 KiB of header.
             signature_bytes: Size(4608),
@@ -292,6 +294,8 @@ impl ClientSettings {
     /// credentials, TLS or QUEUE callbacks.
     fn config_with(&self, routes: Vec<RouteConfig>, via_name: HeaderValue) -> ClientConfig {
         ClientConfig {
+            downstream_coding: (!self.no_downstream_coding)
+                .then(super::accelerator::default_coding),
             routes,
             via_name,
             scope: if self.private {

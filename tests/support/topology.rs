@@ -413,6 +413,43 @@ impl Server<rproxy::client_proxy::ClientProxy> {
     }
 }
 
+/// An accelerator in front of an origin and client proxies chained behind
+/// it: `clients[0]`'s upstream is the accelerator, each next one's the one
+/// before; a user agent asks the last.
+pub struct Chain {
+    pub accelerator: Accelerator,
+    pub clients: Vec<ClientProxy>,
+}
+
+impl Chain {
+    /// Starts an accelerator in front of `origin` ([`accelerator_config`])
+    /// and `clients` client proxies behind it, each with
+    /// [`super::proxy::client_config`], named `client-test-N` in Via.
+    pub async fn start(origin: SocketAddr, clients: usize) -> Chain {
+        let accelerator = Accelerator::start(accelerator_config(origin)).await;
+        let mut chained: Vec<ClientProxy> = Vec::with_capacity(clients);
+        for n in 0..clients {
+            let upstream = chained
+                .last()
+                .map_or(accelerator.addr, |client| client.addr);
+            let config = ClientConfig {
+                via_name: HeaderValue::from_str(&format!("client-test-{n}")).unwrap(),
+                ..super::proxy::client_config(&format!("http://{upstream}"))
+            };
+            chained.push(ClientProxy::start(config).await);
+        }
+        Chain {
+            accelerator,
+            clients: chained,
+        }
+    }
+
+    /// The client proxy user agents ask.
+    pub fn nearest(&self) -> &ClientProxy {
+        self.clients.last().expect("at least one client proxy")
+    }
+}
+
 /// A self-signed certificate for 127.0.0.1 and localhost, as PEM files
 /// `cert.pem` and `key.pem` in `dir` (the certificate is its own CA).
 pub fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
