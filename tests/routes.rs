@@ -294,3 +294,34 @@ async fn a_chain_link_can_serve_plain_bodies() {
     assert_eq!(middle.stats().deltas, 2);
     assert_eq!(nearest.stats().deltas, 0);
 }
+
+#[tokio::test]
+async fn the_urls_host_picks_the_route_whatever_host_says() {
+    let a = versioned_origin("a").await;
+    let accel_a = accelerator(&["a.test"], &a).await;
+    let c = versioned_origin("c").await;
+    let proxy = client(vec![
+        to_upstream(&["a.test"], &accel_a),
+        direct(&["*"], &["127.0.0.0/8"]),
+    ])
+    .await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "GET http://{}/c.html HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        c.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("version 0 of c\n"), "{text}");
+    assert_eq!(a.requests(), 0);
+    assert_eq!(
+        c.seen()[0].header("host"),
+        Some(c.addr.to_string().as_str())
+    );
+}

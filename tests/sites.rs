@@ -291,3 +291,20 @@ async fn https_origins_are_fetched_over_tls_with_the_configured_ca() {
     );
     assert_eq!(origin.requests(), 2);
 }
+
+#[tokio::test]
+async fn an_absolute_target_wins_over_a_host_that_names_another_site() {
+    let a = named_origin("site A").await;
+    let b = named_origin("site B").await;
+    let accel = Accelerator::start(with_sites(vec![
+        site(&["a.test"], a.addr),
+        site(&["b.test"], b.addr),
+    ]))
+    .await;
+    // RFC 9112 §3.2.2: the authority of an absolute-form target replaces
+    // Host; a Host naming another site must not pick the origin.
+    let (status, body) = ask(accel.addr, "http://a.test/x", "Host: b.test\r\n").await;
+    assert_eq!((status, body.as_str()), (200, "site A"));
+    assert_eq!(a.seen()[0].header("host"), Some("a.test"));
+    assert_eq!(b.requests(), 0);
+}
