@@ -760,6 +760,13 @@ mod tests {
         assert_eq!(whole_seconds(FAILURE_WINDOW), 60);
     }
 
+    /// Throttled for what is left of the minute since the first failure:
+    /// these tests hash for real, which on a loaded machine takes seconds,
+    /// so the time left is not always the whole minute.
+    fn throttled_about_a_minute(verdict: &Result<String, Refusal>) -> bool {
+        matches!(verdict, Err(Refusal::Throttled(seconds)) if (45..=60).contains(seconds))
+    }
+
     #[tokio::test]
     async fn a_10_the_eleventh_guess_in_a_minute_is_refused_before_any_hash() {
         let auth = Authenticator::new(&file_with(&[("alice", "wonderland")]), "rproxy").unwrap();
@@ -776,7 +783,7 @@ mod tests {
         for n in 10..20 {
             let guess = basic_credentials("mallory", &format!("guess{n}"));
             let verdict = auth.check(&headers(guess.to_str().unwrap()), guesser).await;
-            assert_eq!(verdict, Err(Refusal::Throttled(60)));
+            assert!(throttled_about_a_minute(&verdict), "{verdict:?}");
         }
         let stats = auth.stats();
         assert_eq!(stats.hashes, 9, "no hash past the tenth failure");
@@ -801,7 +808,8 @@ mod tests {
         // Bob's right password never passed before: it waits out the
         // minute like any guess from there.
         let bob = headers(basic_credentials("bob", "builder").to_str().unwrap());
-        assert_eq!(auth.check(&bob, shared).await, Err(Refusal::Throttled(60)));
+        let verdict = auth.check(&bob, shared).await;
+        assert!(throttled_about_a_minute(&verdict), "{verdict:?}");
         assert_eq!(auth.stats().hashes, hashes);
     }
 
