@@ -14,14 +14,18 @@
 //!   matcher, [`hsync::Encoder`], [`hsync::Decoder`]).
 //! - [`http`]: the HTTP layer both roles share: accept loop and connections,
 //!   framing guards, headers (`Via` read and written once), proxy auth, TLS,
-//!   inetd, spooled bodies and the transfer memory budget.
+//!   inetd, connecting upstream under an address policy, host patterns,
+//!   `Forwarded`, the body pipe, spooled bodies and the transfer memory
+//!   budget.
 //! - [`cache`]: the client proxy's disk store, keys, basis choice, and the
 //!   RFC 9111 freshness rules (pure).
 //! - [`queue`]: fair upload slots (PARQ, Active Queueing), sans-IO.
-//! - [`accelerator`]: the role in front of the origin: encodes for clients
-//!   offering hsync; its basis store, pacing and upload slots.
-//! - [`client_proxy`]: the role near users: serves from the cache, goes
-//!   upstream offering a basis, rebuilds, verifies and stores.
+//! - [`accelerator`]: the role in front of origins: routes by site (or as
+//!   a parent, to the whole web), encodes for clients offering hsync; its
+//!   coder, basis store, pacing and upload slots.
+//! - [`client_proxy`]: the role near users: serves from the cache, routes
+//!   each host upstream or direct, offers a basis, rebuilds, verifies and
+//!   stores; tunnels CONNECT; codes for client proxies behind it.
 //! - [`config`]: each role's settings (TOML file and flags, one unit syntax).
 //! - [`cli`]: the `rproxy` subcommands over the above.
 //! - [`demo`]: `rproxy demo` and its static origin.

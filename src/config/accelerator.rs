@@ -129,7 +129,7 @@ pub struct AcceleratorSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
     pub listen: SocketAddr,
-    /// None: [`DEFAULT_ORIGIN`], unless `[[site]]` tables say.
+    /// None: `DEFAULT_ORIGIN`, unless `[[site]]` tables say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
     /// Addresses (ranges) of previous hops whose `Forwarded` and

@@ -110,7 +110,7 @@ pub struct ClientSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
     pub listen: SocketAddr,
-    /// None: [`DEFAULT_UPSTREAM`], unless `[[route]]` tables say.
+    /// None: `DEFAULT_UPSTREAM`, unless `[[route]]` tables say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
     pub cache: PathBuf,
