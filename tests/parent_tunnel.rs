@@ -1,6 +1,7 @@
 //! CONNECT through the routes (issue 18): a client proxy whose route
 //! sends a host to an upstream proxy tunnels there as a CONNECT to it,
-//! with its upstream credentials, and a parent-mode accelerator tunnels
+//! (plain or TLS) with its upstream credentials, and a parent-mode
+//! accelerator tunnels
 //! for it within its allow-list of hosts, ports and addresses; a site
 //! that is not a parent still refuses CONNECT. Bytes both ways to a TCP
 //! echo server, curl fetching an `https://` page through the pair, and
@@ -379,4 +380,40 @@ async fn a_quiet_parent_tunnel_closes_after_the_idle_timeout() {
     .expect("the parent closes a quiet tunnel");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     assert!(quiet.elapsed() >= idle - Duration::from_millis(50));
+}
+
+#[tokio::test]
+async fn a_connect_goes_to_an_https_upstream_over_tls() {
+    let echo = Echo::start().await;
+    let port = echo.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = topology::self_signed(dir.path());
+    // The parent offers h2 and HTTP/1.1; a CONNECT to it goes on an
+    // HTTP/1.1 connection of its own.
+    let parent = Accelerator::start_with(
+        with_sites(vec![parent_site(&["localhost"], vec![port], LOOPBACK)]),
+        Listen {
+            tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+            ..Listen::default()
+        },
+    )
+    .await;
+    let mut tls = (*rproxy::http::tls::client_config(Some(&cert)).unwrap()).clone();
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let proxy = ClientProxy::start(ClientConfig {
+        upstream_tls: Some(Arc::new(tls)),
+        ..client(
+            vec![RouteConfig {
+                hosts: RouteHosts::Listed(patterns(&["*"])),
+                to: RouteTo::Upstream(format!("https://{}", parent.addr).parse().unwrap()),
+            }],
+            vec![port],
+        )
+    })
+    .await;
+    let (head, mut tunnel) = connect(proxy.addr, &format!("localhost:{port}"), "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    assert_eq!(round_trip(&mut tunnel, b"over TLS").await, b"over TLS");
+    assert_eq!(echo.connections(), 1);
+    assert_eq!(proxy.stats().tunnels, 1);
 }
