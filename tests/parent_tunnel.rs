@@ -1,12 +1,11 @@
 //! CONNECT through the routes (issue 18): a client proxy whose route
-//! sends a host to an upstream proxy tunnels there as a CONNECT to it,
-//! (plain or TLS) with its upstream credentials, and a parent-mode
-//! accelerator tunnels
-//! for it within its allow-list of hosts, ports and addresses; a site
-//! that is not a parent still refuses CONNECT. Bytes both ways to a TCP
-//! echo server, curl fetching an `https://` page through the pair, and
-//! every refusal made before the target sees a connection. Everything
-//! stays on 127.0.0.1.
+//! sends a host to an upstream proxy tunnels there as a CONNECT to it
+//! (plain or TLS), with its upstream credentials, and a parent-mode
+//! accelerator tunnels for it within its allow-list of hosts, ports and
+//! addresses; a site that is not a parent still refuses CONNECT. Bytes
+//! both ways to a TCP echo server, curl fetching an `https://` page
+//! through the pair, and every refusal made before the target sees a
+//! connection. Everything stays on 127.0.0.1.
 
 mod support;
 
