@@ -1,4 +1,5 @@
-//! CONNECT tunnels through the client proxy: bytes both ways to a TCP
+//! CONNECT tunnels through the client proxy on a direct route (through an
+//! upstream proxy: `parent_tunnel.rs`): bytes both ways to a TCP
 //! echo server, curl fetching an `https://` page through one, and every
 //! refusal made before any connection is opened (a port not listed, a
 //! loopback address or a name resolving to one, a malformed target, no
@@ -9,56 +10,30 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
-use rproxy::client_proxy::{ClientConfig, TunnelConfig};
+use rproxy::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
+use rproxy::http::address_policy::AddressPolicy;
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
+use rproxy::http::host_pattern::HostPattern;
 use support::proxy::{client_config, eventually};
 use support::topology::{self, ClientProxy, Listen, serve, temp_store};
+use support::tunnel::{Echo, PROMPT, connect, round_trip, status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// Patience for anything that should happen at once.
-const PROMPT: Duration = Duration::from_secs(5);
-
-/// A TCP server on 127.0.0.1 that echoes what it reads and counts the
-/// connections it accepted.
-struct Echo {
-    addr: SocketAddr,
-    connections: Arc<AtomicUsize>,
-}
-
-impl Echo {
-    async fn start() -> Echo {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let counted = connections.clone();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let (mut read, mut write) = stream.split();
-                    let _ = tokio::io::copy(&mut read, &mut write).await;
-                });
-            }
-        });
-        Echo { addr, connections }
-    }
-
-    fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-}
+use tokio::net::TcpStream;
 
 /// A client proxy whose tunnels may go to `ports` and to 127.0.0.0/8 when
-/// `loopback`; its upstream is never asked.
+/// `loopback`, every host by a direct route. The route's own address
+/// policy allows nothing private: a tunnel's is `connect-allow-addresses`.
 fn config(ports: &[u16], loopback: bool, idle_timeout: Duration) -> ClientConfig {
     ClientConfig {
+        routes: vec![RouteConfig {
+            hosts: RouteHosts::Listed(vec![HostPattern::parse("*").unwrap()]),
+            to: RouteTo::Direct(AddressPolicy::default()),
+        }],
         tunnel: TunnelConfig {
             ports: ports.to_vec(),
             allow_addresses: if loopback {
@@ -70,45 +45,6 @@ fn config(ports: &[u16], loopback: bool, idle_timeout: Duration) -> ClientConfig
         },
         ..client_config("http://127.0.0.1:9")
     }
-}
-
-/// Sends a CONNECT for `target` (with `extra` header lines) and reads the
-/// answer's head; the stream is left at the tunnel's first byte.
-async fn connect(proxy: SocketAddr, target: &str, extra: &str) -> (String, TcpStream) {
-    let mut stream = TcpStream::connect(proxy).await.unwrap();
-    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(PROMPT, stream.read(&mut byte))
-            .await
-            .expect("an answer to CONNECT")
-            .unwrap();
-        if n == 0 {
-            break;
-        }
-        head.push(byte[0]);
-    }
-    (String::from_utf8_lossy(&head).into_owned(), stream)
-}
-
-fn status(head: &str) -> u16 {
-    head.split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {head:?}"))
-}
-
-/// Writes `bytes` into a tunnel and reads as many back.
-async fn round_trip(stream: &mut TcpStream, bytes: &[u8]) -> Vec<u8> {
-    stream.write_all(bytes).await.unwrap();
-    let mut got = vec![0; bytes.len()];
-    tokio::time::timeout(PROMPT, stream.read_exact(&mut got))
-        .await
-        .expect("the echo")
-        .unwrap();
-    got
 }
 
 #[tokio::test]

@@ -103,6 +103,9 @@ pub struct AcceleratorConfig {
     pub connect_timeout: Duration,
     /// Time for the origin's response head.
     pub origin_timeout: Duration,
+    /// Time without a byte moving either way before a parent-mode site's
+    /// CONNECT tunnel is closed: the listener's `idle-timeout`.
+    pub tunnel_idle_timeout: Duration,
     /// Memory for bodies served, kept as future bases (bytes; 0: none).
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).

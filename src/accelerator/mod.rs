@@ -29,8 +29,9 @@
 //! loops, `Max-Forwards`, upload slots) and the decision to code or pass
 //! through. The rest, one reason to change per file:
 //! - `config.rs`: the validated settings; `stats.rs`: the counters;
-//! - `sites.rs`: which site and origin a request is for; `origin.rs`: the
-//!   request as it goes and the trip to the origin;
+//! - `sites.rs`: which site and origin a request (or a CONNECT) is for;
+//!   `origin.rs`: the request as it goes and the trip to the origin;
+//!   `tunnel.rs`: a parent-mode site's CONNECT tunnels;
 //! - [`coder`]: whether and how an answer is coded (the head, the
 //!   encoder, whole or streamed), shared with a client proxy that serves
 //!   downstream client proxies;
@@ -58,6 +59,7 @@ mod sites;
 pub mod slots;
 mod stats;
 mod stream;
+mod tunnel;
 mod turns;
 mod whole;
 
@@ -151,6 +153,9 @@ impl Accelerator {
                 HeaderValue::from_static("application/json"),
             );
             return response;
+        }
+        if request.method() == Method::CONNECT {
+            return self.tunnel(request).await;
         }
         let route = match self.sites.route(&request) {
             Ok(route) => route,

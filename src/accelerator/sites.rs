@@ -2,6 +2,8 @@
 //! names match the host the client asked for (the absolute-form target's
 //! authority, else `Host`) serves it, from its origin server or, for a
 //! parent-mode site, from the URL's own host once the allow-list agrees.
+//! A CONNECT is routed the same way, by its `host:port`, and only a
+//! parent-mode site tunnels, within the same allow-list ([`Sites::tunnel`]).
 //! A request no site answers to is refused here, before any connection
 //! is made (P-12, A-7): an absolute-form target with 400, an unknown
 //! `Host` with 421, a destination outside a parent's allow-list with 403.
@@ -11,7 +13,7 @@
 //! is made ([`crate::http::dial`]), so that what was checked is what is
 //! connected to.
 //!
-//! Main types: [`Sites`], [`Route`].
+//! Main types: [`Sites`], [`Route`], [`Tunnel`].
 
 use std::sync::Arc;
 
@@ -26,6 +28,7 @@ use crate::http::error::ProxyError;
 use crate::http::host_pattern::HostPattern;
 use crate::http::server::ProxyBody;
 use crate::http::tls::{TlsSession, origin_client_config};
+use crate::http::tunnel::Destination;
 
 /// A pooled HTTP/1.1 client to origins.
 pub(super) type OriginClient = Client<OriginConnector, ProxyBody>;
@@ -39,6 +42,8 @@ struct Site {
     names: SiteNames,
     origin: Origin,
     client: OriginClient,
+    /// How the site's connections are opened (a parent's tunnels too).
+    dialer: Dialer,
 }
 
 enum Origin {
@@ -59,6 +64,14 @@ pub(super) struct Route {
     pub asked: Option<String>,
     /// The pool the request goes through.
     pub client: OriginClient,
+}
+
+/// Where one CONNECT goes: a parent-mode site's tunnel.
+pub(super) struct Tunnel {
+    /// What it asked for, within the parent's allow-list.
+    pub destination: Destination,
+    /// Dials it at addresses the parent's policy permits.
+    pub dialer: Dialer,
 }
 
 /// The host a request asked for: the authority of an absolute-form
@@ -126,12 +139,13 @@ impl Sites {
                     (Origin::Parent(policy.clone()), dialer)
                 }
             };
-            let client =
-                crate::http::server::upstream_client_builder().build(OriginConnector(dialer));
+            let client = crate::http::server::upstream_client_builder()
+                .build(OriginConnector(dialer.clone()));
             sites.push(Site {
                 names: config.names.clone(),
                 origin,
                 client,
+                dialer,
             });
         }
         Ok(Sites { sites })
@@ -175,6 +189,45 @@ impl Sites {
             )),
             None => ProxyError::bad_request("no Host: which site?"),
         })
+    }
+
+    /// The tunnel a CONNECT asks for: the first site whose names match
+    /// its host takes it, as it would a request for the host, and only a
+    /// parent-mode site tunnels, within its allow-list of hosts, ports and
+    /// (for an address literal; a name's addresses are checked when
+    /// dialling) addresses.
+    ///
+    /// # Errors
+    /// A target that is not `host:port`, or no parent-mode site for it
+    /// (400, as any CONNECT was before parents tunnelled); a destination
+    /// outside the parent's allow-list (403).
+    pub fn tunnel<B>(&self, request: &Request<B>) -> Result<Tunnel, ProxyError> {
+        let destination =
+            Destination::from_target(request.uri()).map_err(ProxyError::bad_request)?;
+        let host = destination.bracketed_host();
+        let site = self.sites.iter().find(|site| match &site.names {
+            SiteNames::AnyHost => true,
+            SiteNames::Listed(names) => HostPattern::any_matches(names, &host),
+        });
+        match site {
+            Some(Site {
+                origin: Origin::Parent(policy),
+                dialer,
+                ..
+            }) => {
+                permitted(policy, &host, destination.port)?;
+                Ok(Tunnel {
+                    destination,
+                    dialer: Dialer {
+                        tls: None,
+                        ..dialer.clone()
+                    },
+                })
+            }
+            _ => Err(ProxyError::bad_request(format!(
+                "CONNECT {destination}: the accelerator tunnels for parent-mode sites only"
+            ))),
+        }
     }
 }
 
@@ -271,7 +324,11 @@ impl Site {
             }
             Origin::Parent(policy) => {
                 let asked = asked.ok_or_else(|| ProxyError::bad_request("no Host: which site?"))?;
-                permitted(policy, asked)?;
+                let port = asked
+                    .authority
+                    .port_u16()
+                    .unwrap_or(default_port(&asked.scheme));
+                permitted(policy, asked.authority.host(), port)?;
                 (
                     asked.scheme.clone(),
                     asked.authority.clone(),
@@ -295,15 +352,11 @@ impl Site {
     }
 }
 
-/// Whether a parent-mode site may fetch what `asked` names: its host and
-/// port in the allow-list, and an address literal one the policy permits
-/// (a name's addresses are checked when connecting).
-fn permitted(policy: &ParentPolicy, asked: &Asked) -> Result<(), ProxyError> {
-    let host = asked.authority.host();
-    let port = asked
-        .authority
-        .port_u16()
-        .unwrap_or(default_port(&asked.scheme));
+/// Whether a parent-mode site may fetch from (or tunnel to) `host` (as
+/// an authority writes it) and `port`: both in the allow-list, and an
+/// address literal one the policy permits (a name's addresses are checked
+/// when connecting).
+fn permitted(policy: &ParentPolicy, host: &str, port: u16) -> Result<(), ProxyError> {
     if !HostPattern::any_matches(&policy.hosts, host) {
         return Err(ProxyError::forbidden(format!(
             "{host} is not among the hosts this parent fetches from"

@@ -1,6 +1,6 @@
 //! The accelerator's counters, served as JSON at [`STATS_PATH`]: how many
 //! requests were coded, passed through, refused (by fault) or queued, and
-//! what the coded ones weighed. Counting only: where each counter moves is
+//! what the coded ones weighed, and a parent's tunnels. Counting only: where each counter moves is
 //! the role's business.
 //!
 //! Main type: [`Stats`].
@@ -42,6 +42,11 @@ pub struct Stats {
     pub(super) encoder_waits: AtomicU64,
     /// Coded bodies parked in a spool for a client that stopped reading.
     pub(super) spooled: AtomicU64,
+    /// CONNECT tunnels a parent-mode site opened (the target connected,
+    /// 200 answered).
+    pub(super) tunnels: AtomicU64,
+    /// Bytes relayed through them, both ways, counted as each ends.
+    pub(super) tunnel_bytes: AtomicU64,
 }
 
 impl Stats {
@@ -65,7 +70,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"refused_client\":{},\"refused_upstream\":{},\"refused_overload\":{},\"refused_proxy\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{}}}\n",
+            "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"refused_client\":{},\"refused_upstream\":{},\"refused_overload\":{},\"refused_proxy\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{},\"tunnels\":{},\"tunnel_bytes\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
             get(&self.passed),
@@ -79,6 +84,8 @@ impl Stats {
             get(&self.stream_bytes),
             get(&self.encoder_waits),
             get(&self.spooled),
+            get(&self.tunnels),
+            get(&self.tunnel_bytes),
         )
     }
 }

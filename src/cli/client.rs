@@ -161,16 +161,19 @@ pub struct ClientArgs {
     /// File whose first line is the --upstream-user's password.
     #[arg(long, value_name = "FILE", requires = "upstream_user")]
     pub upstream_password_file: Option<PathBuf>,
-    /// Ports CONNECT tunnels may go to, comma-separated (default 443);
-    /// other ports get 403. A tunnel is relayed byte for byte, closed
-    /// after --idle-timeout without traffic: nothing in it is cached or
-    /// coded.
+    /// Ports CONNECT tunnels may go to, comma-separated (default 443),
+    /// whichever route takes the host (direct, or a CONNECT to the route's
+    /// upstream proxy); other ports get 403. A tunnel is relayed byte for
+    /// byte, closed after --idle-timeout without traffic: nothing in it is
+    /// cached or coded.
     #[arg(long, value_name = "PORT,...", value_delimiter = ',', num_args = 1..)]
     pub connect_ports: Option<Vec<u16>>,
-    /// Non-public addresses CONNECT tunnels may go to all the same
-    /// (loopback, private, link-local...), as CIDR ranges, comma-separated
-    /// (127.0.0.0/8,10.0.0.0/8); by default none: a host that resolves
-    /// only to such addresses gets 403.
+    /// Non-public addresses CONNECT tunnels on a direct route may go to
+    /// all the same (loopback, private, link-local...), as CIDR ranges,
+    /// comma-separated (127.0.0.0/8,10.0.0.0/8); by default none: a host
+    /// that resolves only to such addresses gets 403. (A route's own
+    /// allow-addresses are for http:// fetches; a tunnel through an
+    /// upstream proxy is checked by that proxy.)
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',', num_args = 1..)]
     pub connect_allow_addresses: Option<Vec<ipnet::IpNet>>,
 }

@@ -10,7 +10,11 @@
 //! upstream's own URLs, as before routes existed. With `[[route]]` tables a
 //! gateway request is routed by its `Host` like any other.
 //!
-//! Leaves out the trip itself ([`super::upstream`]) and tunnels.
+//! A CONNECT is routed by its host the same way ([`Routes::for_host`]):
+//! tunnelled direct, or through the route's upstream proxy as a CONNECT
+//! to it (`tunnel.rs`).
+//!
+//! Leaves out the trip itself ([`super::upstream`]) and the tunnel's.
 //!
 //! Main types: [`RouteConfig`], [`Routes`].
 
@@ -182,21 +186,29 @@ impl Routes {
                 absolute(&host, uri)?.expect("built from a host")
             }
         };
-        let host = url.host().unwrap_or("");
-        let upstream = self
-            .routes
+        let upstream = self.for_host(url.host().unwrap_or(""))?;
+        Ok(Target {
+            url,
+            forward: !upstream.is_direct(),
+            upstream,
+        })
+    }
+
+    /// The way to `host` (as a URL's authority writes it: an IPv6 literal
+    /// in brackets): the first route whose hosts match, as for a request's
+    /// URL; a CONNECT's tunnel is routed by it too.
+    ///
+    /// # Errors
+    /// A host no route takes (403).
+    pub fn for_host(&self, host: &str) -> Result<Arc<Upstream>, ProxyError> {
+        self.routes
             .iter()
             .find(|(hosts, _)| match hosts {
                 RouteHosts::Shorthand => true,
                 RouteHosts::Listed(patterns) => HostPattern::any_matches(patterns, host),
             })
             .map(|(_, upstream)| upstream.clone())
-            .ok_or_else(|| ProxyError::forbidden(format!("no route for {host}")))?;
-        Ok(Target {
-            url,
-            forward: !upstream.is_direct(),
-            upstream,
-        })
+            .ok_or_else(|| ProxyError::forbidden(format!("no route for {host}")))
     }
 
     fn shorthand(&self) -> Option<&(RouteHosts, Arc<Upstream>)> {

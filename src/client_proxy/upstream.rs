@@ -353,6 +353,25 @@ impl Upstream {
         Ok(HeldConnection { sender, watch })
     }
 
+    /// Opens a connection of our own to the upstream proxy, plain or TLS
+    /// as its URL says (ALPN `http/1.1`), with nothing sent on it yet: for
+    /// a CONNECT to it, after whose answer the connection is a tunnel.
+    ///
+    /// # Errors
+    /// A direct route (no upstream proxy), connect, TLS or the timeout.
+    pub(super) async fn dial_raw(&self) -> io::Result<Transport> {
+        let Some((_, authority)) = &self.fixed else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a direct route has no upstream proxy",
+            ));
+        };
+        let dialer = &self.held.dialer;
+        let tls = dialer.tls.is_some();
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        dialer.dial(authority.host(), port, tls).await
+    }
+
     /// What the upstream a request for `url` goes to advertised last, if
     /// it is still believed.
     pub fn advertised(&self, url: &Uri) -> Option<Advertised> {
@@ -573,6 +592,19 @@ impl ClientProxy {
             .await
     }
 
+    /// The refusal for the user agent when `upstream` answered 407: the
+    /// challenge is for us, not for the user agent (whose credentials never
+    /// go upstream), so a gateway error saying which of ours to check.
+    pub(super) fn challenged(&self, upstream: &str) -> ProxyError {
+        ClientStats::add(&self.stats.upstream_errors, 1);
+        let what = if self.config.upstream_credentials.is_some() {
+            "refused our credentials (check --upstream-user and its password)"
+        } else {
+            "wants proxy credentials (give --upstream-user)"
+        };
+        ProxyError::bad_upstream_response(format!("upstream {upstream} {what}"))
+    }
+
     /// The upstream's answer to a request `sent` (pooled or on a held
     /// connection), within the upstream timeout and checked; `Err` is the
     /// refusal for the user agent. After a malformed head the
@@ -588,16 +620,7 @@ impl ClientProxy {
             // The upstream's challenge is for us, not for the user agent
             // (whose credentials never go upstream): a gateway error.
             Ok(Ok(response)) if response.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
-                ClientStats::add(&self.stats.upstream_errors, 1);
-                let what = if self.config.upstream_credentials.is_some() {
-                    "refused our credentials (check --upstream-user and its password)"
-                } else {
-                    "wants proxy credentials (give --upstream-user)"
-                };
-                Err(ProxyError::bad_upstream_response(format!(
-                    "upstream {} {what}",
-                    upstream
-                )))
+                Err(self.challenged(upstream))
             }
             Ok(Ok(mut response)) => {
                 if let Err(message) = check_response_head(response.headers()) {

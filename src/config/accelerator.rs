@@ -47,10 +47,11 @@ pub struct SiteSettings {
     /// system's roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin_ca: Option<PathBuf>,
-    /// Parent mode: the hosts that may be fetched.
+    /// Parent mode: the hosts that may be fetched (or tunnelled to).
     #[serde(default = "any_host")]
     pub allow_hosts: Vec<String>,
-    /// Parent mode: the ports that may be fetched.
+    /// Parent mode: the ports that may be fetched, or tunnelled to by
+    /// CONNECT.
     #[serde(default = "web_ports")]
     pub allow_ports: Vec<u16>,
     /// Parent mode: non-public address ranges that may be connected to
@@ -315,6 +316,7 @@ impl AcceleratorSettings {
             max_signature_bytes: saturating_usize(self.max_signature),
             connect_timeout: self.connect_timeout,
             origin_timeout: self.origin_timeout,
+            tunnel_idle_timeout: self.limits.idle_timeout,
             basis_store_bytes: saturating_usize(self.basis_store),
             max_stored_body: saturating_usize(self.max_stored_body),
             basis_store_private: self.basis_store_private,

@@ -50,7 +50,8 @@ pub struct RouteSettings {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub direct: bool,
     /// Direct routes: non-public address ranges that may be connected to
-    /// (loopback, link-local and private ones are refused otherwise).
+    /// (loopback, link-local and private ones are refused otherwise), for
+    /// `http://` fetches; a CONNECT tunnel's are `connect-allow-addresses`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_addresses: Vec<IpNet>,
 }

@@ -21,6 +21,8 @@
 //!   each role's own work on the bytes.
 //! - [`spool`], [`transfer_memory`]: a body parked on disk for a reader that
 //!   stopped reading, and the budget streamed codings share.
+//! - [`tunnel`]: a CONNECT's destination, and the byte relay of a tunnel
+//!   either role opened.
 
 pub mod address_policy;
 pub mod auth;
@@ -36,4 +38,5 @@ pub mod server;
 pub mod spool;
 pub mod tls;
 pub mod transfer_memory;
+pub mod tunnel;
 pub mod upstream_guard;

@@ -3,13 +3,15 @@
 //! with arbitrary chunking, and taking streams apart into frames or building
 //! them by hand; the client proxy's test settings and user agent
 //! ([`proxy`], [`user_agent`]); and starting origins, accelerators and
-//! client proxies in one call each ([`topology`]).
+//! client proxies in one call each ([`topology`]); CONNECT tunnels
+//! ([`tunnel`]).
 //!
 //! Not every test binary uses every helper.
 #![allow(dead_code)]
 
 pub mod proxy;
 pub mod topology;
+pub mod tunnel;
 pub mod user_agent;
 
 use std::io::Read;
