@@ -266,12 +266,14 @@ async fn a_site_that_is_not_a_parent_refuses_connect_with_400() {
     assert_eq!(round_trip(&mut tunnel, b"hello").await, b"hello");
     assert_eq!(echo.connections(), 1);
 
-    // The one-origin shorthand never tunnels; a client proxy whose
-    // upstream it is answers 502, naming its 400.
+    // The one-origin shorthand never tunnels. A client proxy with it as
+    // its `--upstream` tunnels direct (the shorthand's upstream is the
+    // accelerator of a site); a route that names it gets 502, naming its
+    // 400.
     let plain = Accelerator::start(accelerator_config(echo.addr)).await;
     let (head, _) = connect(plain.addr, &format!("127.0.0.1:{port}"), "").await;
     assert_eq!(status(&head), 400, "{head}");
-    let proxy = ClientProxy::start(ClientConfig {
+    let shorthand = ClientProxy::start(ClientConfig {
         tunnel: TunnelConfig {
             ports: vec![port],
             allow_addresses: LOOPBACK.iter().map(|a| a.parse().unwrap()).collect(),
@@ -280,10 +282,15 @@ async fn a_site_that_is_not_a_parent_refuses_connect_with_400() {
         ..client_config(&format!("http://{}", plain.addr))
     })
     .await;
-    let (head, stream) = connect(proxy.addr, &format!("127.0.0.1:{port}"), "").await;
+    let (head, mut tunnel) = connect(shorthand.addr, &format!("127.0.0.1:{port}"), "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    assert_eq!(round_trip(&mut tunnel, b"direct").await, b"direct");
+    assert_eq!(echo.connections(), 2);
+    let routed = ClientProxy::start(client(vec![route_to(&["*"], plain.addr)], vec![port])).await;
+    let (head, stream) = connect(routed.addr, &format!("127.0.0.1:{port}"), "").await;
     assert_eq!(status(&head), 502, "{head}");
     assert!(rest(stream).await.contains("400"));
-    assert_eq!(echo.connections(), 1);
+    assert_eq!(echo.connections(), 2);
 }
 
 #[tokio::test]

@@ -163,7 +163,8 @@ pub struct ClientArgs {
     pub upstream_password_file: Option<PathBuf>,
     /// Ports CONNECT tunnels may go to, comma-separated (default 443),
     /// whichever route takes the host (direct, or a CONNECT to the route's
-    /// upstream proxy); other ports get 403. A tunnel is relayed byte for
+    /// upstream proxy; direct under the --upstream shorthand); other ports
+    /// get 403. A tunnel is relayed byte for
     /// byte, closed after --idle-timeout without traffic: nothing in it is
     /// cached or coded.
     #[arg(long, value_name = "PORT,...", value_delimiter = ',', num_args = 1..)]

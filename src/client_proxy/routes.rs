@@ -211,6 +211,21 @@ impl Routes {
             .ok_or_else(|| ProxyError::forbidden(format!("no route for {host}")))
     }
 
+    /// The upstream proxy a CONNECT for `host` goes through, or `None` to
+    /// tunnel direct: on a direct route, and under the `--upstream`
+    /// shorthand, whose upstream is the accelerator of a site (which does
+    /// not tunnel); `[[route]]` tables send it where they send the host.
+    ///
+    /// # Errors
+    /// A host no route takes (403).
+    pub fn tunnel_via(&self, host: &str) -> Result<Option<Arc<Upstream>>, ProxyError> {
+        if self.shorthand().is_some() {
+            return Ok(None);
+        }
+        let upstream = self.for_host(host)?;
+        Ok((!upstream.is_direct()).then_some(upstream))
+    }
+
     fn shorthand(&self) -> Option<&(RouteHosts, Arc<Upstream>)> {
         self.routes
             .first()

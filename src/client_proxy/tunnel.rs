@@ -107,12 +107,12 @@ impl ClientProxy {
             ))
             .log_and_respond();
         }
-        let upstream = match self.routes.for_host(&destination.bracketed_host()) {
-            Ok(upstream) => upstream,
+        let via = match self.routes.tunnel_via(&destination.bracketed_host()) {
+            Ok(via) => via,
             Err(refusal) => return refusal.log_and_respond(),
         };
         let upgrade = hyper::upgrade::on(request);
-        if upstream.is_direct() {
+        let Some(upstream) = via else {
             let dialer = Dialer {
                 connect_timeout: self.config.connect_timeout,
                 policy: Some(policy(config)),
@@ -127,7 +127,7 @@ impl ClientProxy {
             };
             let opened = Opened::direct(destination, &target);
             return self.opened(upgrade, target, opened);
-        }
+        };
         match self.connect_upstream(&upstream, &destination).await {
             Ok((target, via)) => {
                 let opened = Opened {
