@@ -516,7 +516,7 @@ cmp -s "$apt_dir/dl/$deb" "$repo/pool/$deb" || lab_die "apt download: $deb diffe
 # line of its own, and nginx 1.22's $http_via is the first line only; the
 # accelerator's part shows in its `coded` counter above).
 apt_at_origin=$(grep -c 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" || true)
-apt_via=$(grep 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" | grep -c "via=\"1.1 127.0.0.1:$lab_client_port[,\"]" || true)
+apt_via=$(grep 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" | grep -c "via=\"1.1 127.0.0.1:${lab_client_port}[,\"]" || true)
 ((apt_at_origin > 0 && apt_via == apt_at_origin)) ||
     lab_die "nginx logged $apt_at_origin requests from apt, only $apt_via with the client proxy's Via (the others did not come through the pair)"
 

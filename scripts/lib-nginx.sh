@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/e2e.sh and scripts/bench-proxy.sh (sourced, not run):
 # a throw-away nginx origin, the rproxy pair in front of it, and the small
 # helpers both need (free ports, readiness, stats counters, cleanup).
