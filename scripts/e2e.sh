@@ -33,6 +33,40 @@
 #   - update 3: apt's max-age=0 makes the client revalidate Release (even
 #     within the second it stored it) and no body crosses the link;
 #   - `apt-get download` of the new version gives the origin's .deb (cmp).
+# Then issue 18's topology, every rproxy process started with a TOML
+# config file (--config): three nginx virtual hosts, a.test and b.test on
+# nginx's port and c.test on a port of its own, each a file in two
+# versions; two accelerator processes, A with a [[site]] for a.test and B
+# with one for b.test (B trusting loopback as a forwarder); a parent-mode
+# accelerator (origin = "any" for localhost, nginx's ports, 127.0.0.0/8,
+# origin-ca the test's certificate); an "edge" client proxy with routes
+# a.test -> A, b.test -> B, localhost -> the parent, * -> direct (allowed
+# 127.0.0.0/8) and CONNECT to nginx's TLS port; an "outer" client proxy
+# whose upstream is the edge. A certificate for localhost is made by
+# openssl at the start (nginx's TLS server uses it). It checks that
+#   - through the edge (curl -x), version 1 then 2 of each site's file
+#     arrive byte for byte; a.test's and b.test's second versions came as
+#     deltas (edge `deltas` +1, A's or B's `coded` +1, link bytes under
+#     MAX_LINK_RATIO), the other accelerator's `coded` unmoved; c.test's
+#     came direct and whole (no delta, upstream bytes >= the file);
+#   - nginx was told who asked: for a.test `Forwarded:
+#     for=127.0.0.1;host="a.test";proto=http` and `X-Forwarded-For:
+#     127.0.0.1`, what curl made up replaced (A trusts no one); for b.test
+#     curl's made-up 203.0.113.9 first and B's element appended;
+#   - `curl -x EDGE --cacert cert.pem https://localhost:TLSPORT/...`
+#     (a CONNECT tunnel) gives the file, and the edge's `tunnels` went up
+#     by 1;
+#   - http://localhost:NGINXPORT/ URLs routed through the parent arrive
+#     byte for byte, the second as a delta (parent `coded`, edge
+#     `deltas`); an absolute-form `GET https://localhost:TLSPORT/...` sent
+#     to the parent itself (curl --request-target; the client proxy
+#     CONNECTs https:// URLs instead) is fetched over TLS with origin-ca
+#     and arrives byte for byte, nginx's TLS server logging the parent's
+#     Forwarded;
+#   - through the chain (curl -x OUTER -> edge -> A), a fresh file's
+#     second version is a delta at both client proxies: the outer's
+#     `deltas` +1 with link bytes under MAX_LINK_RATIO (the edge coded it
+#     toward the outer) and the edge's +1 (A coded it toward the edge).
 # It prints bytes per fetch, link bytes and the ratio, and exits non-zero
 # with a message saying what went wrong. Every process and temp file it
 # made is gone afterwards, whatever happened.
@@ -43,8 +77,8 @@
 #   MAX_LINK_RATIO=0.25   link bytes / file size the delta must stay under
 #   APT_STANZAS=400       made-up stanzas in the apt repository's Packages
 #   RPROXY, NGINX, CARGO_TARGET_DIR, KEEP_TMP: see scripts/lib-nginx.sh
-# Needs: nginx, curl, cmp, apt-get, dpkg-deb, md5sum, sha256sum; cargo
-# unless RPROXY is given.
+# Needs: nginx (with ssl), curl, cmp, openssl, apt-get, dpkg-deb, md5sum,
+# sha256sum; cargo unless RPROXY is given.
 set -euo pipefail
 
 # shellcheck source=scripts/lib-nginx.sh
@@ -187,7 +221,73 @@ apt_deb 1.0
 apt_release 1 1.0
 lab_log "apt repository: Packages $(lab_size "$repo/Packages") B ($(grep -c '^Package:' "$repo/Packages") stanzas), $apt_pkg 1.0"
 
-lab_start_nginx "$root"
+# ---- issue 18's topology: the origins --------------------------------
+# Three virtual hosts with a tree each, every tree with a file in two
+# versions: a.test the two jquery releases (twice: /jquery/ for the
+# client proxy's routes, /chain/ for the chain of client proxies), b.test
+# and c.test a generated text file (/notes/1/ and /notes/2/). a.test and
+# b.test share nginx's port; c.test has a port of its own where it is the
+# default server (see the direct route below). A TLS server on one more
+# port serves $root as localhost, with a certificate made now.
+command -v openssl >/dev/null ||
+    lab_die "openssl is not installed: the TLS checks need it (apt-get install -y openssl)"
+tls_dir=$lab_tmp/tls
+mkdir -p "$tls_dir"
+# CA:FALSE: `openssl req -x509` marks its certificate a CA by default, and
+# rustls (webpki) then refuses it as a server's own certificate
+# (CaUsedAsEndEntity: the parent's 502 says so) though curl takes it.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost \
+    -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -addext basicConstraints=critical,CA:FALSE \
+    -keyout "$tls_dir/key.pem" -out "$tls_dir/cert.pem" >"$lab_tmp/logs/openssl.log" 2>&1 ||
+    { cat "$lab_tmp/logs/openssl.log" >&2; lab_die "openssl could not make a self-signed certificate"; }
+sites=$lab_tmp/sites
+for dir in jquery chain; do
+    mkdir -p "$sites/a/$dir/$old_ver" "$sites/a/$dir/$new_ver"
+    cp "$old" "$sites/a/$dir/$old_ver/jquery.js"
+    cp "$new" "$sites/a/$dir/$new_ver/jquery.js"
+done
+# notes SITE VERSION: ~190 KB of text; version 2 changes one line in 200.
+notes() {
+    mkdir -p "$sites/$1/notes/$2"
+    awk -v site="$1" -v ver="$2" 'BEGIN {
+        for (i = 0; i < 3000; i++) {
+            if (ver == 2 && i % 200 == 100) print "line " i " of " site ", rewritten in version 2"
+            else printf "%s line %d: the quick brown fox jumps over the lazy dog %d\n", site, i, (i * 7919) % 1000
+        }
+    }' >"$sites/$1/notes/$2/notes.txt"
+}
+for site in b c; do
+    notes "$site" 1
+    notes "$site" 2
+done
+nginx_port=$(lab_free_port)
+c_port=$(lab_free_port)
+tls_port=$(lab_free_port)
+vhosts="
+    server {
+        listen 127.0.0.1:$nginx_port;
+        server_name a.test;
+        root $sites/a;
+    }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        server_name b.test;
+        root $sites/b;
+    }
+    server {
+        listen 127.0.0.1:$c_port default_server;
+        server_name c.test;
+        root $sites/c;
+    }
+    server {
+        listen 127.0.0.1:$tls_port ssl;
+        server_name localhost;
+        ssl_certificate $tls_dir/cert.pem;
+        ssl_certificate_key $tls_dir/key.pem;
+        root $root;
+    }"
+
+NGINX_PORT=$nginx_port lab_start_nginx "$root" "" "$vhosts"
 lab_start_pair
 lab_log "nginx $lab_nginx_url, accelerator $lab_accel_url, client $lab_client_url"
 
@@ -416,9 +516,251 @@ cmp -s "$apt_dir/dl/$deb" "$repo/pool/$deb" || lab_die "apt download: $deb diffe
 # line of its own, and nginx 1.22's $http_via is the first line only; the
 # accelerator's part shows in its `coded` counter above).
 apt_at_origin=$(grep -c 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" || true)
-apt_via=$(grep 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" | grep -c "via=\"1.1 127.0.0.1:$lab_client_port[,\"]" || true)
+apt_via=$(grep 'APT-HTTP' "$lab_tmp/logs/nginx-access.log" | grep -c "via=\"1.1 127.0.0.1:${lab_client_port}[,\"]" || true)
 ((apt_at_origin > 0 && apt_via == apt_at_origin)) ||
     lab_die "nginx logged $apt_at_origin requests from apt, only $apt_via with the client proxy's Via (the others did not come through the pair)"
+
+# ---- issue 18's topology: sites, routes, tunnels, a parent, a chain ---
+# Every process from here on is the release binary with a TOML config
+# file (--config):
+#
+#   curl ─► outer client ─► edge client ─┬─ a.test ──► accelerator A ─┐
+#     │                        │         ├─ b.test ──► accelerator B ─┼─► nginx
+#     └───────────────────────►│         ├─ localhost ► parent ───────┤   (http and
+#                              │         └─ * direct ─────────────────┤    TLS)
+#                              └─ CONNECT localhost:TLSPORT ──────────┘
+#
+# A and B are two accelerator processes, one [[site]] each (names a.test /
+# b.test, origin nginx's port, which picks the virtual host by the Host
+# the accelerator sends: the name asked for). B trusts loopback as a
+# forwarder, A trusts no one. The parent is a third accelerator, one
+# parent-mode site for localhost (its nginx ports, loopback addresses,
+# the test's CA). The names a.test and b.test resolve nowhere: only the
+# accelerators' sites know where they are. A direct route connects to the
+# URL's own host with the system resolver, so c.test is reached as
+# http://127.0.0.1:CPORT/, where nginx's default server is c.test's.
+topo=$lab_tmp/topo
+mkdir -p "$topo/cache-edge" "$topo/cache-outer"
+accel_a_port=$(lab_free_port) accel_b_port=$(lab_free_port) parent_port=$(lab_free_port)
+edge_port=$(lab_free_port) outer_port=$(lab_free_port)
+accel_a_url=http://127.0.0.1:$accel_a_port accel_b_url=http://127.0.0.1:$accel_b_port
+parent_url=http://127.0.0.1:$parent_port
+edge_url=http://127.0.0.1:$edge_port outer_url=http://127.0.0.1:$outer_port
+cat >"$topo/accel-a.toml" <<EOF
+role = "accelerator"
+listen = "127.0.0.1:$accel_a_port"
+
+[[site]]
+names = ["a.test"]
+origin = "http://127.0.0.1:$nginx_port"
+EOF
+cat >"$topo/accel-b.toml" <<EOF
+role = "accelerator"
+listen = "127.0.0.1:$accel_b_port"
+trusted-forwarders = ["127.0.0.0/8"]
+
+[[site]]
+names = ["b.test"]
+origin = "http://127.0.0.1:$nginx_port"
+EOF
+cat >"$topo/parent.toml" <<EOF
+role = "accelerator"
+listen = "127.0.0.1:$parent_port"
+
+[[site]]
+names = ["*"]
+origin = "any"
+allow-hosts = ["localhost"]
+allow-ports = [$nginx_port, $tls_port]
+allow-addresses = ["127.0.0.0/8"]
+origin-ca = "$tls_dir/cert.pem"
+EOF
+cat >"$topo/edge.toml" <<EOF
+role = "client"
+listen = "127.0.0.1:$edge_port"
+cache = "$topo/cache-edge"
+cache-size = "256M"
+connect-ports = [$tls_port]
+connect-allow-addresses = ["127.0.0.0/8"]
+
+[[route]]
+hosts = ["a.test"]
+upstream = "$accel_a_url"
+
+[[route]]
+hosts = ["b.test"]
+upstream = "$accel_b_url"
+
+[[route]]
+hosts = ["localhost"]
+upstream = "$parent_url"
+
+[[route]]
+hosts = ["*"]
+direct = true
+allow-addresses = ["127.0.0.0/8"]
+EOF
+cat >"$topo/outer.toml" <<EOF
+role = "client"
+listen = "127.0.0.1:$outer_port"
+cache = "$topo/cache-outer"
+cache-size = "256M"
+upstream = "$edge_url"
+EOF
+lab_start_rproxy accel-a accelerator "$topo/accel-a.toml" "$accel_a_url"
+lab_start_rproxy accel-b accelerator "$topo/accel-b.toml" "$accel_b_url"
+lab_start_rproxy parent accelerator "$topo/parent.toml" "$parent_url"
+lab_start_rproxy edge client "$topo/edge.toml" "$edge_url"
+lab_start_rproxy outer client "$topo/outer.toml" "$outer_url"
+
+# counter URL NAME: one counter of a proxy, now.
+counter() {
+    lab_field "$(lab_stats "$1")" "$2"
+}
+
+# want_counter WHAT URL NAME VALUE: the counter must reach VALUE (within
+# lab_wait_field's few seconds: some are counted after the last byte) and
+# not pass it.
+want_counter() {
+    local got
+    got=$(lab_wait_field "$2" "$3" "$4")
+    ((got == $4)) || lab_die "$1: $3 of $2 is $got, want $4"
+}
+
+# t_get NAME FILE CURL_ARGS...: curl CURL_ARGS (the URL last) must answer
+# 200 with FILE's bytes.
+t_get() {
+    local name=$1 file=$2 out=$topo/out code
+    shift 2
+    if ! code=$(curl -sS --max-time 30 -o "$out" -w '%{http_code}' "$@"); then
+        lab_check_alive
+        lab_die "$name: curl $* failed"
+    fi
+    lab_check_alive
+    [[ $code == 200 ]] || lab_die "$name: status $code for curl $*: $(head -c 300 "$out")"
+    cmp -s "$out" "$file" ||
+        lab_die "$name: wrong bytes: got $(lab_size "$out") B, want $(lab_size "$file") B ($(cmp "$out" "$file" 2>&1 | head -n 1))"
+}
+
+# t_fetch NAME FILE PROXY CURL_ARGS...: t_get, and what PROXY (the client
+# proxy curl talks to) counted for it once it has counted FILE's bytes
+# delivered: t_deltas, t_stream (upstream bytes), t_link (and basis
+# signatures).
+t_fetch() {
+    local name=$1 file=$2 proxy=$3 before after
+    shift 3
+    before=$(lab_stats "$proxy")
+    t_get "$name" "$file" "$@"
+    lab_wait_field "$proxy" downstream_bytes \
+        $(($(lab_field "$before" downstream_bytes) + $(lab_size "$file"))) >/dev/null
+    after=$(lab_stats "$proxy")
+    t_deltas=$(($(lab_field "$after" deltas) - $(lab_field "$before" deltas)))
+    t_stream=$(($(lab_field "$after" upstream_bytes) - $(lab_field "$before" upstream_bytes)))
+    t_link=$((t_stream + $(lab_field "$after" signature_bytes) - $(lab_field "$before" signature_bytes)))
+    (($(lab_field "$after" digest_failures) == $(lab_field "$before" digest_failures))) ||
+        lab_die "$name: a digest failure was counted"
+    printf '  %-30s %7d B to curl, link %7d B, deltas %d\n' "$name" "$(lab_size "$file")" "$t_link" "$t_deltas" >&2
+}
+
+# small_link NAME FILE: the fetch's link bytes must be under
+# MAX_LINK_RATIO of FILE (a delta, not the whole body).
+small_link() {
+    awk -v l="$t_link" -v s="$(lab_size "$2")" -v m="$max_ratio" 'BEGIN { exit !(l < m * s) }' ||
+        lab_die "$1: $t_link link bytes for a $(lab_size "$2") B file, want < $(pct "$max_ratio" 1) %: not a delta"
+}
+
+echo "e2e: sites and routes (curl -x $edge_url; accelerators A $accel_a_url, B $accel_b_url):" >&2
+# The user agent claims to be forwarding for someone: A (trusting no
+# one) must replace that, B (trusting loopback) append to it. The edge
+# client proxy passes these fields on as the user agent wrote them and
+# adds no element of its own, so B believes the made-up 203.0.113.9 and
+# never hears of curl's address: trust only hops that write them.
+forged=(-H 'Forwarded: for=203.0.113.9' -H 'X-Forwarded-For: 203.0.113.9')
+coded_a=$(counter "$accel_a_url" coded) coded_b=$(counter "$accel_b_url" coded)
+t_fetch "a.test jquery $old_ver" "$old" "$edge_url" -x "$edge_url" "${forged[@]}" "http://a.test/jquery/$old_ver/jquery.js"
+want_counter "a.test v1" "$accel_a_url" coded $((coded_a + 1))
+t_fetch "a.test jquery $new_ver" "$new" "$edge_url" -x "$edge_url" "${forged[@]}" "http://a.test/jquery/$new_ver/jquery.js"
+((t_deltas == 1)) || lab_die "a.test v2: edge deltas went up by $t_deltas, want 1"
+want_counter "a.test v2" "$accel_a_url" coded $((coded_a + 2))
+small_link "a.test v2" "$new"
+a_link=$t_link
+want_counter "a.test" "$accel_b_url" coded "$coded_b"
+
+b1=$sites/b/notes/1/notes.txt b2=$sites/b/notes/2/notes.txt
+t_fetch "b.test notes 1" "$b1" "$edge_url" -x "$edge_url" "${forged[@]}" http://b.test/notes/1/notes.txt
+want_counter "b.test v1" "$accel_b_url" coded $((coded_b + 1))
+t_fetch "b.test notes 2" "$b2" "$edge_url" -x "$edge_url" "${forged[@]}" http://b.test/notes/2/notes.txt
+((t_deltas == 1)) || lab_die "b.test v2: edge deltas went up by $t_deltas, want 1"
+want_counter "b.test v2" "$accel_b_url" coded $((coded_b + 2))
+small_link "b.test v2" "$b2"
+b_link=$t_link
+want_counter "b.test" "$accel_a_url" coded $((coded_a + 2))
+
+# c.test: direct, and nginx speaks no hsync: both versions come whole.
+c1=$sites/c/notes/1/notes.txt c2=$sites/c/notes/2/notes.txt
+t_fetch "c.test notes 1 (direct)" "$c1" "$edge_url" -x "$edge_url" "http://127.0.0.1:$c_port/notes/1/notes.txt"
+((t_deltas == 0)) || lab_die "c.test v1: edge deltas went up by $t_deltas, want 0 (direct to nginx)"
+t_fetch "c.test notes 2 (direct)" "$c2" "$edge_url" -x "$edge_url" "http://127.0.0.1:$c_port/notes/2/notes.txt"
+((t_deltas == 0)) || lab_die "c.test v2: edge deltas went up by $t_deltas, want 0 (direct to nginx)"
+((t_stream >= $(lab_size "$c2"))) ||
+    lab_die "c.test v2: $t_stream B came upstream for a $(lab_size "$c2") B file, want the whole body"
+c_stream=$t_stream
+want_counter "c.test" "$accel_a_url" coded $((coded_a + 2))
+want_counter "c.test" "$accel_b_url" coded $((coded_b + 2))
+
+# What nginx was told. Its log writes `"` as \x22; undo that.
+nginx_lines() {
+    sed 's/\\x22/"/g' "$lab_tmp/logs/nginx-access.log" | grep -F "$1" || true
+}
+a_line=$(nginx_lines "GET /jquery/$new_ver/jquery.js HTTP/1.1\" 200" | grep -F 'host="a.test"' | tail -n 1)
+[[ -n $a_line ]] || lab_die "nginx logged no 200 for a.test's /jquery/$new_ver/jquery.js"
+[[ $a_line == *'fwd="for=127.0.0.1;host="a.test";proto=http"'* && $a_line == *'xff="127.0.0.1"'* ]] ||
+    lab_die "a.test: accelerator A (trusting no forwarder) must send Forwarded: for=127.0.0.1;host=\"a.test\";proto=http and X-Forwarded-For: 127.0.0.1 only; nginx logged: $a_line"
+b_line=$(nginx_lines "GET /notes/2/notes.txt HTTP/1.1\" 200" | grep -F 'host="b.test"' | tail -n 1)
+[[ -n $b_line ]] || lab_die "nginx logged no 200 for b.test's /notes/2/notes.txt"
+[[ $b_line == *'fwd="for=203.0.113.9, for=127.0.0.1;host="b.test";proto=http"'* && $b_line == *'xff="203.0.113.9, 127.0.0.1"'* ]] ||
+    lab_die "b.test: accelerator B (trusting loopback) must append to the Forwarded and X-Forwarded-For it was sent; nginx logged: $b_line"
+c_line=$(nginx_lines "GET /notes/2/notes.txt HTTP/1.1\" 200" | grep -F "host=\"127.0.0.1:$c_port\"" | tail -n 1)
+[[ -n $c_line && $c_line == *"via=\"1.1 127.0.0.1:$edge_port"* ]] ||
+    lab_die "c.test: nginx logged no request from the edge client proxy ($c_line)"
+
+echo "e2e: a CONNECT tunnel (curl -x $edge_url https://localhost:$tls_port/):" >&2
+tunnels=$(counter "$edge_url" tunnels)
+t_get "https via CONNECT" "$new" -x "$edge_url" --cacert "$tls_dir/cert.pem" \
+    "https://localhost:$tls_port/jquery/$new_ver/jquery.js"
+want_counter "https via CONNECT" "$edge_url" tunnels $((tunnels + 1))
+tunnel_bytes=$(lab_wait_field "$edge_url" tunnel_bytes "$(lab_size "$new")")
+((tunnel_bytes >= $(lab_size "$new"))) || lab_die "https via CONNECT: the edge counted $tunnel_bytes tunnel bytes"
+printf '  %-30s %7d B to curl, tunnel %d B\n' "https via CONNECT" "$(lab_size "$new")" "$tunnel_bytes" >&2
+
+echo "e2e: a parent-mode accelerator ($parent_url, routed localhost):" >&2
+coded_p=$(counter "$parent_url" coded)
+t_fetch "parent jquery $old_ver" "$old" "$edge_url" -x "$edge_url" "http://localhost:$nginx_port/jquery/$old_ver/jquery.js"
+want_counter "parent v1" "$parent_url" coded $((coded_p + 1))
+t_fetch "parent jquery $new_ver" "$new" "$edge_url" -x "$edge_url" "http://localhost:$nginx_port/jquery/$new_ver/jquery.js"
+((t_deltas == 1)) || lab_die "parent v2: edge deltas went up by $t_deltas, want 1"
+want_counter "parent v2" "$parent_url" coded $((coded_p + 2))
+small_link "parent v2" "$new"
+parent_link=$t_link
+# https:// through the parent: the client proxy only forwards http:// URLs
+# (https ones are CONNECTed), so curl asks the parent itself, in absolute
+# form; the parent connects with TLS, trusting the test's CA.
+t_get "parent https" "$new" --request-target "https://localhost:$tls_port/jquery/$new_ver/jquery.js" "$parent_url/"
+p_line=$(nginx_lines "GET /jquery/$new_ver/jquery.js HTTP/1.1\" 200" | grep -F "host=\"localhost:$tls_port\"" | tail -n 1)
+[[ $p_line == *"fwd=\"for=127.0.0.1;host=\"localhost:$tls_port\";proto=http\""* ]] ||
+    lab_die "parent https: nginx's TLS server logged no request from the parent ($p_line)"
+printf '  %-30s %7d B to curl\n' "parent https (absolute-form)" "$(lab_size "$new")" >&2
+
+echo "e2e: a chain (curl -x $outer_url, whose upstream is the edge $edge_url):" >&2
+edge_deltas=$(counter "$edge_url" deltas)
+t_fetch "chain jquery $old_ver" "$old" "$outer_url" -x "$outer_url" "http://a.test/chain/$old_ver/jquery.js"
+t_fetch "chain jquery $new_ver" "$new" "$outer_url" -x "$outer_url" "http://a.test/chain/$new_ver/jquery.js"
+((t_deltas == 1)) || lab_die "chain v2: outer deltas went up by $t_deltas, want 1 (the edge codes toward it)"
+small_link "chain v2" "$new"
+chain_link=$t_link
+# The edge took both from A as hsync streams, the second a delta.
+want_counter "chain" "$edge_url" deltas $((edge_deltas + 2))
+want_counter "chain" "$accel_a_url" coded $((coded_a + 4))
 
 gz=$(gzip -9 -c "$new" | wc -c | tr -d ' ')
 cat <<EOF
@@ -433,4 +775,10 @@ e2e: PASS
   apt update 2 (delta):     Packages $apt_packages_2 B, $apt2_link B on the link (stream $apt2_stream, $apt2_deltas deltas): $(pct "$apt2_link" "$apt_packages_2") % of Packages
   apt update 3 (unchanged): $apt3_link B on the link
   apt download:             $deb byte-identical
+  sites: a.test v2 via A:   $a_link B on the link ($(pct "$a_link" "$new_size") %); Forwarded for=127.0.0.1;host="a.test"
+  sites: b.test v2 via B:   $b_link B on the link ($(pct "$b_link" "$(lab_size "$b2")") %); trusted hop's Forwarded appended to
+  direct: c.test v2:        $c_stream B upstream, whole ($(lab_size "$c2") B file)
+  CONNECT https://:         byte-identical, tunnel $tunnel_bytes B
+  parent: http v2 delta:    $parent_link B on the link; https:// origin byte-identical
+  chain: outer v2 delta:    $chain_link B on the outer link ($(pct "$chain_link" "$new_size") %)
 EOF

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/e2e.sh and scripts/bench-proxy.sh (sourced, not run):
 # a throw-away nginx origin, the rproxy pair in front of it, and the small
 # helpers both need (free ports, readiness, stats counters, cleanup).
@@ -154,16 +155,20 @@ lab_wait_http() {
     lab_die "$what did not answer $url within ${timeout}s"
 }
 
-# lab_start_nginx ROOT [EXTRA_SERVER_CONFIG]: serves ROOT on a free loopback
-# port; sets lab_nginx_port and lab_nginx_url. EXTRA_SERVER_CONFIG is
-# pasted inside the server block (locations, for instance).
+# lab_start_nginx ROOT [EXTRA_SERVER_CONFIG [EXTRA_HTTP_CONFIG]]: serves
+# ROOT on a free loopback port (NGINX_PORT, if set, instead) as its default
+# server (server_name localhost); sets lab_nginx_port and lab_nginx_url.
+# EXTRA_SERVER_CONFIG is pasted inside that server block (locations, for
+# instance), EXTRA_HTTP_CONFIG after it in the http block (more server
+# blocks: virtual hosts on $lab_nginx_port or on ports of their own, a TLS
+# server).
 lab_start_nginx() {
-    local root=$1 extra=${2:-}
+    local root=$1 extra=${2:-} extra_http=${3:-}
     local nginx prefix conf user_line=""
     nginx=$(lab_find_nginx)
     prefix=$lab_tmp/nginx
     mkdir -p "$prefix/temp"
-    lab_nginx_port=$(lab_free_port)
+    lab_nginx_port=${NGINX_PORT:-$(lab_free_port)}
     lab_nginx_url=http://127.0.0.1:$lab_nginx_port
     # As root, nginx runs its workers as nobody unless told otherwise; they
     # then could not read a root-owned temp dir. Make the tree readable and
@@ -173,7 +178,9 @@ lab_start_nginx() {
         user_line="user root root;"
     fi
     # The access log adds each request's Via, so a script can tell the
-    # requests that came through the pair from any that did not.
+    # requests that came through the pair from any that did not, and the
+    # Host, Forwarded and X-Forwarded-For the origin was sent (nginx writes
+    # a `"` inside a field as \x22).
     local access_log=${NGINX_ACCESS_LOG:-$lab_tmp/logs/nginx-access.log}
     [[ $access_log == off ]] || access_log="$access_log lab"
     conf=$prefix/nginx.conf
@@ -188,7 +195,7 @@ events {
     worker_connections 4096;
 }
 http {
-    log_format lab '\$remote_addr - \$remote_user [\$time_local] "\$request" \$status \$body_bytes_sent "\$http_referer" "\$http_user_agent" via="\$http_via"';
+    log_format lab '\$remote_addr - \$remote_user [\$time_local] "\$request" \$status \$body_bytes_sent "\$http_referer" "\$http_user_agent" via="\$http_via" host="\$http_host" fwd="\$http_forwarded" xff="\$http_x_forwarded_for"';
     access_log $access_log;
     client_body_temp_path $prefix/temp/client_body;
     proxy_temp_path $prefix/temp/proxy;
@@ -212,6 +219,7 @@ http {
         root $root;
 $extra
     }
+$extra_http
 }
 EOF
     "$nginx" -t -p "$prefix" -c "$conf" >"$lab_tmp/logs/nginx-test.log" 2>&1 ||
@@ -253,8 +261,24 @@ lab_start_pair() {
     lab_wait_http "$lab_client_url/.rproxy/stats" "$lab_client_pid" "rproxy client"
 }
 
-# Both proxies must still be running; a crash shows here, not as a
-# confusing curl error later.
+# lab_start_rproxy NAME ROLE CONFIG URL: `rproxy ROLE --config CONFIG`
+# (a TOML file), its log in logs/NAME.log, ready once URL/.rproxy/stats
+# answers. Sets lab_started_pid.
+lab_start_rproxy() {
+    local name=$1 role=$2 config=$3 url=$4
+    RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" "$role" --config "$config" \
+        >"$lab_tmp/logs/$name.log" 2>&1 &
+    lab_started_pid=$!
+    lab_pids+=("$lab_started_pid")
+    lab_proc_names[$lab_started_pid]="rproxy $role $name"
+    lab_wait_http "$url/.rproxy/stats" "$lab_started_pid" "rproxy $role $name"
+}
+
+# What each process lab_start_rproxy started is, for lab_check_alive.
+declare -A lab_proc_names=()
+
+# Every process started must still be running; a crash shows here, not as
+# a confusing curl error later.
 lab_check_alive() {
     local pid what
     for pid in "${lab_pids[@]}"; do
@@ -263,7 +287,7 @@ lab_check_alive() {
                 "${lab_accel_pid:-}") what="rproxy accelerator" ;;
                 "${lab_client_pid:-}") what="rproxy client" ;;
                 "${lab_nginx_pid:-}") what=nginx ;;
-                *) what="process $pid" ;;
+                *) what=${lab_proc_names[$pid]:-process $pid} ;;
             esac
             lab_show_logs
             lab_die "$what (pid $pid) is no longer running"

@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::capture_connection;
 use super::Accelerator;
 use super::sites::Route;
 use crate::http::dial::AddressRefused;
-use crate::http::error::ProxyError;
+use crate::http::error::{ProxyError, error_chain};
 use crate::http::forwarded::{self, Hop};
 use crate::http::headers::{
     HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
@@ -113,8 +113,9 @@ impl Accelerator {
                     return Err(ProxyError::forbidden(refused.to_string()));
                 }
                 return Err(ProxyError::upstream_unreachable(format!(
-                    "origin unreachable: {}: {error}",
-                    route.url.authority().map_or("", |a| a.as_str())
+                    "origin unreachable: {}: {}",
+                    route.url.authority().map_or("", |a| a.as_str()),
+                    error_chain(&error)
                 )));
             }
             Ok(Ok(response)) => response,

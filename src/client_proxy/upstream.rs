@@ -49,7 +49,7 @@ use super::{ClientProxy, ClientStats, Target};
 use crate::expiring::ExpiringMap;
 use crate::http::address_policy::AddressPolicy;
 use crate::http::dial::{AddressRefused, Dialer, Transport};
-use crate::http::error::ProxyError;
+use crate::http::error::{ProxyError, error_chain};
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
 use crate::http::server::{ProxyBody, malformed_request_body};
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
@@ -662,20 +662,6 @@ impl ClientProxy {
             }
         }
     }
-}
-
-/// An error and its sources, `: `-separated (hyper's client errors say
-/// little more than "Connect" on their own; the cause, such as a
-/// certificate the upstream's name does not match, is in the chain).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

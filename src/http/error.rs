@@ -457,6 +457,21 @@ pub fn fault_of<B>(response: &Response<B>) -> Option<Fault> {
         .map(|&Refused(fault)| fault)
 }
 
+/// An error and its sources, `: `-separated (hyper's client errors say
+/// little more than "Connect" on their own; the cause, such as a
+/// certificate the peer's name does not match or that no trusted CA
+/// issued, is in the chain).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// A plain-text response, for errors and refusals: `message` and a
 /// newline.
 pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody> {
