@@ -325,3 +325,28 @@ async fn the_urls_host_picks_the_route_whatever_host_says() {
         Some(c.addr.to_string().as_str())
     );
 }
+
+#[tokio::test]
+async fn the_client_proxy_tells_who_asked_and_drops_what_a_user_agent_made_up() {
+    let c = versioned_origin("c").await;
+    let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "GET http://{0}/c.html HTTP/1.1\r\nHost: {0}\r\nForwarded: for=203.0.113.9\r\n\
+         X-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n",
+        c.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    let seen = &c.seen()[0];
+    assert_eq!(
+        seen.header("forwarded"),
+        Some(format!("for=127.0.0.1;host=\"{}\";proto=http", c.addr).as_str())
+    );
+    assert_eq!(seen.header("x-forwarded-for"), Some("127.0.0.1"));
+}

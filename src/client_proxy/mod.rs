@@ -137,6 +137,9 @@ pub struct ClientConfig {
     /// CONNECT tunnels: the ports and non-public addresses they may go
     /// to, and how long one may stay quiet.
     pub tunnel: TunnelConfig,
+    /// User agents (or proxies) whose `Forwarded` and `X-Forwarded-*` are
+    /// kept and appended to; from anyone else they are replaced.
+    pub trusted_forwarders: Vec<ipnet::IpNet>,
     /// How answers to downstream client proxies that offer hsync are coded
     /// (a chain of proxies); `None` serves them plain bodies.
     pub downstream_coding: Option<CoderConfig>,

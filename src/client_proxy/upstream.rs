@@ -50,8 +50,10 @@ use crate::expiring::ExpiringMap;
 use crate::http::address_policy::AddressPolicy;
 use crate::http::dial::{AddressRefused, Dialer, Transport};
 use crate::http::error::{ProxyError, error_chain};
+use crate::http::forwarded;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
-use crate::http::server::{ProxyBody, malformed_request_body};
+use crate::http::server::{Peer, ProxyBody, malformed_request_body};
+use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
@@ -552,6 +554,14 @@ impl ClientProxy {
         body: ProxyBody,
     ) -> Request<ProxyBody> {
         add_via(&mut headers, &self.config.via_name);
+        // Who asked, for the origin: the user agent's own claims only from
+        // a trusted hop (an accelerator trusting us believes what we send).
+        let hop = forwarded::Hop {
+            client: parts.extensions.get::<Peer>().map(|peer| peer.0.ip()),
+            tls: parts.extensions.get::<TlsSession>().is_some(),
+            host: target.url.authority().map(Authority::as_str),
+        };
+        forwarded::forward(&mut headers, hop, &self.config.trusted_forwarders);
         // Our credentials are for the proxies upstream, never an origin's.
         if let Some(credentials) = &self.config.upstream_credentials
             && !target.upstream.is_direct()

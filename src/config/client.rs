@@ -121,6 +121,10 @@ pub struct ClientSettings {
     pub max_spool_total: Size,
     pub private: bool,
     pub no_downstream_coding: bool,
+    /// Addresses (ranges) of user agents or proxies in front whose
+    /// `Forwarded` and `X-Forwarded-*` are kept and appended to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trusted_forwarders: Vec<IpNet>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub via_name: Option<String>,
     pub signature_bytes: Size,
@@ -171,6 +175,7 @@ impl Default for ClientSettings {
             max_spool_total: Size::gib(8),
             private: false,
             no_downstream_coding: false,
+            trusted_forwarders: Vec::new(),
             via_name: None,
             // 4608 bytes are 6 KiB of header.
             signature_bytes: Size(4608),
@@ -295,6 +300,7 @@ impl ClientSettings {
     /// credentials, TLS or QUEUE callbacks.
     fn config_with(&self, routes: Vec<RouteConfig>, via_name: HeaderValue) -> ClientConfig {
         ClientConfig {
+            trusted_forwarders: self.trusted_forwarders.clone(),
             downstream_coding: (!self.no_downstream_coding)
                 .then(super::accelerator::default_coding),
             routes,
