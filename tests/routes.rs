@@ -350,3 +350,40 @@ async fn the_client_proxy_tells_who_asked_and_drops_what_a_user_agent_made_up() 
     );
     assert_eq!(seen.header("x-forwarded-for"), Some("127.0.0.1"));
 }
+
+#[tokio::test]
+async fn a_direct_route_sends_signatures_only_to_hosts_that_answered_in_hsync() {
+    let a = versioned_origin("a").await;
+    let accel_a = Accelerator::start(accelerator_config(a.addr)).await;
+    let c = versioned_origin("c").await;
+    let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
+    let fronted = format!("http://{}/a.html", accel_a.addr);
+    let plain = format!("http://{}/c.html", c.addr);
+    let mut streams = Vec::new();
+    for n in 0..2 {
+        get(proxy.addr, &fronted)
+            .await
+            .assert_body("a", &page("a", n));
+        streams.push(
+            accel_a.stats().await["coded_stream_bytes"]
+                .as_u64()
+                .unwrap(),
+        );
+        get(proxy.addr, &plain)
+            .await
+            .assert_body("c", &page("c", n));
+    }
+    // The accelerator's first (coded) answer advertised hsync: the second
+    // request offered the first version as its basis and got a delta.
+    let delta = streams[1] - streams[0];
+    assert!(
+        delta < page("a", 1).len() as u64 / 50,
+        "{delta} bytes for a one-line change (first answer {})",
+        streams[0]
+    );
+    // The plain origin never answered in hsync: it was sent no signature.
+    for seen in c.seen() {
+        assert_eq!(seen.header("hsync-signature"), None);
+    }
+    assert!(proxy.stats().signature_bytes > 0, "the accelerator was sent one");
+}

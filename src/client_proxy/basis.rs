@@ -48,6 +48,9 @@ impl ClientProxy {
         same_url: Option<&Entry>,
     ) -> Option<BasisOffer> {
         let budget = self.signature_budget(target);
+        if budget == 0 {
+            return None;
+        }
         if let Some(entry) = same_url {
             // D-B1: an entry kept for one user (Authorization, Set-Cookie,
             // private) is never another request's basis, even for its URL.
@@ -81,16 +84,18 @@ impl ClientProxy {
     }
 
     /// Signature bytes to send: what the upstream advertised, within our
-    /// own cap, else the default.
+    /// own cap, else the default. On a direct route, a host that has not
+    /// answered in hsync (within the advertisement's TTL) is most likely an
+    /// ordinary origin, which would ignore a signature: it gets none until
+    /// it does (its first coded answer, without a basis, says so).
     fn signature_budget(&self, target: &Target) -> usize {
-        target.upstream.advertised(&target.url).map_or(
-            self.config.default_signature_bytes,
-            |advertised| {
-                advertised
-                    .max_signature
-                    .min(self.config.max_signature_bytes)
-            },
-        )
+        match target.upstream.advertised(&target.url) {
+            Some(advertised) => advertised
+                .max_signature
+                .min(self.config.max_signature_bytes),
+            None if target.upstream.is_direct() => 0,
+            None => self.config.default_signature_bytes,
+        }
     }
 }
 
