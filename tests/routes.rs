@@ -385,5 +385,8 @@ async fn a_direct_route_sends_signatures_only_to_hosts_that_answered_in_hsync() 
     for seen in c.seen() {
         assert_eq!(seen.header("hsync-signature"), None);
     }
-    assert!(proxy.stats().signature_bytes > 0, "the accelerator was sent one");
+    assert!(
+        proxy.stats().signature_bytes > 0,
+        "the accelerator was sent one"
+    );
 }

@@ -308,3 +308,47 @@ async fn an_absolute_target_wins_over_a_host_that_names_another_site() {
     assert_eq!(a.seen()[0].header("host"), Some("a.test"));
     assert_eq!(b.requests(), 0);
 }
+
+#[tokio::test]
+async fn over_http2_a_sites_name_comes_in_the_authority() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = topology::self_signed(dir.path());
+    let a = named_origin("site A").await;
+    let accel = Accelerator::start_with(
+        with_sites(vec![site(&["localhost"], a.addr)]),
+        topology::Listen {
+            tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+            ..Default::default()
+        },
+    )
+    .await;
+    // A browser's request: HTTP/2 over TLS to the site's name, no Host.
+    let tls = rproxy::http::tls::client_config(Some(&cert)).unwrap();
+    let tcp = TcpStream::connect(accel.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::get(format!("https://localhost:{}/page", accel.addr.port()))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap();
+    assert_eq!(body.to_bytes(), "site A");
+    assert_eq!(
+        a.seen()[0].header("host"),
+        Some(format!("localhost:{}", accel.addr.port()).as_str())
+    );
+}

@@ -255,15 +255,20 @@ fn asked<B>(request: &Request<B>) -> Result<Option<Asked>, ProxyError> {
             scheme,
         }));
     }
-    let Some(host) = request.headers().get(header::HOST) else {
-        return Ok(None);
+    let authority = match request.headers().get(header::HOST) {
+        Some(host) => host
+            .to_str()
+            .ok()
+            .and_then(|h| h.parse::<Authority>().ok())
+            .filter(|a| !a.as_str().contains('@'))
+            .ok_or_else(|| ProxyError::bad_request("Host is not a host[:port]"))?,
+        // HTTP/2 has no Host: its `:authority`, naming us, says which site
+        // (a browser reaching a site's name on our TLS listener).
+        None => match uri.authority() {
+            Some(authority) if !authority.as_str().contains('@') => authority.clone(),
+            _ => return Ok(None),
+        },
     };
-    let authority = host
-        .to_str()
-        .ok()
-        .and_then(|h| h.parse::<Authority>().ok())
-        .filter(|a| !a.as_str().contains('@'))
-        .ok_or_else(|| ProxyError::bad_request("Host is not a host[:port]"))?;
     Ok(Some(Asked {
         authority,
         absolute: false,
