@@ -233,3 +233,39 @@ async fn a_connect_without_credentials_gets_407_and_opens_nothing() {
     assert_eq!(status(&head), 200, "{head}");
     assert_eq!(round_trip(&mut tunnel, b"through").await, b"through");
 }
+
+#[tokio::test]
+async fn open_tunnels_count_against_max_connections() {
+    let echo = Echo::start().await;
+    let target = format!("127.0.0.1:{}", echo.addr.port());
+    let limits = rproxy::http::server::ConnectionLimits {
+        max_connections: 2,
+        ..Default::default()
+    };
+    let proxy = ClientProxy::start_with(
+        config(&[echo.addr.port()], true, PROMPT),
+        support::topology::Cache::Temp(support::topology::CACHE_BYTES),
+        support::topology::Listen::with_limits(limits),
+    )
+    .await;
+    let (head, mut first) = connect(proxy.addr, &target, "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    let (head, mut second) = connect(proxy.addr, &target, "").await;
+    assert_eq!(status(&head), 200, "{head}");
+    assert_eq!(round_trip(&mut first, b"one").await, b"one");
+    assert_eq!(round_trip(&mut second, b"two").await, b"two");
+
+    // A third connection waits in the backlog while both tunnels are open.
+    let third = tokio::spawn(async move { connect(proxy.addr, &target, "").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served beside two tunnels"
+    );
+    assert_eq!(echo.connections(), 2);
+    // Closing a tunnel gives its place back.
+    drop(first);
+    let (head, mut third) = tokio::time::timeout(PROMPT, third).await.unwrap().unwrap();
+    assert_eq!(status(&head), 200, "{head}");
+    assert_eq!(round_trip(&mut third, b"three").await, b"three");
+}

@@ -23,13 +23,16 @@ use super::{Accelerator, Stats};
 use crate::http::error::ProxyError;
 use crate::http::headers::via_names_hop;
 use crate::http::server::ProxyBody;
-use crate::http::tunnel::{Opened, dial_refusal, relay_upgraded};
+use crate::http::tunnel::{Opened, Upgrade, dial_refusal, relay_upgraded};
 
 impl Accelerator {
     /// A CONNECT: routed to a parent-mode site and checked against its
     /// allow-list, dialled, answered `200`, then relayed on a task of its
     /// own once hyper hands the connection over.
-    pub(super) async fn tunnel(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    pub(super) async fn tunnel(
+        self: Arc<Self>,
+        mut request: Request<Incoming>,
+    ) -> Response<ProxyBody> {
         let tunnel = match self.sites.tunnel(&request) {
             Ok(tunnel) => tunnel,
             Err(refusal) => return self.refuse(refusal),
@@ -54,7 +57,7 @@ impl Accelerator {
         let stats = self.stats.clone();
         let opened = Opened::direct(destination, &target);
         relay_upgraded(
-            hyper::upgrade::on(request),
+            Upgrade::take(&mut request),
             target,
             opened,
             self.config.tunnel_idle_timeout,

@@ -49,7 +49,7 @@ use crate::http::dial::Dialer;
 use crate::http::error::ProxyError;
 use crate::http::headers::{add_via, via_names_hop};
 use crate::http::server::ProxyBody;
-use crate::http::tunnel::{Destination, Opened, dial_refusal, relay_upgraded};
+use crate::http::tunnel::{Destination, Opened, Upgrade, dial_refusal, relay_upgraded};
 
 /// The most an upstream proxy's answer to our CONNECT may take before
 /// the tunnel: its head, and whatever came with it (hyper's smallest read
@@ -87,7 +87,10 @@ impl ClientProxy {
     /// A CONNECT: checked, routed, dialled (direct, or through the route's
     /// upstream proxy), answered `200`, then relayed on a task of its own
     /// once hyper hands the connection over.
-    pub(super) async fn tunnel(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    pub(super) async fn tunnel(
+        self: Arc<Self>,
+        mut request: Request<Incoming>,
+    ) -> Response<ProxyBody> {
         let destination = match Destination::from_target(request.uri()) {
             Ok(destination) => destination,
             Err(message) => return ProxyError::bad_request(message).log_and_respond(),
@@ -111,7 +114,7 @@ impl ClientProxy {
             Ok(via) => via,
             Err(refusal) => return refusal.log_and_respond(),
         };
-        let upgrade = hyper::upgrade::on(request);
+        let upgrade = Upgrade::take(&mut request);
         let Some(upstream) = via else {
             let dialer = Dialer {
                 connect_timeout: self.config.connect_timeout,
@@ -142,12 +145,7 @@ impl ClientProxy {
     }
 
     /// Counts the tunnel, hands both ends to the relay, and answers `200`.
-    fn opened<T>(
-        &self,
-        upgrade: hyper::upgrade::OnUpgrade,
-        target: T,
-        opened: Opened,
-    ) -> Response<ProxyBody>
+    fn opened<T>(&self, upgrade: Upgrade, target: T, opened: Opened) -> Response<ProxyBody>
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {

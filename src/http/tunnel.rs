@@ -11,7 +11,7 @@
 //! proxy's routes and `connect-ports`, the accelerator's parent-mode
 //! sites): each role checks and dials, then hands the two ends here.
 //!
-//! Main items: [`Destination`], [`Relay`], [`relay_upgraded`].
+//! Main items: [`Destination`], [`Relay`], [`Upgrade`], [`relay_upgraded`].
 
 use std::io;
 use std::net::IpAddr;
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Uri;
+use http::{Request, Uri};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use super::dial::{AddressRefused, Transport};
 use super::error::ProxyError;
+use super::server::KeepConnection;
 
 /// What a CONNECT asks for: `host:port`, the host without brackets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,14 +139,32 @@ impl Opened {
     }
 }
 
+/// A CONNECT's connection, to be handed over once it is answered `2xx`,
+/// and its place under `max-connections`, kept until the tunnel ends.
+pub struct Upgrade {
+    on: OnUpgrade,
+    keep: Option<KeepConnection>,
+}
+
+impl Upgrade {
+    /// Takes the connection of `request` (a CONNECT about to be answered
+    /// `2xx`) and its place.
+    pub fn take<B>(request: &mut Request<B>) -> Upgrade {
+        Upgrade {
+            keep: request.extensions_mut().remove::<KeepConnection>(),
+            on: hyper::upgrade::on(request),
+        }
+    }
+}
+
 /// Once hyper hands over the user agent's connection (the CONNECT was
-/// answered `2xx`: `upgrade` is `hyper::upgrade::on(request)`), relays it
+/// answered `2xx`: `upgrade` is [`Upgrade::take`] of it), relays it
 /// and `target` on a task of its own until either ends or both are quiet
 /// for `idle_timeout`; then writes the tunnel's log line and calls
 /// `at_end` with the bytes each way (from the user agent, from the
 /// target).
 pub fn relay_upgraded<T>(
-    upgrade: OnUpgrade,
+    upgrade: Upgrade,
     target: T,
     opened: Opened,
     idle_timeout: Duration,
@@ -155,7 +174,9 @@ pub fn relay_upgraded<T>(
 {
     tokio::spawn(async move {
         let started = Instant::now();
-        let user_agent = match upgrade.await {
+        // Held until the relay ends: the connection's place.
+        let _keep = upgrade.keep;
+        let user_agent = match upgrade.on.await {
             Ok(upgraded) => TokioIo::new(upgraded),
             Err(error) => {
                 tracing::info!(destination = %opened.destination, %error, "tunnel: the user agent's connection was not handed over");

@@ -27,7 +27,7 @@ use crate::http::headers::strip_unkeyed;
 use crate::http::tls::TlsSession;
 
 use super::body::ProxyBody;
-use super::handler::{ConnectionNumber, Handler, HoldConnection, Peer};
+use super::handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
 use super::io::{Guarded, Hold, Watched};
 use super::limits::ConnectionLimits;
 use super::refusal::{RefusedBody, bad_request_body, refuse_early};
@@ -63,6 +63,29 @@ impl hyper::rt::Timer for HeldTimer {
     }
 }
 
+/// What every request of a connection carries in its extensions.
+#[derive(Clone)]
+struct Arrival {
+    number: ConnectionNumber,
+    peer: Option<SocketAddr>,
+    tls: Option<TlsSession>,
+    keep: KeepConnection,
+}
+
+impl Arrival {
+    fn mark<B>(&self, request: &mut Request<B>) {
+        let extensions = request.extensions_mut();
+        extensions.insert(self.number);
+        if let Some(peer) = self.peer {
+            extensions.insert(Peer(peer));
+        }
+        if let Some(tls) = &self.tls {
+            extensions.insert(tls.clone());
+        }
+        extensions.insert(self.keep.clone());
+    }
+}
+
 /// The service every connection runs: the early checks, then the role.
 /// Boxed futures, so that an HTTP/1.1 connection is Unpin and can hand its
 /// socket back after a header timeout, for the 408.
@@ -71,9 +94,7 @@ fn service<H: Handler>(
     handler: Arc<H>,
     hold: Hold,
     refused_body: RefusedBody,
-    number: ConnectionNumber,
-    peer: Option<SocketAddr>,
-    tls: Option<TlsSession>,
+    arrival: Arrival,
     limits: ConnectionLimits,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
@@ -86,13 +107,7 @@ fn service<H: Handler>(
         let handler = handler.clone();
         // hyper hands requests over in the order the guard saw them.
         let index = requests.fetch_add(1, Ordering::Relaxed);
-        request.extensions_mut().insert(number);
-        if let Some(peer) = peer {
-            request.extensions_mut().insert(Peer(peer));
-        }
-        if let Some(tls) = &tls {
-            request.extensions_mut().insert(tls.clone());
-        }
+        arrival.mark(&mut request);
         strip_unkeyed(request.headers_mut());
         // A refused CONNECT over HTTP/1.x closes its connection: what
         // follows its head is a tunnel's bytes, which the guard let
@@ -136,16 +151,20 @@ pub async fn serve_connection<H, I>(
     let number = ConnectionNumber::next();
     let hold = Hold::default();
     let refused_body = RefusedBody::default();
+    let (keep, kept) = tokio::sync::mpsc::channel(1);
     let service = service(
         handler.clone(),
         hold.clone(),
         refused_body.clone(),
-        number,
-        peer,
-        None,
+        Arrival {
+            number,
+            peer,
+            tls: None,
+            keep: KeepConnection::new(keep),
+        },
         limits,
     );
-    serve_http1(io, service, hold, refused_body, limits).await;
+    serve_http1(io, service, hold, refused_body, kept, limits).await;
     handler.connection_closed(number);
 }
 
@@ -154,6 +173,7 @@ async fn serve_http1<I, S>(
     service: S,
     hold: Hold,
     refused_body: RefusedBody,
+    mut kept: tokio::sync::mpsc::Receiver<()>,
     limits: ConnectionLimits,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -202,7 +222,10 @@ async fn serve_http1<I, S>(
     })
     .await;
     let Some(parts) = connection.into_parts() else {
-        // Upgraded: the connection is the tunnel's now, and ends with it.
+        // Upgraded: the connection is the tunnel's now. It keeps its place
+        // under `max-connections` until the tunnel lets go of the request's
+        // `KeepConnection` (every other copy went with the service).
+        let _ = kept.recv().await;
         return;
     };
     let mut io = parts.io.into_inner();
@@ -268,17 +291,21 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let hold = Hold::default();
     // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's.
     let refused_body = RefusedBody::default();
+    let (keep, kept) = tokio::sync::mpsc::channel(1);
     let service = service(
         handler.clone(),
         hold.clone(),
         refused_body.clone(),
-        number,
-        Some(peer),
-        Some(info),
+        Arrival {
+            number,
+            peer: Some(peer),
+            tls: Some(info),
+            keep: KeepConnection::new(keep),
+        },
         limits,
     );
     if !h2 {
-        serve_http1(tls, service, hold, refused_body, limits).await;
+        serve_http1(tls, service, hold, refused_body, kept, limits).await;
         handler.connection_closed(number);
         return;
     }

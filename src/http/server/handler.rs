@@ -52,6 +52,23 @@ impl ConnectionNumber {
 #[derive(Debug, Clone, Copy)]
 pub struct HoldConnection(pub Duration);
 
+/// The connection a request came on, in its extensions: whoever takes the
+/// connection over (a CONNECT tunnel, after `hyper::upgrade::on`) keeps
+/// this until it is done with it, and the connection keeps its place under
+/// `max-connections` until then (HTTP/1.1; an HTTP/2 stream's tunnel ends
+/// with its connection).
+#[derive(Debug, Clone)]
+pub struct KeepConnection {
+    /// Dropped with the last copy: the connection's task then lets go.
+    _held: tokio::sync::mpsc::Sender<()>,
+}
+
+impl KeepConnection {
+    pub(super) fn new(held: tokio::sync::mpsc::Sender<()>) -> KeepConnection {
+        KeepConnection { _held: held }
+    }
+}
+
 /// The address of the peer a request came from, in its extensions (absent
 /// on inetd pipes). Failed logins are counted per peer address.
 #[derive(Debug, Clone, Copy)]

@@ -32,7 +32,7 @@ pub use accept::{bind, serve, serve_tls};
 pub(crate) use body::ReceiverStream;
 pub use body::{BodyError, ProxyBody, counted};
 pub use connection::serve_connection;
-pub use handler::{ConnectionNumber, Handler, HoldConnection, Peer};
+pub use handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
 pub use limits::{
     ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, raise_open_file_limit,
     upstream_client_builder,
