@@ -378,11 +378,10 @@ impl ClientSettings {
 
     /// TLS for an https:// upstream.
     fn upstream_tls(&self) -> Result<Option<Arc<rustls::ClientConfig>>, UsageError> {
-        if !self
-            .upstream_urls()
-            .iter()
-            .any(|url| url.starts_with("https://"))
-        {
+        if !self.upstream_urls().iter().any(|url| {
+            url.get(..8)
+                .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+        }) {
             if self.upstream_ca.is_some() {
                 return Err(UsageError("--upstream-ca: no upstream is https://".into()));
             }
@@ -530,5 +529,20 @@ allow-addresses = ["10.0.0.0/8"]
             let error = settings.to_config(settings.listen).unwrap_err();
             assert!(error.0.contains(expected), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn an_upper_case_https_upstream_gets_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["accel.example".to_owned()]).unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, made.cert.pem()).unwrap();
+        let settings = ClientSettings {
+            upstream: Some("HTTPS://accel.example".into()),
+            upstream_ca: Some(ca),
+            ..Default::default()
+        };
+        let config = settings.to_config(settings.listen).unwrap();
+        assert!(config.upstream_tls.is_some());
     }
 }

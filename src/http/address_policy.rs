@@ -2,7 +2,8 @@
 //! (the SSRF guard, A-7): public unicast addresses, and of the others
 //! (loopback, link-local such as a cloud's metadata service at
 //! 169.254.169.254, private, shared, unspecified, multicast, documentation
-//! and reserved ranges) only those the operator listed.
+//! and reserved ranges, also when an IPv6 address carries one through
+//! NAT64 or 6to4) only those the operator listed.
 //!
 //! It is applied to the addresses a name resolved to, just before
 //! connecting and to the same list the connection is made from, so a
@@ -33,12 +34,44 @@ impl AddressPolicy {
 
     /// Whether a connection may go to `address`.
     pub fn permits(&self, address: IpAddr) -> bool {
-        let address = match address {
-            // ::ffff:10.0.0.1 is 10.0.0.1.
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-            v4 => v4,
-        };
-        is_public(address) || self.allowed.iter().any(|net| net.contains(&address))
+        let address = canonical(address);
+        let listed = |address: &IpAddr| self.allowed.iter().any(|net| net.contains(address));
+        if listed(&address) {
+            return true;
+        }
+        // An IPv6 address that carries an IPv4 one (NAT64, 6to4) reaches
+        // that address: it is judged as that address too.
+        match embedded_ipv4(address) {
+            Some(v4) => (is_public_v4(v4) && is_public(address)) || listed(&IpAddr::V4(v4)),
+            None => is_public(address),
+        }
+    }
+}
+
+/// `address`, with an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) as the
+/// IPv4 address it is.
+pub fn canonical(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The IPv4 address an IPv6 one leads to through a translator: NAT64's
+/// `64:ff9b::/96` and `64:ff9b:1::/48` (RFC 6052, 8215), 6to4's `2002::/16`
+/// (RFC 3056), and IPv4-translated `::ffff:0:a.b.c.d` (RFC 2765).
+fn embedded_ipv4(address: IpAddr) -> Option<Ipv4Addr> {
+    let IpAddr::V6(v6) = address else {
+        return None;
+    };
+    let s = v6.segments();
+    let ipv4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    match s {
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(ipv4(hi, lo)),
+        [0x64, 0xff9b, 1, ..] => Some(ipv4(s[6], s[7])),
+        [0x2002, hi, lo, ..] => Some(ipv4(hi, lo)),
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => Some(ipv4(hi, lo)),
+        _ => None,
     }
 }
 
@@ -117,9 +150,24 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "::7f00:1",
+            "64:ff9b::a00:5",
+            "64:ff9b::7f00:1",
+            "64:ff9b:1::a9fe:a9fe",
+            "2002:a00:1::1",
+            "2002:7f00:1::",
+            "::ffff:0:a00:1",
         ] {
             assert!(!policy.permits(ip(inner)), "{inner}");
         }
+    }
+
+    #[test]
+    fn translated_public_ipv4_addresses_stay_public() {
+        let policy = AddressPolicy::default();
+        assert!(policy.permits(ip("64:ff9b::808:808")));
+        assert!(policy.permits(ip("2002:808:808::1")));
+        let listed = AddressPolicy::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        assert!(listed.permits(ip("64:ff9b::a00:5")));
     }
 
     #[test]

@@ -16,6 +16,8 @@ use http::HeaderMap;
 use http::header::{FORWARDED, HeaderName, HeaderValue};
 use ipnet::IpNet;
 
+use super::address_policy::canonical;
+
 /// `X-Forwarded-For`.
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`.
@@ -39,9 +41,9 @@ pub struct Hop<'a> {
 /// `X-Forwarded-Proto`; what the client sent in them is kept only when its
 /// address is in `trusted`.
 pub fn forward(headers: &mut HeaderMap, hop: Hop<'_>, trusted: &[IpNet]) {
-    let believed = hop
-        .client
-        .is_some_and(|client| trusted.iter().any(|net| net.contains(&client)));
+    // A dual-stack listener sees IPv4 peers as `::ffff:a.b.c.d`.
+    let client = hop.client.map(canonical);
+    let believed = client.is_some_and(|client| trusted.iter().any(|net| net.contains(&client)));
     if !believed {
         for name in [
             &FORWARDED,
@@ -53,7 +55,7 @@ pub fn forward(headers: &mut HeaderMap, hop: Hop<'_>, trusted: &[IpNet]) {
         }
     }
     let proto = if hop.tls { "https" } else { "http" };
-    let node = match hop.client {
+    let node = match client {
         Some(IpAddr::V4(v4)) => v4.to_string(),
         Some(IpAddr::V6(v6)) => format!("\"[{v6}]\""),
         None => "unknown".to_owned(),
@@ -67,9 +69,7 @@ pub fn forward(headers: &mut HeaderMap, hop: Hop<'_>, trusted: &[IpNet]) {
     }
     element.push_str(&format!(";proto={proto}"));
     append_to_list(headers, &FORWARDED, &element);
-    let address = hop
-        .client
-        .map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+    let address = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
     append_to_list(headers, &X_FORWARDED_FOR, &address);
     if !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
@@ -141,6 +141,16 @@ mod tests {
             "198.51.100.1, 127.0.0.1"
         );
         assert_eq!(header(&headers, &X_FORWARDED_PROTO), "https");
+    }
+
+    #[test]
+    fn a_mapped_ipv4_peer_is_matched_and_written_as_ipv4() {
+        let mut headers = HeaderMap::new();
+        headers.insert(&X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.1"));
+        let trusted = ["10.0.0.0/8".parse().unwrap()];
+        forward(&mut headers, hop("::ffff:10.1.2.3"), &trusted);
+        assert_eq!(header(&headers, &X_FORWARDED_FOR), "198.51.100.1, 10.1.2.3");
+        assert!(header(&headers, &FORWARDED).starts_with("for=10.1.2.3;"));
     }
 
     #[test]
