@@ -167,6 +167,21 @@ async fn direct_routes_refuse_private_addresses_unless_listed() {
 }
 
 #[tokio::test]
+async fn direct_routes_refuse_privileged_ports_but_80_and_443() {
+    let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
+    for port in [25, 22, 6, 1023] {
+        let fetched = get(proxy.addr, &format!("http://127.0.0.1:{port}/")).await;
+        assert_eq!(fetched.status, 403, "port {port}");
+        let body = String::from_utf8(fetched.body.unwrap()).unwrap();
+        assert!(body.contains(&format!("port {port}")), "{body}");
+    }
+    // Port 80 is allowed: nothing listens there, so the answer is a 502
+    // (or a 200 if something does), not a refusal.
+    let fetched = get(proxy.addr, "http://127.0.0.1:80/").await;
+    assert_ne!(fetched.status, 403);
+}
+
+#[tokio::test]
 async fn a_host_no_route_takes_is_refused_without_a_connection() {
     let a = versioned_origin("a").await;
     let accel_a = accelerator(&["a.test"], &a).await;

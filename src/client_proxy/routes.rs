@@ -187,6 +187,12 @@ impl Routes {
             }
         };
         let upstream = self.for_host(url.host().unwrap_or(""))?;
+        let port = url.port_u16().unwrap_or(80);
+        if upstream.is_direct() && !direct_port(port) {
+            return Err(ProxyError::forbidden(format!(
+                "port {port}: a direct route goes to 80, 443 and ports from 1024 only"
+            )));
+        }
         Ok(Target {
             url,
             forward: !upstream.is_direct(),
@@ -231,6 +237,14 @@ impl Routes {
             .first()
             .filter(|(hosts, _)| matches!(hosts, RouteHosts::Shorthand))
     }
+}
+
+/// Whether a direct route may fetch from `port`: the web's 80 and 443, and
+/// the unprivileged ports where test and application servers listen, but
+/// not the other well-known services (mail, ssh, …), which an `http://`
+/// URL must not be used to talk to (as Squid's `Safe_ports`).
+fn direct_port(port: u16) -> bool {
+    port == 80 || port == 443 || port >= 1024
 }
 
 /// `http://{authority}{path of uri}`, refusing userinfo (P-12).
