@@ -405,3 +405,28 @@ async fn a_direct_route_sends_signatures_only_to_hosts_that_answered_in_hsync() 
         "the accelerator was sent one"
     );
 }
+
+#[tokio::test]
+async fn our_queue_callback_address_goes_to_upstream_proxies_only() {
+    let a = versioned_origin("a").await;
+    let accel_a = accelerator(&["a.test"], &a).await;
+    let c = versioned_origin("c").await;
+    let mut config = ClientConfig {
+        routes: vec![
+            to_upstream(&["a.test"], &accel_a),
+            direct(&["*"], &["127.0.0.0/8"]),
+        ],
+        ..client_config("http://127.0.0.1:1")
+    };
+    config.queue.node = Some("192.0.2.1:9".parse().unwrap());
+    let proxy = ClientProxy::start(config).await;
+    get(proxy.addr, &format!("http://{}/c.html", c.addr))
+        .await
+        .assert_body("c", &page("c", 0));
+    assert_eq!(c.seen()[0].header("x-node"), None);
+    // The accelerator got it (and keeps the queue's headers from its origin).
+    get(proxy.addr, "http://a.test/a.html")
+        .await
+        .assert_body("a", &page("a", 0));
+    assert_eq!(a.seen()[0].header("x-node"), None);
+}

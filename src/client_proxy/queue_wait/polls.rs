@@ -41,7 +41,11 @@ impl ClientProxy {
         parts.headers.remove(&X_QUEUED);
         parts.headers.remove(&X_NODE);
         parts.headers.insert(X_QUEUE.clone(), OFFER_PARQ);
-        if let Some(node) = &self.waits.node {
+        // Where to call us back: for the proxies we configured, not for
+        // every origin a direct route reaches.
+        if let Some(node) = &self.waits.node
+            && !target.upstream.is_direct()
+        {
             parts.headers.insert(X_NODE.clone(), node.clone());
         }
         let response = self.send_once(again(&parts, body), target).await?;
