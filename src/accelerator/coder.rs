@@ -144,14 +144,30 @@ pub struct Coder {
 }
 
 impl Coder {
-    /// A coder with `config`, counting into `stats`.
+    /// A coder with `config`, counting into `stats`, with its own transfer
+    /// memory and spool disk budgets (`config.transfer_memory`,
+    /// `config.max_spool_total`).
     pub fn new(config: CoderConfig, stats: Arc<Stats>) -> Coder {
+        let memory = TransferMemory::new(config.transfer_memory);
+        let disk = SpoolDisk::new(config.max_spool_total);
+        Coder::sharing(config, stats, memory, disk)
+    }
+
+    /// A coder whose streamed codings take their share of `memory` and
+    /// park bodies within `disk`: a client proxy's, so that what it codes
+    /// for the proxies behind it stays within its own budgets.
+    pub fn sharing(
+        config: CoderConfig,
+        stats: Arc<Stats>,
+        memory: TransferMemory,
+        disk: SpoolDisk,
+    ) -> Coder {
         let encoders = match config.max_encoders {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
         let parking = (config.max_spool > 0).then(|| Parking {
-            disk: SpoolDisk::new(config.max_spool_total),
+            disk,
             dir: config.spool_dir.as_path().into(),
             limit: config.max_spool,
         });
@@ -160,7 +176,7 @@ impl Coder {
                 config.basis_store_bytes,
                 config.max_stored_body,
             )),
-            memory: TransferMemory::new(config.transfer_memory),
+            memory,
             encoders: Encoders::new(encoders),
             parking,
             stats,

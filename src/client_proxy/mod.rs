@@ -201,14 +201,21 @@ impl ClientProxy {
             cache_write_errors: store.write_errors(),
             ..ClientStats::default()
         });
+        let memory = TransferMemory::new(config.transfer_memory);
+        let spool_disk = SpoolDisk::new(config.max_spool_total);
         Ok(ClientProxy {
-            memory: TransferMemory::new(config.transfer_memory),
-            spool_disk: SpoolDisk::new(config.max_spool_total),
             routes,
-            coder: config
-                .downstream_coding
-                .clone()
-                .map(|coding| Coder::new(coding, Arc::default())),
+            // What it codes for client proxies behind it takes the same
+            // memory and disk budgets as its relays, and parks in the cache.
+            coder: config.downstream_coding.clone().map(|coding| {
+                let coding = CoderConfig {
+                    spool_dir: store.root().join("tmp"),
+                    ..coding
+                };
+                Coder::sharing(coding, Arc::default(), memory.clone(), spool_disk.clone())
+            }),
+            memory,
+            spool_disk,
             in_flight: InFlight::new(config.lock_timeout),
             hot: HotCache::new(config.memory_cache_bytes),
             waits: Arc::new(QueueWaits::new(config.queue.clone(), stats.clone())),

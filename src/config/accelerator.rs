@@ -351,11 +351,17 @@ impl AcceleratorSettings {
 }
 
 /// How `rproxy accelerator` codes answers by default: what a client proxy
-/// codes its answers to downstream client proxies with.
+/// codes its answers to downstream client proxies with (within the client
+/// proxy's own transfer memory and spool disk, parking in its cache).
+/// Its basis store is smaller: a client proxy's chain coder keeps only
+/// what it coded for the few proxies behind it.
 pub fn default_coding() -> CoderConfig {
     let config = AcceleratorSettings::default()
         .config_with(Vec::new(), HeaderValue::from_static("accelerator"));
-    CoderConfig::from(&config)
+    CoderConfig {
+        basis_store_bytes: 32 << 20,
+        ..CoderConfig::from(&config)
+    }
 }
 
 impl AcceleratorConfig {
