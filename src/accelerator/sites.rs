@@ -139,8 +139,11 @@ impl Sites {
                     (Origin::Parent(policy.clone()), dialer)
                 }
             };
-            let client = crate::http::server::upstream_client_builder()
-                .build(OriginConnector(dialer.clone()));
+            let builder = match origin {
+                Origin::Server { .. } => crate::http::server::upstream_client_builder(),
+                Origin::Parent(_) => crate::http::server::web_client_builder(),
+            };
+            let client = builder.build(OriginConnector(dialer.clone()));
             sites.push(Site {
                 names: config.names.clone(),
                 origin,

@@ -64,6 +64,10 @@ const HTTP_1_1_ALPN: &[u8] = b"http/1.1";
 /// again.
 pub const ADVERTISED_TTL: Duration = Duration::from_secs(3600);
 
+/// Hosts whose `Hsync-Accept` a direct route remembers at once (a
+/// backstop: each entry is a few dozen bytes).
+const MAX_ADVERTISERS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(4096).expect("not 0");
+
 /// What an upstream said it supports in `Hsync-Accept`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Advertised {
@@ -242,8 +246,14 @@ impl Upstream {
             dialer: held,
             ..connector(false)
         };
-        let gateway = crate::http::server::upstream_client_builder().build(connector(false));
-        let forward = crate::http::server::upstream_client_builder()
+        // A direct route's hosts are whoever the user agents name: a
+        // smaller pool per host, and a bounded table of what they said.
+        let builder = match fixed {
+            Some(_) => crate::http::server::upstream_client_builder,
+            None => crate::http::server::web_client_builder,
+        };
+        let gateway = builder().build(connector(false));
+        let forward = builder()
             // Host is set by the caller from the absolute target.
             .set_host(false)
             .build(connector(true));
@@ -252,7 +262,10 @@ impl Upstream {
             gateway,
             forward,
             held,
-            advertised: Mutex::new(ExpiringMap::new(ADVERTISED_TTL)),
+            advertised: Mutex::new(ExpiringMap::with_max_entries(
+                ADVERTISED_TTL,
+                MAX_ADVERTISERS,
+            )),
         }
     }
 

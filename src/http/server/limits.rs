@@ -66,12 +66,30 @@ pub const IDLE_UPSTREAM_CONNECTIONS: usize = 32;
 /// How long an idle upstream connection is kept.
 pub const IDLE_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Idle connections kept per host where the hosts are the whole web's (a
+/// parent-mode site, a direct route): fewer and shorter, since a client
+/// choosing the hosts can leave idle connections behind at every one.
+pub const IDLE_CONNECTIONS_PER_WEB_HOST: usize = 4;
+
+/// How long an idle connection to one of the web's hosts is kept.
+pub const IDLE_WEB_HOST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A client builder for trips upstream, with the pool's bounds above.
 pub fn upstream_client_builder() -> hyper_util::client::legacy::Builder {
+    pooled_client_builder(IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT)
+}
+
+/// A client builder for trips to hosts a client names (parent mode,
+/// direct routes), with the smaller pool above.
+pub fn web_client_builder() -> hyper_util::client::legacy::Builder {
+    pooled_client_builder(IDLE_CONNECTIONS_PER_WEB_HOST, IDLE_WEB_HOST_TIMEOUT)
+}
+
+fn pooled_client_builder(per_host: usize, idle: Duration) -> hyper_util::client::legacy::Builder {
     let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
     builder
-        .pool_max_idle_per_host(IDLE_UPSTREAM_CONNECTIONS)
-        .pool_idle_timeout(IDLE_UPSTREAM_TIMEOUT)
+        .pool_max_idle_per_host(per_host)
+        .pool_idle_timeout(idle)
         .pool_timer(TokioTimer::new());
     builder
 }
