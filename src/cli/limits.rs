@@ -44,6 +44,11 @@ pub struct LimitArgs {
     /// more are refused for the client to retry.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: Option<u32>,
+    /// On SIGTERM or SIGINT, no new connection is accepted, idle ones
+    /// close, and requests under way have this long to finish before the
+    /// process exits (0): 30s, 5m, 100ms or seconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub drain_timeout: Option<Duration>,
 }
 
 impl LimitArgs {
@@ -51,7 +56,7 @@ impl LimitArgs {
     pub fn apply(&self, settings: &mut LimitSettings) {
         override_with_flags!(settings, self;
             plain: header_read_timeout, idle_timeout, max_head, max_headers, max_target,
-                max_hops, max_connections, max_streams;
+                max_hops, max_connections, max_streams, drain_timeout;
             optional: ;
             switches: );
     }

@@ -1,5 +1,6 @@
 //! How both roles serve once configured: the one inetd connection on
-//! stdin/stdout, or a listener (plain or TLS) until Ctrl-C.
+//! stdin/stdout, or a listener (plain or TLS) until SIGTERM or SIGINT,
+//! then draining what is under way.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,7 +51,7 @@ pub(super) fn serve_one<H: Handler>(
 const BLOCKING_THREADS: usize = 64;
 
 /// Listens on `listen` (over TLS with `tls`) and serves `handler` until
-/// Ctrl-C. `ready` runs once the listener is bound, inside the runtime,
+/// SIGTERM or SIGINT, then drains (`limits.drain_timeout`). `ready` runs once the listener is bound, inside the runtime,
 /// with its address (to log, or to start the role's own tasks).
 ///
 /// # Errors
@@ -72,15 +73,41 @@ pub(super) fn serve_listener<H: Handler>(
         survive_file_size_limit();
         let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
         ready(listener.local_addr().unwrap_or(listen), &handler);
-        let stop = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
+        let stop = stop_signal()?;
         let handler = Arc::new(handler);
         match tls {
             Some(tls) => serve_tls(listener, handler, limits, tls, stop).await,
             None => serve(listener, handler, limits, stop).await,
         }
+        tracing::info!("stopped");
         Ok(())
+    })
+}
+
+/// Resolves at the first SIGTERM or SIGINT (the server then drains: see
+/// [`serve`]). SIGHUP, which would end the process by default, is logged
+/// and otherwise ignored until the configuration can be reloaded.
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            tracing::warn!(
+                "SIGHUP: reloading the configuration is not supported yet; it stays as it was"
+            );
+        }
+    });
+    Ok(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(
+            signal = name,
+            "stopping: no new connections; requests under way may finish"
+        );
     })
 }
 

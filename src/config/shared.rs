@@ -41,6 +41,9 @@ pub struct LimitSettings {
     pub max_connections: usize,
     /// Requests served at once on one HTTP/2 connection (at least 1).
     pub max_streams: u32,
+    /// Time requests under way have to finish after a stop.
+    #[serde(with = "units::duration")]
+    pub drain_timeout: Duration,
 }
 
 impl Default for LimitSettings {
@@ -55,6 +58,7 @@ impl Default for LimitSettings {
             max_hops: limits.max_hops,
             max_connections: limits.max_connections,
             max_streams: limits.max_streams,
+            drain_timeout: limits.drain_timeout,
         }
     }
 }
@@ -79,6 +83,7 @@ impl LimitSettings {
             max_hops: self.max_hops,
             max_connections: self.max_connections,
             max_streams: self.max_streams,
+            drain_timeout: self.drain_timeout,
         })
     }
 }

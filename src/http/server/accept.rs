@@ -13,12 +13,14 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use super::connection::{serve_connection, serve_tls_connection};
+use super::connection::{serve_connection_until, serve_tls_connection};
 use super::handler::Handler;
-use super::limits::ConnectionLimits;
+use super::limits::{ConnectionLimits, Draining};
 
 /// Accepts connections on `listener` until `shutdown` resolves, serving
-/// each on its own task, at most `limits.max_connections` at once.
+/// each on its own task, at most `limits.max_connections` at once. Then
+/// drains: no new connection is accepted, idle ones close, and requests
+/// under way have `limits.drain_timeout` to finish before this returns.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
@@ -49,6 +51,36 @@ async fn accept_loop<H: Handler>(
 ) {
     tokio::pin!(shutdown);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (stopping, draining) = tokio::sync::watch::channel(false);
+    accept_until(
+        &listener, &handler, limits, &tls, &slots, &draining, shutdown,
+    )
+    .await;
+    drop(listener);
+    let _ = stopping.send(true);
+    let everyone = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
+    let open = limits.max_connections.max(1) - slots.available_permits();
+    if open > 0 {
+        tracing::info!(connections = open, timeout = ?limits.drain_timeout, "draining");
+    }
+    match tokio::time::timeout(limits.drain_timeout, slots.acquire_many(everyone)).await {
+        Ok(_) => tracing::info!("drained: every connection finished"),
+        Err(_) => tracing::warn!(
+            connections = limits.max_connections.max(1) - slots.available_permits(),
+            "drain timeout: closing connections still open"
+        ),
+    }
+}
+
+async fn accept_until<H: Handler>(
+    listener: &TcpListener,
+    handler: &Arc<H>,
+    limits: ConnectionLimits,
+    tls: &Option<TlsAcceptor>,
+    slots: &Arc<Semaphore>,
+    draining: &tokio::sync::watch::Receiver<bool>,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) {
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
@@ -58,18 +90,19 @@ async fn accept_loop<H: Handler>(
                     "connection limit reached; new connections wait in the backlog"
                 );
                 tokio::select! {
-                    () = &mut shutdown => return,
+                    () = shutdown.as_mut() => return,
                     slot = slots.clone().acquire_owned() => slot.expect("never closed"),
                 }
             }
         };
         tokio::select! {
-            () = &mut shutdown => return,
+            () = shutdown.as_mut() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let handler = handler.clone();
                     let tls = tls.clone();
+                    let draining = Draining::on(draining.clone());
                     tokio::spawn(
                         async move {
                             match tls {
@@ -78,11 +111,14 @@ async fn accept_loop<H: Handler>(
                                     // several KiB, which every plain
                                     // connection's task would reserve too.
                                     Box::pin(serve_tls_connection(
-                                        stream, peer, handler, limits, acceptor,
+                                        stream, peer, handler, limits, acceptor, draining,
                                     ))
                                     .await;
                                 }
-                                None => serve_connection(stream, Some(peer), handler, limits).await,
+                                None => {
+                                    serve_connection_until(stream, Some(peer), handler, limits, draining)
+                                        .await;
+                                }
                             }
                             drop(slot);
                         }

@@ -29,7 +29,7 @@ use crate::http::tls::TlsSession;
 use super::body::ProxyBody;
 use super::handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
 use super::io::{Guarded, Hold, Watched};
-use super::limits::ConnectionLimits;
+use super::limits::{ConnectionLimits, Draining};
 use super::refusal::{RefusedBody, bad_request_body, refuse_early};
 
 /// hyper's timer, with the connection's hold added to every deadline it
@@ -148,6 +148,21 @@ pub async fn serve_connection<H, I>(
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    serve_connection_until(io, peer, handler, limits, Draining::default()).await;
+}
+
+/// [`serve_connection`], finishing what is under way and closing once
+/// `draining` starts.
+pub(super) async fn serve_connection_until<H, I>(
+    io: I,
+    peer: Option<SocketAddr>,
+    handler: Arc<H>,
+    limits: ConnectionLimits,
+    draining: Draining,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let number = ConnectionNumber::next();
     let hold = Hold::default();
     let refused_body = RefusedBody::default();
@@ -164,7 +179,7 @@ pub async fn serve_connection<H, I>(
         },
         limits,
     );
-    serve_http1(io, service, hold, refused_body, kept, limits).await;
+    serve_http1(io, service, hold, refused_body, kept, limits, draining).await;
     handler.connection_closed(number);
 }
 
@@ -175,6 +190,7 @@ async fn serve_http1<I, S>(
     refused_body: RefusedBody,
     mut kept: tokio::sync::mpsc::Receiver<()>,
     limits: ConnectionLimits,
+    draining: Draining,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
@@ -207,12 +223,17 @@ async fn serve_http1<I, S>(
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     let mut shutting_down = false;
+    let mut drain = std::pin::pin!(draining.started());
     let result = std::future::poll_fn(|cx| {
         loop {
             let polled = Pin::new(&mut connection).poll(cx);
-            if polled.is_pending() && !shutting_down && refusing.load(Ordering::Relaxed) {
-                // hyper waits at a refused head: let it finish the requests
-                // in flight, then stop.
+            if polled.is_pending()
+                && !shutting_down
+                // hyper waits at a refused head, or the server is
+                // stopping: let it finish the requests in flight, then
+                // stop (an idle connection closes at once).
+                && (refusing.load(Ordering::Relaxed) || drain.as_mut().poll(cx).is_ready())
+            {
                 shutting_down = true;
                 Pin::new(&mut connection).graceful_shutdown();
                 continue;
@@ -265,6 +286,7 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     handler: Arc<H>,
     limits: ConnectionLimits,
     acceptor: TlsAcceptor,
+    draining: Draining,
 ) {
     let Ok(local) = stream.local_addr() else {
         return;
@@ -305,19 +327,30 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         limits,
     );
     if !h2 {
-        serve_http1(tls, service, hold, refused_body, kept, limits).await;
+        serve_http1(tls, service, hold, refused_body, kept, limits, draining).await;
         handler.connection_closed(number);
         return;
     }
-    let result = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_streams)
-        .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX))
-        .serve_connection(
-            TokioIo::new(Watched::new(tls, limits.idle_timeout, hold)),
-            service,
-        )
-        .await;
+    let builder = {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.max_streams)
+            .max_header_list_size(u32::try_from(limits.max_head_bytes).unwrap_or(u32::MAX));
+        builder
+    };
+    let mut connection = std::pin::pin!(builder.serve_connection(
+        TokioIo::new(Watched::new(tls, limits.idle_timeout, hold)),
+        service,
+    ));
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = draining.started() => {
+            // GOAWAY: streams under way finish, no new ones.
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
     if let Err(error) = result {
         tracing::debug!(%error, "HTTP/2 connection ended with an error");
     }

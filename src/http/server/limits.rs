@@ -39,6 +39,10 @@ pub struct ConnectionLimits {
     /// it bounds the responses in flight, each of which may hold an
     /// encoder and its buffers while its reader does not read (L-13).
     pub max_streams: u32,
+    /// After a stop (SIGTERM, SIGINT): how long requests under way may take
+    /// to finish, once no new connection is accepted and idle ones are
+    /// closed.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -52,6 +56,30 @@ impl Default for ConnectionLimits {
             max_hops: 10,
             max_connections: 16 << 10,
             max_streams: 128,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Whether the server is stopping: connections then finish what is under
+/// way and close (hyper's graceful shutdown), and idle ones close at once.
+#[derive(Debug, Clone, Default)]
+pub struct Draining(Option<tokio::sync::watch::Receiver<bool>>);
+
+impl Draining {
+    /// Draining once `stopping` says true, or its sender is gone.
+    pub fn on(stopping: tokio::sync::watch::Receiver<bool>) -> Draining {
+        Draining(Some(stopping))
+    }
+
+    /// Resolves when draining begins; never for [`Draining::default`] (one
+    /// inetd connection, which ends with its peer).
+    pub async fn started(self) {
+        match self.0 {
+            None => std::future::pending().await,
+            Some(mut stopping) => {
+                let _ = stopping.wait_for(|stopping| *stopping).await;
+            }
         }
     }
 }
