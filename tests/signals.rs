@@ -1,6 +1,6 @@
 //! How the real binary takes signals (issue 19): SIGTERM stops accepting,
 //! lets a download under way finish and exits 0 within the drain timeout;
-//! SIGHUP no longer ends the process.
+//! SIGHUP no longer ends the process. Its log into a pipe has no colour.
 
 mod support;
 
@@ -74,7 +74,6 @@ fn start_accelerator(origin: SocketAddr) -> (Child, SocketAddr) {
             "10s",
         ])
         .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

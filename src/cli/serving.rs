@@ -72,8 +72,9 @@ pub(super) fn serve_listener<H: Handler>(
     runtime.block_on(async {
         survive_file_size_limit();
         let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
-        ready(listener.local_addr().unwrap_or(listen), &handler);
+        // Before "ready": a signal sent as soon as it is logged is ours.
         let stop = stop_signal()?;
+        ready(listener.local_addr().unwrap_or(listen), &handler);
         let handler = Arc::new(handler);
         match tls {
             Some(tls) => serve_tls(listener, handler, limits, tls, stop).await,
