@@ -67,3 +67,25 @@ fn a_bad_file_exits_with_64_and_names_the_line() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(output.stdout.is_empty());
 }
+
+#[test]
+fn version_names_the_release_and_the_commit_when_built_from_git() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_rproxy"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    let expected = format!("rproxy {}", env!("CARGO_PKG_VERSION"));
+    assert!(text.starts_with(&expected), "{text}");
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    if let Ok(commit) = commit
+        && commit.status.success()
+    {
+        let commit = String::from_utf8(commit.stdout).unwrap();
+        assert!(text.contains(commit.trim()), "{text} lacks {commit}");
+    }
+}

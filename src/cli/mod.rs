@@ -17,7 +17,7 @@ use crate::config::{AcceleratorSettings, ClientSettings, Settings, flag_defaults
 /// rproxy: an HTTP proxy pair that sends rsync deltas instead of whole
 /// responses.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(version = env!("RPROXY_VERSION"), about, long_about = None)]
 pub struct Cli {
     /// What to run.
     #[command(subcommand)]

@@ -1,0 +1,24 @@
+//! Records the git commit the binary is built from, for `rproxy --version`
+//! (`0.1.0 (abc1234)`; without git, or outside a checkout, the version
+//! alone).
+
+use std::process::Command;
+
+fn main() {
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .and_then(|output| String::from_utf8(output.stdout).ok())
+        .map(|commit| commit.trim().to_owned())
+        .filter(|commit| !commit.is_empty());
+    let version = match commit {
+        Some(commit) => format!("{} ({commit})", env!("CARGO_PKG_VERSION")),
+        None => env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    println!("cargo:rustc-env=RPROXY_VERSION={version}");
+    // A new commit changes the version: look again when HEAD moves.
+    println!("cargo:rerun-if-changed=.git/HEAD");
+    println!("cargo:rerun-if-changed=.git/refs/heads");
+}
