@@ -426,10 +426,9 @@ apt_get() {
         cat "$log" >&2
         lab_die "$name: apt-get $* warned or failed (log above)"
     fi
-    # Each stats read is a request too: the first read after apt counts
-    # itself, so apt made requests(after) - requests(before) - 1.
+    # Stats reads are not counted as requests.
     after_c=$(lab_stats "$lab_client_url")
-    a_requests=$(($(lab_field "$after_c" requests) - $(lab_field "$before_c" requests) - 1))
+    a_requests=$(($(lab_field "$after_c" requests) - $(lab_field "$before_c" requests)))
     # apt has every byte, but both proxies count a transfer just after
     # its end: read until the byte counters stop moving and agree.
     settled=0 prev=""

@@ -135,7 +135,6 @@ impl Accelerator {
     }
 
     async fn proxy(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
-        Stats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
             && request
                 .uri()
@@ -154,6 +153,8 @@ impl Accelerator {
             );
             return response;
         }
+        // Requests for the sites: the stats polls are not among them.
+        Stats::add(&self.stats.requests, 1);
         if request.method() == Method::CONNECT {
             return self.tunnel(request).await;
         }

@@ -256,7 +256,6 @@ impl ClientProxy {
 
     async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
-        ClientStats::add(&self.stats.requests, 1);
         if request.method() == Method::GET
             && request.uri().authority().is_none()
             && request.uri().path() == STATS_PATH
@@ -269,6 +268,8 @@ impl ClientProxy {
             );
             return response;
         }
+        // Requests for the web: the stats polls are not among them.
+        ClientStats::add(&self.stats.requests, 1);
         if request.method() == Method::CONNECT {
             return self.tunnel(request).await;
         }

@@ -76,7 +76,7 @@ pub struct ClientStats {
 /// The counters at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StatsSnapshot {
-    /// Requests received.
+    /// Requests received, stats polls left out.
     pub requests: u64,
     /// Answered from the cache (fresh, or revalidated with a 304).
     pub hits: u64,

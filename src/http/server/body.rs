@@ -92,7 +92,74 @@ impl<F: FnOnce(u64, bool) + Unpin> hyper::body::Body for Counted<F> {
 
 impl<F: FnOnce(u64, bool)> Drop for Counted<F> {
     fn drop(&mut self) {
-        let clean = hyper::body::Body::is_end_stream(&self.inner);
+        // Whole if it ended, or if every byte its length announced went
+        // (a 304's or a HEAD's empty body is never polled at all).
+        let clean = hyper::body::Body::is_end_stream(&self.inner)
+            || hyper::body::Body::size_hint(&self.inner).exact() == Some(self.bytes);
         self.end(clean);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::{BodyExt, Empty, Full};
+
+    use super::*;
+
+    /// The bytes and the cleanness `counted` reported, once it did.
+    type Ending = Arc<Mutex<Option<(u64, bool)>>>;
+
+    fn ended(body: ProxyBody) -> (ProxyBody, Ending) {
+        let seen = Arc::new(Mutex::new(None));
+        let record = seen.clone();
+        let body = counted(body, move |bytes, clean| {
+            *record.lock().unwrap() = Some((bytes, clean));
+        });
+        (body, seen)
+    }
+
+    /// A body of known length 0 that only says it ended once polled, as
+    /// an upstream 304's body with its framing check still pending.
+    struct EmptyButUnsure;
+
+    impl hyper::body::Body for EmptyButUnsure {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BodyError>>> {
+            std::task::Poll::Ready(None)
+        }
+
+        fn is_end_stream(&self) -> bool {
+            false
+        }
+
+        fn size_hint(&self) -> hyper::body::SizeHint {
+            hyper::body::SizeHint::with_exact(0)
+        }
+    }
+
+    #[test]
+    fn an_empty_body_never_polled_counts_as_whole() {
+        let (body, seen) = ended(Empty::new().map_err(|never| match never {}).boxed());
+        drop(body);
+        assert_eq!(*seen.lock().unwrap(), Some((0, true)));
+        // A 304's: hyper never polls it, and its end was not seen.
+        let (body, seen) = ended(BoxBody::new(EmptyButUnsure));
+        drop(body);
+        assert_eq!(*seen.lock().unwrap(), Some((0, true)));
+    }
+
+    #[test]
+    fn a_body_dropped_before_its_bytes_went_is_not_whole() {
+        let full = Full::new(Bytes::from_static(b"0123456789"));
+        let (body, seen) = ended(full.map_err(|never| match never {}).boxed());
+        drop(body);
+        assert_eq!(*seen.lock().unwrap(), Some((0, false)));
     }
 }
