@@ -1,6 +1,7 @@
 //! How the real binary takes signals (issue 19): SIGTERM stops accepting,
 //! lets a download under way finish and exits 0 within the drain timeout;
-//! SIGHUP no longer ends the process. Its log into a pipe has no colour.
+//! SIGHUP no longer ends the process; the queue is saved on the way out.
+//! Its log into a pipe has no colour.
 
 mod support;
 
@@ -63,6 +64,11 @@ fn frames(
 /// Starts `rproxy accelerator` in front of `origin` on a port of its own
 /// choosing; returns the child and the address it logged.
 fn start_accelerator(origin: SocketAddr) -> (Child, SocketAddr) {
+    start_accelerator_with(origin, &[])
+}
+
+/// [`start_accelerator`] with more flags.
+fn start_accelerator_with(origin: SocketAddr, more: &[&str]) -> (Child, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
         .args([
             "accelerator",
@@ -73,6 +79,7 @@ fn start_accelerator(origin: SocketAddr) -> (Child, SocketAddr) {
             "--drain-timeout",
             "10s",
         ])
+        .args(more)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
@@ -181,4 +188,25 @@ async fn sighup_does_not_end_the_process() {
     signal(&child, libc::SIGINT);
     let status = exit_status(&mut child, Duration::from_secs(5)).expect("it exits");
     assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_is_saved_on_the_way_out() {
+    let origin = slow_origin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("queue.json");
+    let state_arg = state.display().to_string();
+    let (mut child, _) =
+        start_accelerator_with(origin.addr, &["--slots", "1", "--queue-state", &state_arg]);
+    // The timer saves it every second; take that copy away, and stop at
+    // once: what is there afterwards was written on the way out.
+    let started = Instant::now();
+    while !state.exists() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_file(&state).unwrap();
+    signal(&child, libc::SIGTERM);
+    let status = exit_status(&mut child, Duration::from_secs(5)).expect("it exits");
+    assert!(status.success(), "{status:?}");
+    assert!(state.exists(), "the queue was not saved on the way out");
 }

@@ -259,4 +259,12 @@ impl Handler for Accelerator {
             slots.disconnected(number);
         }
     }
+
+    fn stopped(&self) {
+        if let Some(slots) = &self.slots
+            && let Err(error) = slots.save()
+        {
+            tracing::warn!(%error, "cannot save the queue on the way out");
+        }
+    }
 }

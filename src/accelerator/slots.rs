@@ -198,6 +198,19 @@ impl Slots {
             .disconnected(ConnectionId(number.0), Instant::now());
     }
 
+    /// Saves the queue to its state file now, if it has one (the timer
+    /// saves it every second; this is for the way out).
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn save(&self) -> std::io::Result<()> {
+        let Some(path) = &self.state_file else {
+            return Ok(());
+        };
+        let bytes = self.lock().to_bytes(Instant::now(), SystemTime::now());
+        write_atomically(path, &bytes)
+    }
+
     /// Lapses entries, makes QUEUE callbacks (telling clients to come back
     /// to `server`) and saves the queue, every second, for ever.
     pub async fn run_timer(self: Arc<Self>, server: SocketAddr) {

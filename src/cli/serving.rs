@@ -77,9 +77,10 @@ pub(super) fn serve_listener<H: Handler>(
         ready(listener.local_addr().unwrap_or(listen), &handler);
         let handler = Arc::new(handler);
         match tls {
-            Some(tls) => serve_tls(listener, handler, limits, tls, stop).await,
-            None => serve(listener, handler, limits, stop).await,
+            Some(tls) => serve_tls(listener, handler.clone(), limits, tls, stop).await,
+            None => serve(listener, handler.clone(), limits, stop).await,
         }
+        handler.stopped();
         tracing::info!("stopped");
         Ok(())
     })

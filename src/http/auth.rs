@@ -519,6 +519,10 @@ impl<H: Handler> Handler for AuthGate<H> {
     fn connection_closed(&self, number: crate::http::server::ConnectionNumber) {
         self.role.connection_closed(number);
     }
+
+    fn stopped(&self) {
+        self.role.stopped();
+    }
 }
 
 /// `Proxy-Authorization: Basic …` for `user` and `password`.

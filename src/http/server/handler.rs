@@ -29,6 +29,10 @@ pub trait Handler: Send + Sync + 'static {
     fn connection_closed(&self, number: ConnectionNumber) {
         let _ = number;
     }
+
+    /// Called once the server has stopped (drained, or the drain timeout
+    /// passed), before the process exits: the last chance to save state.
+    fn stopped(&self) {}
 }
 
 /// A process-wide number for each connection, in its requests'
