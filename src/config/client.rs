@@ -14,7 +14,7 @@ use http::{HeaderValue, Uri};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::shared::saturating_usize;
+use super::shared::{saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
@@ -87,18 +87,7 @@ impl RouteSettings {
 
 /// `http[s]://host[:port]`, checked.
 fn upstream_url(text: &str) -> Result<Uri, UsageError> {
-    let bad = || {
-        UsageError(format!(
-            "upstream {text}: use http://host[:port] or https://host[:port]"
-        ))
-    };
-    let url: Uri = text.parse().map_err(|_| bad())?;
-    let scheme_ok = matches!(url.scheme_str(), Some("http" | "https"));
-    let path_ok = url.path_and_query().is_none_or(|p| p.as_str() == "/");
-    if !scheme_ok || url.authority().is_none() || !path_ok {
-        return Err(bad());
-    }
-    Ok(url)
+    server_url("upstream", text, "")
 }
 
 /// The settings of `rproxy client`, one field per flag (see its `--help`

@@ -10,6 +10,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use http::Uri;
 use serde::{Deserialize, Serialize};
 
 use super::UsageError;
@@ -158,4 +159,22 @@ impl AuthSettings {
 /// bound anyway.
 pub(super) fn saturating_usize(size: Size) -> usize {
     usize::try_from(size.0).unwrap_or(usize::MAX)
+}
+
+/// A server's URL as a setting names one (`origin`, `upstream`):
+/// `http://host[:port]` or `https://host[:port]`, no path. `key` names the
+/// setting in the error, `or` adds what else it may be (`or "any"`).
+pub(super) fn server_url(key: &str, text: &str, or: &str) -> Result<Uri, UsageError> {
+    let bad = || {
+        UsageError(format!(
+            "{key} {text}: use http://host[:port] or https://host[:port]{or}"
+        ))
+    };
+    let url: Uri = text.parse().map_err(|_| bad())?;
+    let scheme_ok = matches!(url.scheme_str(), Some("http" | "https"));
+    let path_ok = url.path_and_query().is_none_or(|p| p.as_str() == "/");
+    if !scheme_ok || url.authority().is_none() || !path_ok {
+        return Err(bad());
+    }
+    Ok(url)
 }
