@@ -73,6 +73,22 @@ struct Arrival {
 }
 
 impl Arrival {
+    /// A new connection's, numbered, and the receiver that tells when every
+    /// [`KeepConnection`] of it is gone.
+    fn new(
+        peer: Option<SocketAddr>,
+        tls: Option<TlsSession>,
+    ) -> (Arrival, tokio::sync::mpsc::Receiver<()>) {
+        let (keep, kept) = tokio::sync::mpsc::channel(1);
+        let arrival = Arrival {
+            number: ConnectionNumber::next(),
+            peer,
+            tls,
+            keep: KeepConnection::new(keep),
+        };
+        (arrival, kept)
+    }
+
     fn mark<B>(&self, request: &mut Request<B>) {
         let extensions = request.extensions_mut();
         extensions.insert(self.number);
@@ -163,20 +179,15 @@ pub(super) async fn serve_connection_until<H, I>(
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let number = ConnectionNumber::next();
+    let (arrival, kept) = Arrival::new(peer, None);
+    let number = arrival.number;
     let hold = Hold::default();
     let refused_body = RefusedBody::default();
-    let (keep, kept) = tokio::sync::mpsc::channel(1);
     let service = service(
         handler.clone(),
         hold.clone(),
         refused_body.clone(),
-        Arrival {
-            number,
-            peer,
-            tls: None,
-            keep: KeepConnection::new(keep),
-        },
+        arrival,
         limits,
     );
     serve_http1(io, service, hold, refused_body, kept, limits, draining).await;
@@ -309,21 +320,16 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         server_name: session.server_name().map(str::to_owned),
         local,
     };
-    let number = ConnectionNumber::next();
+    let (arrival, kept) = Arrival::new(Some(peer), Some(info));
+    let number = arrival.number;
     let hold = Hold::default();
     // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's.
     let refused_body = RefusedBody::default();
-    let (keep, kept) = tokio::sync::mpsc::channel(1);
     let service = service(
         handler.clone(),
         hold.clone(),
         refused_body.clone(),
-        Arrival {
-            number,
-            peer: Some(peer),
-            tls: Some(info),
-            keep: KeepConnection::new(keep),
-        },
+        arrival,
         limits,
     );
     if !h2 {
