@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::http::error::Fault;
+use crate::http::error::{Fault, Refusals};
 
 /// The path where each proxy answers with its counters as JSON (it shadows
 /// the same path at the origin).
@@ -25,15 +25,8 @@ pub struct Stats {
     pub(super) requests: AtomicU64,
     pub(super) coded: AtomicU64,
     pub(super) passed: AtomicU64,
-    /// Every refusal the role made, whoever was at fault: the sum of the
-    /// four below.
-    refused: AtomicU64,
-    /// Refusals by fault, so that an origin outage (upstream) does not
-    /// read like clients sending bad requests.
-    refused_client: AtomicU64,
-    refused_upstream: AtomicU64,
-    refused_overload: AtomicU64,
-    refused_proxy: AtomicU64,
+    /// Every refusal the role made, by whose fault it was.
+    refusals: Refusals,
     /// Answered from the upload queue (503 with or without a place): an
     /// overload answer, counted apart from refusals as before.
     pub(super) queued: AtomicU64,
@@ -56,29 +49,23 @@ impl Stats {
 
     /// Counts a refusal, in the total and under its fault.
     pub(super) fn refused(&self, fault: Fault) {
-        Self::add(&self.refused, 1);
-        let by_fault = match fault {
-            Fault::Client => &self.refused_client,
-            Fault::Upstream => &self.refused_upstream,
-            Fault::Overload => &self.refused_overload,
-            Fault::Proxy => &self.refused_proxy,
-        };
-        Self::add(by_fault, 1);
+        self.refusals.count(fault);
     }
 
     /// The counters as a JSON object.
     pub fn to_json(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let refused = self.refusals.read();
         format!(
             "{{\"requests\":{},\"coded\":{},\"passed\":{},\"refused\":{},\"refused_client\":{},\"refused_upstream\":{},\"refused_overload\":{},\"refused_proxy\":{},\"queued\":{},\"coded_body_bytes\":{},\"coded_stream_bytes\":{},\"encoder_waits\":{},\"spooled\":{},\"tunnels\":{},\"tunnel_bytes\":{}}}\n",
             get(&self.requests),
             get(&self.coded),
             get(&self.passed),
-            get(&self.refused),
-            get(&self.refused_client),
-            get(&self.refused_upstream),
-            get(&self.refused_overload),
-            get(&self.refused_proxy),
+            refused.total,
+            refused.client,
+            refused.upstream,
+            refused.overload,
+            refused.proxy,
             get(&self.queued),
             get(&self.body_bytes),
             get(&self.stream_bytes),

@@ -12,7 +12,7 @@ use http::StatusCode;
 use http::header::HeaderValue;
 
 use super::transfer::Report;
-use crate::http::error::Fault;
+use crate::http::error::{Fault, Refusals};
 
 /// The path where the proxy answers with its counters as JSON.
 pub const STATS_PATH: &str = "/.rproxy/stats";
@@ -60,15 +60,8 @@ pub struct ClientStats {
     pub(super) downstream_bytes: AtomicU64,
     pub(super) tunnels: AtomicU64,
     pub(super) tunnel_bytes: AtomicU64,
-    /// Every refusal the role made, whoever was at fault: the sum of the
-    /// four below.
-    pub(super) refused: AtomicU64,
-    /// Refusals by fault, so that an upstream outage does not read like
-    /// clients sending bad requests, nor our own failures like either.
-    pub(super) refused_client: AtomicU64,
-    pub(super) refused_upstream: AtomicU64,
-    pub(super) refused_overload: AtomicU64,
-    pub(super) refused_proxy: AtomicU64,
+    /// Every refusal the role made, by whose fault it was.
+    pub(super) refusals: Refusals,
     /// The cache store's own counter.
     pub(super) cache_write_errors: Arc<AtomicU64>,
 }
@@ -151,19 +144,13 @@ impl ClientStats {
 
     /// Counts a refusal, in the total and under its fault.
     pub(super) fn refused(&self, fault: Fault) {
-        Self::add(&self.refused, 1);
-        let by_fault = match fault {
-            Fault::Client => &self.refused_client,
-            Fault::Upstream => &self.refused_upstream,
-            Fault::Overload => &self.refused_overload,
-            Fault::Proxy => &self.refused_proxy,
-        };
-        Self::add(by_fault, 1);
+        self.refusals.count(fault);
     }
 
     /// The counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let refused = self.refusals.read();
         StatsSnapshot {
             requests: get(&self.requests),
             hits: get(&self.hits),
@@ -184,11 +171,11 @@ impl ClientStats {
             downstream_bytes: get(&self.downstream_bytes),
             tunnels: get(&self.tunnels),
             tunnel_bytes: get(&self.tunnel_bytes),
-            refused: get(&self.refused),
-            refused_client: get(&self.refused_client),
-            refused_upstream: get(&self.refused_upstream),
-            refused_overload: get(&self.refused_overload),
-            refused_proxy: get(&self.refused_proxy),
+            refused: refused.total,
+            refused_client: refused.client,
+            refused_upstream: refused.upstream,
+            refused_overload: refused.overload,
+            refused_proxy: refused.proxy,
             cache_write_errors: get(&self.cache_write_errors),
         }
     }

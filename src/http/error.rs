@@ -63,6 +63,63 @@ impl std::fmt::Display for Fault {
     }
 }
 
+/// Refusals counted by whose fault they were, for a role's stats: an
+/// upstream outage must not read like clients sending bad requests, nor
+/// our own failures like either.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    client: std::sync::atomic::AtomicU64,
+    upstream: std::sync::atomic::AtomicU64,
+    overload: std::sync::atomic::AtomicU64,
+    proxy: std::sync::atomic::AtomicU64,
+}
+
+/// [`Refusals`] read at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalCounts {
+    /// All of them: the sum of the four below.
+    pub total: u64,
+    /// [`Fault::Client`]'s.
+    pub client: u64,
+    /// [`Fault::Upstream`]'s.
+    pub upstream: u64,
+    /// [`Fault::Overload`]'s.
+    pub overload: u64,
+    /// [`Fault::Proxy`]'s.
+    pub proxy: u64,
+}
+
+impl Refusals {
+    /// Counts one refusal under `fault`.
+    pub fn count(&self, fault: Fault) {
+        let counter = match fault {
+            Fault::Client => &self.client,
+            Fault::Upstream => &self.upstream,
+            Fault::Overload => &self.overload,
+            Fault::Proxy => &self.proxy,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts now.
+    pub fn read(&self) -> RefusalCounts {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let (client, upstream, overload, proxy) = (
+            get(&self.client),
+            get(&self.upstream),
+            get(&self.overload),
+            get(&self.proxy),
+        );
+        RefusalCounts {
+            total: client + upstream + overload + proxy,
+            client,
+            upstream,
+            overload,
+            proxy,
+        }
+    }
+}
+
 /// The situation a request was refused in; it alone decides the status,
 /// the fault and the reason label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
