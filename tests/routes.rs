@@ -91,6 +91,19 @@ fn direct(names: &[&str], allowed: &[&str]) -> RouteConfig {
     }
 }
 
+/// Sends `request` (a whole HTTP/1.1 head) to the proxy on a connection of
+/// its own and returns all it answered, as text.
+async fn raw(proxy: &ClientProxy, request: &str) -> String {
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 async fn client(routes: Vec<RouteConfig>) -> ClientProxy {
     ClientProxy::start(ClientConfig {
         routes,
@@ -202,22 +215,12 @@ async fn gateway_requests_are_routed_by_host() {
     let a = versioned_origin("a").await;
     let accel_a = accelerator(&["a.test"], &a).await;
     let proxy = client(vec![to_upstream(&["a.test"], &accel_a)]).await;
-    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"GET /a.html HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        answer.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
-    let text = String::from_utf8_lossy(&answer);
+    let text = raw(
+        &proxy,
+        "GET /a.html HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("version 0 of a\n"), "{text}");
     assert_eq!(a.seen()[0].header("host"), Some("a.test"));
 }
@@ -243,7 +246,7 @@ async fn our_upstream_credentials_never_reach_an_origin() {
     get(proxy.addr, "http://a.test/")
         .await
         .assert_body("a", &page("a", 0));
-    // The accelerator got them (and took them out before its origin).
+    // Nor does the origin behind the accelerator.
     assert_eq!(a.seen()[0].header("proxy-authorization"), None);
 }
 
@@ -320,18 +323,11 @@ async fn the_urls_host_picks_the_route_whatever_host_says() {
         direct(&["*"], &["127.0.0.0/8"]),
     ])
     .await;
-    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     let request = format!(
         "GET http://{}/c.html HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
         c.addr
     );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8_lossy(&answer);
+    let text = raw(&proxy, &request).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("version 0 of c\n"), "{text}");
     assert_eq!(a.requests(), 0);
@@ -345,19 +341,13 @@ async fn the_urls_host_picks_the_route_whatever_host_says() {
 async fn the_client_proxy_tells_who_asked_and_drops_what_a_user_agent_made_up() {
     let c = versioned_origin("c").await;
     let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
-    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     let request = format!(
         "GET http://{0}/c.html HTTP/1.1\r\nHost: {0}\r\nForwarded: for=203.0.113.9\r\n\
          X-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n",
         c.addr
     );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    let text = raw(&proxy, &request).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     let seen = &c.seen()[0];
     assert_eq!(
         seen.header("forwarded"),
