@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,46 +16,16 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 use http_body_util::Full;
 use rproxy::accelerator::{
-    Accelerator as AcceleratorRole, AcceleratorConfig, ParentPolicy, SiteConfig, SiteNames,
-    SiteOrigin,
+    Accelerator as AcceleratorRole, AcceleratorConfig, SiteConfig, SiteNames, SiteOrigin,
 };
 use rproxy::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
-use rproxy::http::address_policy::AddressPolicy;
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
-use rproxy::http::host_pattern::HostPattern;
 use support::proxy::{client_config, eventually};
+use support::routing::{allowing, parent_site, patterns, upstream_route, with_sites};
 use support::topology::{self, Accelerator, ClientProxy, Listen, accelerator_config, serve};
 use support::tunnel::{Echo, PROMPT, connect, rest, round_trip, status};
 
 const LOOPBACK: &[&str] = &["127.0.0.0/8", "::1/128"];
-
-fn patterns(names: &[&str]) -> Vec<HostPattern> {
-    names
-        .iter()
-        .map(|n| HostPattern::parse(n).unwrap())
-        .collect()
-}
-
-/// A parent-mode site for every name, tunnelling to `hosts` on `ports`
-/// at public addresses and the `allowed` ranges.
-fn parent_site(hosts: &[&str], ports: Vec<u16>, allowed: &[&str]) -> SiteConfig {
-    SiteConfig {
-        names: SiteNames::Listed(patterns(&["*"])),
-        origin: SiteOrigin::Parent(ParentPolicy {
-            hosts: patterns(hosts),
-            ports,
-            addresses: AddressPolicy::new(allowed.iter().map(|a| a.parse().unwrap()).collect()),
-            ca_file: None,
-        }),
-    }
-}
-
-fn with_sites(sites: Vec<SiteConfig>) -> AcceleratorConfig {
-    AcceleratorConfig {
-        sites,
-        ..accelerator_config("127.0.0.1:1".parse().unwrap())
-    }
-}
 
 /// A parent tunnelling to localhost on `ports`, loopback allowed.
 async fn parent(ports: Vec<u16>) -> Accelerator {
@@ -68,21 +37,12 @@ async fn parent(ports: Vec<u16>) -> Accelerator {
     .await
 }
 
-fn route_to(hosts: &[&str], upstream: SocketAddr) -> RouteConfig {
-    RouteConfig {
-        hosts: RouteHosts::Listed(patterns(hosts)),
-        to: RouteTo::Upstream(format!("http://{upstream}").parse().unwrap()),
-    }
-}
-
 /// Every other host direct: its tunnels may not go to loopback, so a
 /// tunnel to the echo server that works went through the upstream.
 fn direct_elsewhere() -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(&["*"])),
-        to: RouteTo::Direct(AddressPolicy::new(
-            LOOPBACK.iter().map(|a| a.parse().unwrap()).collect(),
-        )),
+        to: RouteTo::Direct(allowing(LOOPBACK)),
     }
 }
 
@@ -112,7 +72,10 @@ async fn a_routed_connect_goes_through_the_parent_both_ways() {
     let port = echo.addr.port();
     let parent = parent(vec![port]).await;
     let proxy = ClientProxy::start(client(
-        vec![route_to(&["localhost"], parent.addr), direct_elsewhere()],
+        vec![
+            upstream_route(&["localhost"], parent.addr),
+            direct_elsewhere(),
+        ],
         vec![port],
     ))
     .await;
@@ -164,7 +127,11 @@ async fn curl_fetches_an_https_page_through_the_client_and_its_parent() {
     .await;
     let port = origin.addr.port();
     let parent = parent(vec![port]).await;
-    let proxy = ClientProxy::start(client(vec![route_to(&["*"], parent.addr)], vec![port])).await;
+    let proxy = ClientProxy::start(client(
+        vec![upstream_route(&["*"], parent.addr)],
+        vec![port],
+    ))
+    .await;
     let output = tokio::time::timeout(
         Duration::from_secs(20),
         tokio::process::Command::new("curl")
@@ -231,7 +198,11 @@ async fn the_parent_refuses_tunnels_outside_its_allow_list_before_connecting() {
     assert_eq!(guarded.stats().await["tunnels"], 0);
 
     // Through a client proxy, the parent's refusal is a 502 naming it.
-    let proxy = ClientProxy::start(client(vec![route_to(&["*"], guarded.addr)], vec![port])).await;
+    let proxy = ClientProxy::start(client(
+        vec![upstream_route(&["*"], guarded.addr)],
+        vec![port],
+    ))
+    .await;
     let (head, stream) = connect(proxy.addr, &format!("localhost:{port}"), "").await;
     assert_eq!(status(&head), 502, "{head}");
     let body = rest(stream).await;
@@ -286,7 +257,8 @@ async fn a_site_that_is_not_a_parent_refuses_connect_with_400() {
     assert_eq!(status(&head), 200, "{head}");
     assert_eq!(round_trip(&mut tunnel, b"direct").await, b"direct");
     assert_eq!(echo.connections(), 2);
-    let routed = ClientProxy::start(client(vec![route_to(&["*"], plain.addr)], vec![port])).await;
+    let routed =
+        ClientProxy::start(client(vec![upstream_route(&["*"], plain.addr)], vec![port])).await;
     let (head, stream) = connect(routed.addr, &format!("127.0.0.1:{port}"), "").await;
     assert_eq!(status(&head), 502, "{head}");
     assert!(rest(stream).await.contains("400"));
@@ -299,7 +271,7 @@ async fn a_host_no_route_takes_gets_403_without_a_connection() {
     let port = echo.addr.port();
     let parent = parent(vec![port]).await;
     let proxy = ClientProxy::start(client(
-        vec![route_to(&["localhost"], parent.addr)],
+        vec![upstream_route(&["localhost"], parent.addr)],
         vec![port],
     ))
     .await;
@@ -325,7 +297,7 @@ async fn the_client_sends_its_upstream_credentials_on_connect() {
     let through = |credentials: Option<HeaderValue>| {
         ClientProxy::start(ClientConfig {
             upstream_credentials: credentials,
-            ..client(vec![route_to(&["*"], gate.addr)], vec![port])
+            ..client(vec![upstream_route(&["*"], gate.addr)], vec![port])
         })
     };
     let target = format!("localhost:{port}");

@@ -12,11 +12,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
 use http_body_util::Full;
-use rproxy::accelerator::{AcceleratorConfig, SiteConfig, SiteNames, SiteOrigin};
-use rproxy::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo};
-use rproxy::http::address_policy::AddressPolicy;
-use rproxy::http::host_pattern::HostPattern;
+use rproxy::accelerator::AcceleratorConfig;
+use rproxy::client_proxy::{ClientConfig, RouteConfig};
 use support::proxy::client_config;
+use support::routing::{direct_route, site, upstream_route};
 use support::topology::{Accelerator, Chain, ClientProxy, Origin, accelerator_config, origin};
 use support::user_agent::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -53,42 +52,13 @@ async fn versioned_origin(site: &'static str) -> Origin {
     .await
 }
 
-fn hosts(names: &[&str]) -> Vec<HostPattern> {
-    names
-        .iter()
-        .map(|n| HostPattern::parse(n).unwrap())
-        .collect()
-}
-
 /// An accelerator answering to `names`, in front of `origin`.
 async fn accelerator(names: &[&str], origin: &Origin) -> Accelerator {
     Accelerator::start(AcceleratorConfig {
-        sites: vec![SiteConfig {
-            names: SiteNames::Listed(hosts(names)),
-            origin: SiteOrigin::Server {
-                url: format!("http://{}", origin.addr).parse().unwrap(),
-                ca_file: None,
-            },
-        }],
+        sites: vec![site(names, origin.addr)],
         ..accelerator_config(origin.addr)
     })
     .await
-}
-
-fn to_upstream(names: &[&str], upstream: &Accelerator) -> RouteConfig {
-    RouteConfig {
-        hosts: RouteHosts::Listed(hosts(names)),
-        to: RouteTo::Upstream(format!("http://{}", upstream.addr).parse().unwrap()),
-    }
-}
-
-fn direct(names: &[&str], allowed: &[&str]) -> RouteConfig {
-    RouteConfig {
-        hosts: RouteHosts::Listed(hosts(names)),
-        to: RouteTo::Direct(AddressPolicy::new(
-            allowed.iter().map(|a| a.parse().unwrap()).collect(),
-        )),
-    }
 }
 
 /// Sends `request` (a whole HTTP/1.1 head) to the proxy on a connection of
@@ -120,9 +90,9 @@ async fn one_client_proxy_reaches_three_sites_with_deltas_where_an_accelerator_f
     let accel_a = accelerator(&["*.a.test"], &a).await;
     let accel_b = accelerator(&["b.test"], &b).await;
     let proxy = client(vec![
-        to_upstream(&["*.a.test"], &accel_a),
-        to_upstream(&["b.test"], &accel_b),
-        direct(&["*"], &["127.0.0.0/8"]),
+        upstream_route(&["*.a.test"], accel_a.addr),
+        upstream_route(&["b.test"], accel_b.addr),
+        direct_route(&["*"], &["127.0.0.0/8"]),
     ])
     .await;
     let direct_url = format!("http://{}/c.html", c.addr);
@@ -169,7 +139,7 @@ async fn one_client_proxy_reaches_three_sites_with_deltas_where_an_accelerator_f
 #[tokio::test]
 async fn direct_routes_refuse_private_addresses_unless_listed() {
     let c = versioned_origin("c").await;
-    let proxy = client(vec![direct(&["*"], &[])]).await;
+    let proxy = client(vec![direct_route(&["*"], &[])]).await;
     let fetched = get(proxy.addr, &format!("http://{}/", c.addr)).await;
     assert_eq!(fetched.status, 403);
     let fetched = get(proxy.addr, &format!("http://localhost:{}/", c.addr.port())).await;
@@ -181,7 +151,7 @@ async fn direct_routes_refuse_private_addresses_unless_listed() {
 
 #[tokio::test]
 async fn direct_routes_refuse_privileged_ports_but_80_and_443() {
-    let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
+    let proxy = client(vec![direct_route(&["*"], &["127.0.0.0/8"])]).await;
     for port in [25, 22, 6, 1023] {
         let fetched = get(proxy.addr, &format!("http://127.0.0.1:{port}/")).await;
         assert_eq!(fetched.status, 403, "port {port}");
@@ -198,7 +168,7 @@ async fn direct_routes_refuse_privileged_ports_but_80_and_443() {
 async fn a_host_no_route_takes_is_refused_without_a_connection() {
     let a = versioned_origin("a").await;
     let accel_a = accelerator(&["a.test"], &a).await;
-    let proxy = client(vec![to_upstream(&["a.test"], &accel_a)]).await;
+    let proxy = client(vec![upstream_route(&["a.test"], accel_a.addr)]).await;
     let fetched = get(proxy.addr, "http://elsewhere.test/").await;
     assert_eq!(fetched.status, 403);
     let body = String::from_utf8(fetched.body.unwrap()).unwrap();
@@ -214,7 +184,7 @@ async fn a_host_no_route_takes_is_refused_without_a_connection() {
 async fn gateway_requests_are_routed_by_host() {
     let a = versioned_origin("a").await;
     let accel_a = accelerator(&["a.test"], &a).await;
-    let proxy = client(vec![to_upstream(&["a.test"], &accel_a)]).await;
+    let proxy = client(vec![upstream_route(&["a.test"], accel_a.addr)]).await;
     let text = raw(
         &proxy,
         "GET /a.html HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
@@ -232,8 +202,8 @@ async fn our_upstream_credentials_never_reach_an_origin() {
     let accel_a = accelerator(&["a.test"], &a).await;
     let proxy = ClientProxy::start(ClientConfig {
         routes: vec![
-            to_upstream(&["a.test"], &accel_a),
-            direct(&["*"], &["127.0.0.0/8"]),
+            upstream_route(&["a.test"], accel_a.addr),
+            direct_route(&["*"], &["127.0.0.0/8"]),
         ],
         upstream_credentials: Some(HeaderValue::from_static("Basic dXNlcjpwYXNz")),
         ..client_config("http://127.0.0.1:1")
@@ -319,8 +289,8 @@ async fn the_urls_host_picks_the_route_whatever_host_says() {
     let accel_a = accelerator(&["a.test"], &a).await;
     let c = versioned_origin("c").await;
     let proxy = client(vec![
-        to_upstream(&["a.test"], &accel_a),
-        direct(&["*"], &["127.0.0.0/8"]),
+        upstream_route(&["a.test"], accel_a.addr),
+        direct_route(&["*"], &["127.0.0.0/8"]),
     ])
     .await;
     let request = format!(
@@ -340,7 +310,7 @@ async fn the_urls_host_picks_the_route_whatever_host_says() {
 #[tokio::test]
 async fn the_client_proxy_tells_who_asked_and_drops_what_a_user_agent_made_up() {
     let c = versioned_origin("c").await;
-    let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
+    let proxy = client(vec![direct_route(&["*"], &["127.0.0.0/8"])]).await;
     let request = format!(
         "GET http://{0}/c.html HTTP/1.1\r\nHost: {0}\r\nForwarded: for=203.0.113.9\r\n\
          X-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n",
@@ -361,7 +331,7 @@ async fn a_direct_route_sends_signatures_only_to_hosts_that_answered_in_hsync() 
     let a = versioned_origin("a").await;
     let accel_a = Accelerator::start(accelerator_config(a.addr)).await;
     let c = versioned_origin("c").await;
-    let proxy = client(vec![direct(&["*"], &["127.0.0.0/8"])]).await;
+    let proxy = client(vec![direct_route(&["*"], &["127.0.0.0/8"])]).await;
     let fronted = format!("http://{}/a.html", accel_a.addr);
     let plain = format!("http://{}/c.html", c.addr);
     let mut streams = Vec::new();
@@ -403,8 +373,8 @@ async fn our_queue_callback_address_goes_to_upstream_proxies_only() {
     let c = versioned_origin("c").await;
     let mut config = ClientConfig {
         routes: vec![
-            to_upstream(&["a.test"], &accel_a),
-            direct(&["*"], &["127.0.0.0/8"]),
+            upstream_route(&["a.test"], accel_a.addr),
+            direct_route(&["*"], &["127.0.0.0/8"]),
         ],
         ..client_config("http://127.0.0.1:1")
     };

@@ -14,9 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
-use rproxy::accelerator::{AcceleratorConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin};
-use rproxy::http::address_policy::AddressPolicy;
-use rproxy::http::host_pattern::HostPattern;
+use rproxy::accelerator::{AcceleratorConfig, SiteConfig, SiteNames, SiteOrigin};
+use support::routing::{parent_site, patterns, site, with_sites};
 use support::topology::{self, Accelerator, Origin, accelerator_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,42 +23,6 @@ use tokio::net::TcpStream;
 /// An origin answering every request with `name`.
 async fn named_origin(name: &'static str) -> Origin {
     topology::origin(move |_, _| async move { Response::new(Full::new(Bytes::from(name))) }).await
-}
-
-fn patterns(names: &[&str]) -> Vec<HostPattern> {
-    names
-        .iter()
-        .map(|n| HostPattern::parse(n).unwrap())
-        .collect()
-}
-
-fn site(names: &[&str], origin: SocketAddr) -> SiteConfig {
-    SiteConfig {
-        names: SiteNames::Listed(patterns(names)),
-        origin: SiteOrigin::Server {
-            url: format!("http://{origin}").parse().unwrap(),
-            ca_file: None,
-        },
-    }
-}
-
-fn parent(hosts: &[&str], ports: Vec<u16>, allowed: &[&str]) -> SiteConfig {
-    SiteConfig {
-        names: SiteNames::Listed(patterns(&["*"])),
-        origin: SiteOrigin::Parent(ParentPolicy {
-            hosts: patterns(hosts),
-            ports,
-            addresses: AddressPolicy::new(allowed.iter().map(|a| a.parse().unwrap()).collect()),
-            ca_file: None,
-        }),
-    }
-}
-
-fn with_sites(sites: Vec<SiteConfig>) -> AcceleratorConfig {
-    AcceleratorConfig {
-        sites,
-        ..accelerator_config("127.0.0.1:1".parse().unwrap())
-    }
 }
 
 /// Sends `target` with `headers` (one `Name: value` per line) and returns
@@ -198,7 +161,7 @@ async fn a_parent_fetches_allowed_urls_only() {
     let port = web.addr.port();
     let url = |host: &str| format!("http://{host}:{port}/page");
 
-    let open = Accelerator::start(with_sites(vec![parent(
+    let open = Accelerator::start(with_sites(vec![parent_site(
         &["localhost", "*.localhost"],
         vec![port],
         &["127.0.0.0/8", "::1/128"],
@@ -230,13 +193,17 @@ async fn a_parent_fetches_allowed_urls_only() {
 
     // Without loopback listed, a name that resolves to it is refused
     // where the connection would be made.
-    let guarded =
-        Accelerator::start(with_sites(vec![parent(&["localhost"], vec![port], &[])])).await;
+    let guarded = Accelerator::start(with_sites(vec![parent_site(
+        &["localhost"],
+        vec![port],
+        &[],
+    )]))
+    .await;
     let (status, body) = ask(guarded.addr, &url("localhost"), "Host: localhost\r\n").await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("may not connect"), "{body}");
     let metadata = "http://169.254.169.254/latest/meta-data/";
-    let everything = Accelerator::start(with_sites(vec![parent(&["*"], vec![80], &[])])).await;
+    let everything = Accelerator::start(with_sites(vec![parent_site(&["*"], vec![80], &[])])).await;
     assert_eq!(ask(everything.addr, metadata, "Host: x\r\n").await.0, 403);
     assert_eq!(web.requests(), 1);
 }
@@ -263,7 +230,7 @@ async fn https_origins_are_fetched_over_tls_with_the_configured_ca() {
             ca_file: Some(cert.clone()),
         },
     };
-    let mut parent_site = parent(&["localhost"], vec![port], &["127.0.0.0/8", "::1/128"]);
+    let mut parent_site = parent_site(&["localhost"], vec![port], &["127.0.0.0/8", "::1/128"]);
     if let SiteOrigin::Parent(policy) = &mut parent_site.origin {
         policy.ca_file = Some(cert.clone());
     }

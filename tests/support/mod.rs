@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod routing;
 pub mod topology;
 pub mod tunnel;
 pub mod user_agent;
