@@ -141,6 +141,9 @@ pub struct Coder {
     /// What streamed codings hold at once.
     memory: TransferMemory,
     parking: Option<Parking>,
+    /// What parked bodies take together, kept across reloads even while
+    /// parking is off.
+    disk: SpoolDisk,
 }
 
 impl Coder {
@@ -167,11 +170,12 @@ impl Coder {
             n => n,
         };
         let parking = (config.max_spool > 0).then(|| Parking {
-            disk,
+            disk: disk.clone(),
             dir: config.spool_dir.as_path().into(),
             limit: config.max_spool,
         });
         Coder {
+            disk,
             bodies: Arc::new(BasisStore::new(
                 config.basis_store_bytes,
                 config.max_stored_body,
@@ -180,6 +184,27 @@ impl Coder {
             encoders: Encoders::new(encoders),
             parking,
             stats,
+            config,
+        }
+    }
+
+    /// This coder with new settings (a reload), sharing what outlives
+    /// one: the kept bodies, the encoders' turns, the memory and the
+    /// spool disk. Their sizes stay those of the first configuration
+    /// (changing them needs a restart).
+    pub fn reconfigured(&self, config: CoderConfig) -> Coder {
+        let parking = (config.max_spool > 0).then(|| Parking {
+            disk: self.disk.clone(),
+            dir: config.spool_dir.as_path().into(),
+            limit: config.max_spool,
+        });
+        Coder {
+            bodies: self.bodies.clone(),
+            memory: self.memory.clone(),
+            encoders: self.encoders.clone(),
+            disk: self.disk.clone(),
+            parking,
+            stats: self.stats.clone(),
             config,
         }
     }

@@ -123,6 +123,22 @@ impl Accelerator {
         })
     }
 
+    /// This accelerator with a new configuration (a reload): new sites
+    /// and coding settings, the same counters, upload slots and queue,
+    /// and kept bodies. Requests under way finish with this one.
+    ///
+    /// # Errors
+    /// As [`Accelerator::new`].
+    pub fn reconfigured(&self, config: AcceleratorConfig) -> Result<Self, ConfigError> {
+        Ok(Accelerator {
+            sites: Sites::new(&config.sites, config.connect_timeout)?,
+            coder: self.coder.reconfigured(CoderConfig::from(&config)),
+            stats: self.stats.clone(),
+            slots: self.slots.clone(),
+            config,
+        })
+    }
+
     /// The upload slots, when there are any.
     pub fn slots(&self) -> Option<&Arc<Slots>> {
         self.slots.as_ref()

@@ -11,7 +11,7 @@ use clap::Args;
 use super::UsageError;
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
-use super::serving::{serve_listener, serve_one, take_stdio};
+use super::serving::{Reload, serve_listener, serve_one, take_stdio};
 use crate::accelerator::Accelerator;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, AcceleratorSettings, override_with_flags};
@@ -238,18 +238,43 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         }
         return serve_one(stdio, accelerator, limits);
     }
+    let listen = settings.listen;
+    let describe = settings.describe_sites().to_string();
+    let reload = reload(args, settings);
     serve_listener(
-        settings.listen,
+        listen,
         accelerator,
         limits,
         tls.clone(),
+        reload,
         |address, accelerator| {
-            tracing::info!(listen = %address, sites = %settings.describe_sites(), tls = tls.is_some(), "accelerator ready");
+            tracing::info!(listen = %address, sites = %describe, tls = tls.is_some(), "accelerator ready");
             if let Some(slots) = accelerator.role().slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }
         },
     )
+}
+
+/// SIGHUP: the file and the flags read again and checked as at start
+/// (and as `rproxy check` does), then an accelerator with the same
+/// counters, slots and kept bodies.
+fn reload(args: AcceleratorArgs, running: AcceleratorSettings) -> Reload<AuthGate<Accelerator>> {
+    Box::new(move |current| {
+        let settings = args.settings()?;
+        for key in config::restart_needed(&running, &settings) {
+            tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
+        }
+        settings.limits.to_limits()?;
+        let config = settings.to_config(running.listen)?;
+        let auth = authenticator(&settings.auth)?;
+        let accelerator = current
+            .role()
+            .reconfigured(config)
+            .map_err(|e| UsageError(e.to_string()))?;
+        tracing::info!(sites = %settings.describe_sites(), "accelerator reconfigured");
+        Ok(AuthGate::new(accelerator, auth))
+    })
 }
 
 #[cfg(test)]

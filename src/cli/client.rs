@@ -12,7 +12,7 @@ use clap::Args;
 use super::UsageError;
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
-use super::serving::{serve_listener, serve_one, take_stdio};
+use super::serving::{Reload, serve_listener, serve_one, take_stdio};
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
@@ -233,14 +233,19 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     let auth = authenticator(&settings.auth)?;
     let store = CacheStore::open(&settings.cache, settings.cache_size.0)
         .with_context(|| format!("cannot open the cache in {}", settings.cache.display()))?;
+    let queue_node = config.queue.node;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
     let proxy = AuthGate::new(proxy, auth);
     let limits = settings.limits.to_limits()?;
     if let Some(stdio) = stdio {
         return serve_one(stdio, proxy, limits);
     }
-    serve_listener(settings.listen, proxy, limits, None, |address, proxy| {
-        tracing::info!(listen = %address, routes = %settings.describe_routes(), cache = %settings.cache.display(), "client proxy ready");
+    let listen = settings.listen;
+    let describe = settings.describe_routes().to_string();
+    let cache = settings.cache.display().to_string();
+    let reload = reload(args, settings, queue_node);
+    serve_listener(listen, proxy, limits, None, reload, |address, proxy| {
+        tracing::info!(listen = %address, routes = %describe, cache = %cache, "client proxy ready");
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {
@@ -251,6 +256,31 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 Err(error) => tracing::error!(%error, "cannot serve QUEUE callbacks"),
             }
         }
+    })
+}
+
+/// SIGHUP: the file and the flags read again and checked as at start
+/// (and as `rproxy check` does), then a proxy over the same cache.
+fn reload(
+    args: ClientArgs,
+    running: ClientSettings,
+    queue_node: Option<SocketAddr>,
+) -> Reload<AuthGate<ClientProxy>> {
+    Box::new(move |current| {
+        let settings = args.settings()?;
+        for key in config::restart_needed(&running, &settings) {
+            tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
+        }
+        settings.limits.to_limits()?;
+        let mut config = settings.to_config(running.listen)?;
+        config.queue.node = queue_node;
+        let auth = authenticator(&settings.auth)?;
+        let proxy = current
+            .role()
+            .reconfigured(config)
+            .map_err(|e| UsageError(e.to_string()))?;
+        tracing::info!(routes = %settings.describe_routes(), "client proxy reconfigured");
+        Ok(AuthGate::new(proxy, auth))
     })
 }
 

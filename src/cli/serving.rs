@@ -1,6 +1,8 @@
 //! How both roles serve once configured: the one inetd connection on
 //! stdin/stdout, or a listener (plain or TLS) until SIGTERM or SIGINT,
-//! then draining what is under way.
+//! then draining what is under way. On SIGHUP the listener's role is
+//! rebuilt from the configuration file ([`Reload`]) and swapped in for
+//! new requests.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,8 +11,13 @@ use anyhow::Context;
 
 use crate::http::inetd::{Stdio, serve_stdio};
 use crate::http::server::{
-    ConnectionLimits, Handler, bind, raise_open_file_limit, serve, serve_tls,
+    ConnectionLimits, Handler, Reloadable, bind, raise_open_file_limit, serve, serve_tls,
 };
+
+/// How a role is rebuilt on SIGHUP: from the one serving, a new one with
+/// the configuration file read again, or an error saying why the file
+/// was refused (the running configuration then stays).
+pub(super) type Reload<H> = Box<dyn Fn(&H) -> anyhow::Result<H> + Send + Sync>;
 
 /// Descriptor 0 when `--inetd` is given.
 ///
@@ -51,8 +58,10 @@ pub(super) fn serve_one<H: Handler>(
 const BLOCKING_THREADS: usize = 64;
 
 /// Listens on `listen` (over TLS with `tls`) and serves `handler` until
-/// SIGTERM or SIGINT, then drains (`limits.drain_timeout`). `ready` runs once the listener is bound, inside the runtime,
-/// with its address (to log, or to start the role's own tasks).
+/// SIGTERM or SIGINT, then drains (`limits.drain_timeout`); on SIGHUP,
+/// `reload` rebuilds the handler for the requests that come next. `ready`
+/// runs once the listener is bound, inside the runtime, with its address
+/// (to log, or to start the role's own tasks).
 ///
 /// # Errors
 /// The runtime cannot start or the address cannot be bound.
@@ -61,6 +70,7 @@ pub(super) fn serve_listener<H: Handler>(
     handler: H,
     limits: ConnectionLimits,
     tls: Option<Arc<rustls::ServerConfig>>,
+    reload: Reload<H>,
     ready: impl FnOnce(SocketAddr, &H),
 ) -> anyhow::Result<()> {
     raise_open_file_limit(limits.max_connections);
@@ -74,8 +84,9 @@ pub(super) fn serve_listener<H: Handler>(
         let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
         // Before "ready": a signal sent as soon as it is logged is ours.
         let stop = stop_signal()?;
-        ready(listener.local_addr().unwrap_or(listen), &handler);
-        let handler = Arc::new(handler);
+        let handler = Arc::new(Reloadable::new(handler));
+        reload_on_hangup(handler.clone(), reload)?;
+        ready(listener.local_addr().unwrap_or(listen), &handler.current());
         match tls {
             Some(tls) => serve_tls(listener, handler.clone(), limits, tls, stop).await,
             None => serve(listener, handler.clone(), limits, stop).await,
@@ -86,21 +97,46 @@ pub(super) fn serve_listener<H: Handler>(
     })
 }
 
+/// On each SIGHUP, rebuilds the role with `reload` and swaps it in for
+/// new requests; requests under way finish with the role they started
+/// with. A configuration that does not validate is logged and the running
+/// one stays.
+fn reload_on_hangup<H: Handler>(
+    handler: Arc<Reloadable<H>>,
+    reload: Reload<H>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    let reload = Arc::new(reload);
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            let (handler, reload) = (handler.clone(), reload.clone());
+            // Reading files and building TLS clients: off the async workers.
+            let rebuilt = tokio::task::spawn_blocking(move || {
+                reload(&handler.current()).map(|role| handler.replace(role))
+            })
+            .await;
+            match rebuilt {
+                Ok(Ok(())) => tracing::info!("SIGHUP: configuration reloaded; new requests use it"),
+                Ok(Err(error)) => tracing::error!(
+                    error = format!("{error:#}"),
+                    "SIGHUP: configuration refused; the running one stays"
+                ),
+                Err(error) => {
+                    tracing::error!(%error, "SIGHUP: the reload failed; the running configuration stays")
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
 /// Resolves at the first SIGTERM or SIGINT (the server then drains: see
-/// [`serve`]). SIGHUP, which would end the process by default, is logged
-/// and otherwise ignored until the configuration can be reloaded.
+/// [`serve`]).
 fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
-    tokio::spawn(async move {
-        while hangup.recv().await.is_some() {
-            tracing::warn!(
-                "SIGHUP: reloading the configuration is not supported yet; it stays as it was"
-            );
-        }
-    });
     Ok(async move {
         let name = tokio::select! {
             _ = terminate.recv() => "SIGTERM",

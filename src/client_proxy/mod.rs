@@ -176,7 +176,7 @@ pub struct ClientProxy {
     /// Codes what downstream client proxies are served, when enabled.
     coder: Option<Coder>,
     in_flight: InFlight,
-    hot: HotCache,
+    hot: Arc<HotCache>,
     stats: Arc<ClientStats>,
     waits: Arc<QueueWaits>,
     /// What relays of large bodies hold at once.
@@ -201,28 +201,75 @@ impl ClientProxy {
             cache_write_errors: store.write_errors(),
             ..ClientStats::default()
         });
-        let memory = TransferMemory::new(config.transfer_memory);
-        let spool_disk = SpoolDisk::new(config.max_spool_total);
-        Ok(ClientProxy {
+        let mut proxy = ClientProxy {
             routes,
-            // What it codes for client proxies behind it takes the same
-            // memory and disk budgets as its relays, and parks in the cache.
-            coder: config.downstream_coding.clone().map(|coding| {
-                let coding = CoderConfig {
-                    spool_dir: store.root().join("tmp"),
-                    ..coding
-                };
-                Coder::sharing(coding, Arc::default(), memory.clone(), spool_disk.clone())
-            }),
-            memory,
-            spool_disk,
+            coder: None,
+            memory: TransferMemory::new(config.transfer_memory),
+            spool_disk: SpoolDisk::new(config.max_spool_total),
             in_flight: InFlight::new(config.lock_timeout),
-            hot: HotCache::new(config.memory_cache_bytes),
+            hot: Arc::new(HotCache::new(config.memory_cache_bytes)),
             waits: Arc::new(QueueWaits::new(config.queue.clone(), stats.clone())),
             stats,
             store,
             config,
+        };
+        proxy.coder = proxy
+            .config
+            .downstream_coding
+            .clone()
+            .map(|coding| proxy.downstream_coder(coding));
+        Ok(proxy)
+    }
+
+    /// This proxy with a new configuration (a reload): new routes,
+    /// timeouts and coding settings over the same cache, counters, queue
+    /// waits, fetches in flight and memory and disk budgets (whose sizes
+    /// need a restart to change). Requests under way finish with this one.
+    ///
+    /// # Errors
+    /// As [`ClientProxy::new`].
+    pub fn reconfigured(&self, config: ClientConfig) -> Result<ClientProxy, ConfigError> {
+        let routes = Routes::new(
+            &config.routes,
+            config.upstream_tls.as_ref(),
+            config.connect_timeout,
+        )?;
+        let coder = match (&self.coder, config.downstream_coding.clone()) {
+            (Some(coder), Some(coding)) => Some(coder.reconfigured(self.parked_in_cache(coding))),
+            (None, Some(coding)) => Some(self.downstream_coder(coding)),
+            (_, None) => None,
+        };
+        Ok(ClientProxy {
+            routes,
+            coder,
+            memory: self.memory.clone(),
+            spool_disk: self.spool_disk.clone(),
+            in_flight: self.in_flight.clone(),
+            hot: self.hot.clone(),
+            waits: self.waits.clone(),
+            stats: self.stats.clone(),
+            store: self.store.clone(),
+            config,
         })
+    }
+
+    /// `coding`, parking its bodies in the cache's `tmp/`.
+    fn parked_in_cache(&self, coding: CoderConfig) -> CoderConfig {
+        CoderConfig {
+            spool_dir: self.store.root().join("tmp"),
+            ..coding
+        }
+    }
+
+    /// What codes the answers to client proxies behind this one: it takes
+    /// the same memory and disk budgets as the relays.
+    fn downstream_coder(&self, coding: CoderConfig) -> Coder {
+        Coder::sharing(
+            self.parked_in_cache(coding),
+            Arc::default(),
+            self.memory.clone(),
+            self.spool_disk.clone(),
+        )
     }
 
     /// The counters.

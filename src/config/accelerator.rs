@@ -209,6 +209,23 @@ impl Default for AcceleratorSettings {
 
 impl Settings for AcceleratorSettings {
     const ROLE: Role = Role::Accelerator;
+    const RESTART_KEYS: &'static [&'static str] = &[
+        "listen",
+        "inetd",
+        "tls-cert",
+        "tls-key",
+        "max-encoders",
+        "max-spool-total",
+        "transfer-memory",
+        "basis-store",
+        "max-stored-body",
+        "slots",
+        "queue-max",
+        "queue-per-address",
+        "queue-hold-grace",
+        "queue-state",
+        "limits",
+    ];
 
     fn file_role(&self) -> Option<Role> {
         self.role

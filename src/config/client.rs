@@ -193,6 +193,21 @@ impl Default for ClientSettings {
 
 impl Settings for ClientSettings {
     const ROLE: Role = Role::Client;
+    const RESTART_KEYS: &'static [&'static str] = &[
+        "listen",
+        "inetd",
+        "cache",
+        "cache-size",
+        "memory-cache",
+        "transfer-memory",
+        "max-spool-total",
+        "lock-timeout",
+        "queue-wait-max",
+        "queue-page-after",
+        "queue-callback",
+        "queue-node",
+        "limits",
+    ];
 
     fn file_role(&self) -> Option<Role> {
         self.role

@@ -11,9 +11,12 @@
 //! Sizes and durations take one syntax everywhere ([`units`]). Unknown
 //! keys are errors, reported with their line.
 //!
-//! Leaves out: reloading a changed file while running, and environment
-//! variables as a third source (only the upstream password is read from
-//! one).
+//! A running proxy re-reads its file on SIGHUP and applies it to new
+//! requests, except the keys of [`Settings::RESTART_KEYS`]
+//! ([`restart_needed`] names those that changed).
+//!
+//! Leaves out: environment variables as a third source (only the upstream
+//! password is read from one).
 //!
 //! Main items: [`AcceleratorSettings`], [`ClientSettings`],
 //! [`LimitSettings`], [`AuthSettings`], [`Role`], [`load`],
@@ -69,6 +72,25 @@ pub trait Settings: Serialize + DeserializeOwned + Default {
     const ROLE: Role;
     /// The role the file named, if any.
     fn file_role(&self) -> Option<Role>;
+    /// The keys (and tables) a reload does not apply: what is bound or
+    /// sized once at start (listeners, the cache directory, memory and
+    /// disk pools, queues, connection limits). A change to one of them is
+    /// logged and waits for a restart.
+    const RESTART_KEYS: &'static [&'static str];
+}
+
+/// The keys of [`Settings::RESTART_KEYS`] whose values differ between the
+/// settings in force (`running`) and a reloaded file's (`reloaded`).
+pub fn restart_needed<S: Settings>(running: &S, reloaded: &S) -> Vec<&'static str> {
+    let table = |settings: &S| {
+        toml::Table::try_from(settings).expect("settings are plain keys, strings and numbers")
+    };
+    let (running, reloaded) = (table(running), table(reloaded));
+    S::RESTART_KEYS
+        .iter()
+        .copied()
+        .filter(|key| running.get(*key) != reloaded.get(*key))
+        .collect()
 }
 
 /// Reads a role's settings from a TOML file; keys left out keep their

@@ -18,7 +18,9 @@
 //!   open-file limit;
 //! - `handler.rs`: the role's contract ([`Handler`]) and what travels in
 //!   extensions;
-//! - `body.rs`: the body types every role answers with, and [`counted`].
+//! - `body.rs`: the body types every role answers with, and [`counted`];
+//! - `reloadable.rs`: a role swapped for a reconfigured one while it
+//!   serves ([`Reloadable`]).
 
 mod accept;
 mod body;
@@ -27,6 +29,7 @@ mod handler;
 mod io;
 mod limits;
 mod refusal;
+mod reloadable;
 
 pub use accept::{bind, serve, serve_tls};
 pub(crate) use body::ReceiverStream;
@@ -38,6 +41,7 @@ pub use limits::{
     upstream_client_builder, web_client_builder,
 };
 pub use refusal::{MalformedRequestBody, bad_request_body, malformed_request_body, via_hops};
+pub use reloadable::Reloadable;
 
 /// Kept here for the roles that still choose their statuses themselves
 /// (the client proxy, until it speaks

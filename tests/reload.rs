@@ -1,0 +1,246 @@
+//! Reloading the configuration on SIGHUP (issue 19), against the real
+//! binary: a 100 MB transfer under way finishes byte-exact with the
+//! configuration it started with, the next request takes the new route,
+//! a file that does not validate leaves the running configuration in
+//! force, and a key that needs a restart is named in the log.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::Full;
+use support::topology::{Origin, origin};
+
+/// The size of the transfer under way at the reload.
+const BIG: usize = 100 << 20;
+
+/// An origin that answers `/which` with `name` (never stored) and `/big`
+/// with `big`.
+async fn named_origin(name: &'static str, big: Bytes) -> Origin {
+    origin(move |request, _| {
+        let big = big.clone();
+        async move {
+            if request.uri().path() == "/big" {
+                return Response::new(Full::new(big));
+            }
+            Response::builder()
+                .header("cache-control", "no-store")
+                .body(Full::new(Bytes::from_static(name.as_bytes())))
+                .unwrap()
+        }
+    })
+    .await
+}
+
+/// A running `rproxy` and the lines it has logged so far.
+struct Running {
+    child: Child,
+    address: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    /// Starts `rproxy ARGS`, waiting for the line that names its address.
+    fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = log.clone();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let mut running = Running {
+            child,
+            address: "0.0.0.0:0".parse().unwrap(),
+            log,
+        };
+        let ready = running.wait_for_line("ready");
+        let at = ready
+            .find("listen=")
+            .expect("the ready line names the address")
+            + 7;
+        let rest = &ready[at..];
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        running.address = rest[..end].parse().unwrap();
+        running
+    }
+
+    /// The first line logged containing `text` (after the ones already
+    /// taken by an earlier wait), within 10 s.
+    fn wait_for_line(&mut self, text: &str) -> String {
+        let started = Instant::now();
+        loop {
+            {
+                let mut log = self.log.lock().unwrap();
+                if let Some(at) = log.iter().position(|line| line.contains(text)) {
+                    let line = log[at].clone();
+                    log.drain(..=at);
+                    return line;
+                }
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("rproxy ended ({status}) before logging {text:?}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no line with {text:?} in 10 s: {:?}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn hangup(&self) {
+        let pid = i32::try_from(self.child.id()).unwrap();
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET target` through `proxy` on a connection of its own: the answer's
+/// status line and body.
+fn get(proxy: SocketAddr, target: &str) -> (String, Vec<u8>) {
+    let mut stream = TcpStream::connect(proxy).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: site\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    split(&answer)
+}
+
+fn split(answer: &[u8]) -> (String, Vec<u8>) {
+    let head_end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a whole head")
+        + 4;
+    let head = String::from_utf8_lossy(&answer[..head_end]);
+    let status = head.lines().next().unwrap().to_owned();
+    (status, answer[head_end..].to_vec())
+}
+
+fn write_config(path: &Path, text: &str) {
+    // Written beside and renamed, as an operator's editor or deploy does:
+    // a reload never reads half a file.
+    let temp = path.with_extension("new");
+    std::fs::write(&temp, text).unwrap();
+    std::fs::rename(&temp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_proxy_reloads_its_routes_without_cutting_a_transfer() {
+    let big = Bytes::from(support::random_bytes(19, BIG));
+    let first = named_origin("first", big.clone()).await;
+    let second = named_origin("second", Bytes::from_static(b"not this one")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("client.toml");
+    let cache = dir.path().join("cache");
+    let config_for = |upstream: SocketAddr, cache_size: &str| {
+        format!(
+            "role = \"client\"\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n\
+             cache = \"{}\"\ncache-size = \"{cache_size}\"\n",
+            cache.display()
+        )
+    };
+    write_config(&config, &config_for(first.addr, "1G"));
+    let mut proxy = Running::start(&["client", "--config", config.to_str().unwrap()]);
+    let address = proxy.address;
+    assert_eq!(get(address, "http://site/which").1, b"first");
+
+    // A 100 MB download, of which the user agent has read one MiB.
+    let mut download = TcpStream::connect(address).unwrap();
+    download
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    download
+        .write_all(b"GET http://site/big HTTP/1.1\r\nHost: site\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut received = vec![0; 1 << 20];
+    download.read_exact(&mut received).unwrap();
+
+    write_config(&config, &config_for(second.addr, "2G"));
+    proxy.hangup();
+    let warned = proxy.wait_for_line("applies only at the next start");
+    assert!(warned.contains("cache-size"), "{warned}");
+    proxy.wait_for_line("configuration reloaded");
+    assert_eq!(
+        get(address, "http://site/which").1,
+        b"second",
+        "the next request takes the new route"
+    );
+
+    // The transfer goes on with the route it started with, to its end.
+    download.read_to_end(&mut received).unwrap();
+    let (status, body) = split(&received);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(body.len(), BIG, "the transfer was cut");
+    assert!(body == big, "the transfer's bytes changed");
+
+    // A file that does not validate changes nothing.
+    write_config(&config, "role = \"client\"\nupstream = \"ftp://nowhere\"\n");
+    proxy.hangup();
+    let refused = proxy.wait_for_line("configuration refused");
+    assert!(refused.contains("ftp://nowhere"), "{refused}");
+    assert_eq!(get(address, "http://site/which").1, b"second");
+    assert_eq!(first.requests_to("/which"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accelerator_reloads_its_sites() {
+    let first = named_origin("first", Bytes::new()).await;
+    let second = named_origin("second", Bytes::new()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("accelerator.toml");
+    let config_for = |origin: SocketAddr| {
+        format!(
+            "role = \"accelerator\"\nlisten = \"127.0.0.1:0\"\n\
+             [[site]]\nnames = [\"site\"]\norigin = \"http://{origin}\"\n"
+        )
+    };
+    write_config(&config, &config_for(first.addr));
+    let mut accelerator = Running::start(&["accelerator", "--config", config.to_str().unwrap()]);
+    let address = accelerator.address;
+    assert_eq!(get(address, "/which").1, b"first");
+
+    write_config(&config, &config_for(second.addr));
+    accelerator.hangup();
+    accelerator.wait_for_line("configuration reloaded");
+    assert_eq!(get(address, "/which").1, b"second");
+
+    // A site without an origin is refused; the one in force stays.
+    write_config(
+        &config,
+        "role = \"accelerator\"\n[[site]]\nnames = [\"site\"]\n",
+    );
+    accelerator.hangup();
+    accelerator.wait_for_line("configuration refused");
+    assert_eq!(get(address, "/which").1, b"second");
+    let (status, _) = get(address, "/which");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+}
