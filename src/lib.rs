@@ -30,6 +30,8 @@
 //! - [`cli`]: the `rproxy` subcommands over the above.
 //! - [`demo`]: `rproxy demo` and its static origin.
 //! - [`expiring`]: a map whose entries expire by age, used by several layers.
+//! - [`logging`]: the diagnostic log's set-up and level (the access log is
+//!   [`http::access_log`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -42,4 +44,5 @@ pub mod demo;
 pub mod expiring;
 pub mod hsync;
 pub mod http;
+pub mod logging;
 pub mod queue;

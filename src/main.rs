@@ -48,20 +48,7 @@ fn main() -> ExitCode {
     // there then (logs go to a journald or file stderr, as systemd or a
     // wrapper sets up).
     let quiet = rproxy::http::inetd::stderr_is_the_connection();
-    let filter = if quiet {
-        tracing_subscriber::EnvFilter::new("off")
-    } else {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-    };
-    // Colour only for a person at a terminal, never into a file or a pipe.
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .init();
+    rproxy::logging::init(quiet);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -6,16 +6,15 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
+use support::process::Running;
 use support::topology::{Origin, origin};
 
 /// The size of the transfer under way at the reload.
@@ -37,84 +36,6 @@ async fn named_origin(name: &'static str, big: Bytes) -> Origin {
         }
     })
     .await
-}
-
-/// A running `rproxy` and the lines it has logged so far.
-struct Running {
-    child: Child,
-    address: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Running {
-    /// Starts `rproxy ARGS`, waiting for the line that names its address.
-    fn start(args: &[&str]) -> Running {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let lines = log.clone();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                lines.lock().unwrap().push(line);
-            }
-        });
-        let mut running = Running {
-            child,
-            address: "0.0.0.0:0".parse().unwrap(),
-            log,
-        };
-        let ready = running.wait_for_line("ready");
-        let at = ready
-            .find("listen=")
-            .expect("the ready line names the address")
-            + 7;
-        let rest = &ready[at..];
-        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-        running.address = rest[..end].parse().unwrap();
-        running
-    }
-
-    /// The first line logged containing `text` (after the ones already
-    /// taken by an earlier wait), within 10 s.
-    fn wait_for_line(&mut self, text: &str) -> String {
-        let started = Instant::now();
-        loop {
-            {
-                let mut log = self.log.lock().unwrap();
-                if let Some(at) = log.iter().position(|line| line.contains(text)) {
-                    let line = log[at].clone();
-                    log.drain(..=at);
-                    return line;
-                }
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("rproxy ended ({status}) before logging {text:?}");
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no line with {text:?} in 10 s: {:?}",
-                self.log.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn hangup(&self) {
-        let pid = i32::try_from(self.child.id()).unwrap();
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `GET target` through `proxy` on a connection of its own: the answer's

@@ -22,6 +22,7 @@ use http_body_util::{BodyExt, Full};
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, Encoder, EncoderOptions};
+use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
@@ -258,6 +259,7 @@ impl Coder {
         uri: Uri,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let content_length = content_length(&parts.headers);
+        let note = parts.extensions.get::<Note>().cloned();
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.insert(
             header::CONTENT_ENCODING,
@@ -268,6 +270,13 @@ impl Coder {
             HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
         );
         weaken_etag(&mut parts.headers);
+        if let Some(note) = &note {
+            let basis = offer
+                .basis_name
+                .as_ref()
+                .and_then(|name| name.to_str().ok());
+            note.coding("hsync", basis.map(str::to_owned));
+        }
         if let Some(name) = offer.basis_name {
             parts.headers.insert(HSYNC_BASIS, name);
         }
@@ -303,6 +312,7 @@ impl Coder {
                 store,
                 stats: self.stats.clone(),
                 parking: None,
+                note,
             };
             let stream = encode_whole(origin, coding, method, uri).await?;
             return Ok(Response::from_parts(
@@ -329,6 +339,7 @@ impl Coder {
             store,
             stats: self.stats.clone(),
             parking: self.parking.clone(),
+            note,
         };
         let body = encode_body(body, framing, coding, pacer, method, uri);
         Ok(Response::from_parts(parts, body))

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::hsync::Encoder;
+use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::transfer_memory::TransferMemory;
 
@@ -28,4 +29,6 @@ pub(super) struct Coding {
     /// ([`AcceleratorConfig::spool_dir`](super::AcceleratorConfig::spool_dir),
     /// `max_spool`; `None`: never).
     pub(super) parking: Option<Parking>,
+    /// The request's access log note, told the coding's figures at its end.
+    pub(super) note: Option<Note>,
 }

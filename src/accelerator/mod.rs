@@ -78,6 +78,7 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
+use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{Hop, answer_at_this_hop, max_forwards, via_names_hop};
 use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
@@ -187,7 +188,7 @@ impl Accelerator {
         let method = request.method().clone();
         if max_forwards(&method, request.headers_mut()) == Hop::Answer {
             // Before admission: answering costs less than queueing would.
-            tracing::info!(%method, status = 200, mode = "max-forwards", "request");
+            tracing::debug!(%method, status = 200, mode = "max-forwards", "answered here");
             return answer_at_this_hop(&request, FORWARDED_METHODS)
                 .map(|echo| Full::new(echo).map_err(|never| match never {}).boxed());
         }
@@ -228,8 +229,9 @@ impl Accelerator {
         let request_headers = offer.encodable.then(|| parts.headers.clone());
         let method = parts.method.clone();
         let uri = parts.uri.clone();
+        let note = parts.extensions.get::<Note>().cloned();
         let FromOrigin {
-            parts,
+            mut parts,
             body,
             framing,
         } = match self.fetch(parts, body, &route).await {
@@ -239,6 +241,9 @@ impl Accelerator {
         let mut body = body.map_err(BodyError::from).boxed();
         match request_headers {
             Some(request) if self.coder.codes(&offer, &parts) => {
+                if let Some(note) = note {
+                    parts.extensions.insert(note);
+                }
                 match (self.coder)
                     .code(parts, body, framing, offer, &request, method, uri)
                     .await
@@ -253,8 +258,14 @@ impl Accelerator {
                 if let Some(check) = framing {
                     body = upstream_guard::checked_at_end(body, check);
                 }
+                if let Some(note) = &note {
+                    note.coding("identity", None);
+                }
                 let body = counted(body, move |bytes, complete| {
-                    tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
+                    tracing::debug!(%method, %uri, status, mode = "pass", bytes, complete, "passed");
+                    if let Some(note) = note {
+                        note.from_upstream(bytes);
+                    }
                 });
                 Response::from_parts(parts, body)
             }

@@ -23,6 +23,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use crate::http::access_log::Note;
 use crate::http::body_pipe::{self, Downstream, LINK_SLICE, Stall, UpstreamChunk};
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::BodyFeed;
@@ -118,6 +119,7 @@ pub(super) fn encode_body(
         store,
         stats,
         parking,
+        note,
     } = coding;
     let pacing = Pacing::new(encoder, pacer);
     let (to_encoder, from_origin) = body_pipe::upstream_channel();
@@ -172,6 +174,7 @@ pub(super) fn encode_body(
             stats,
             method,
             uri,
+            note,
         }
         .run(pacing),
     );
@@ -194,6 +197,7 @@ struct Streaming {
     stats: Arc<Stats>,
     method: Method,
     uri: Uri,
+    note: Option<Note>,
 }
 
 impl Streaming {
@@ -296,12 +300,16 @@ impl Streaming {
             return;
         }
         let spooled = self.to_client.is_parked();
-        tracing::info!(
+        tracing::debug!(
             %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
             body = summary.body_len, stream = summary.stream_bytes,
             copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-            spooled, "request"
+            spooled, "coded"
         );
+        if let Some(note) = self.note.take() {
+            note.from_upstream(summary.body_len);
+            note.coded(summary.body_len, summary.stream_bytes);
+        }
         self.to_client.end(Ok(())).await;
     }
 

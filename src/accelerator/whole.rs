@@ -52,6 +52,7 @@ pub(super) async fn encode_whole(
         store,
         stats,
         parking: _,
+        note,
     } = coding;
     let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
         Err(_) => {
@@ -85,12 +86,16 @@ pub(super) async fn encode_whole(
             if let Some(store) = &store {
                 store.insert(summary.digest, body.to_vec().into());
             }
-            tracing::info!(
+            tracing::debug!(
                 %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,
                 body = summary.body_len, stream = summary.stream_bytes,
                 copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
-                "request"
+                "coded"
             );
+            if let Some(note) = &note {
+                note.from_upstream(summary.body_len);
+                note.coded(summary.body_len, summary.stream_bytes);
+            }
             Ok::<_, EncodeError>(Bytes::from(out))
         })
         .await;

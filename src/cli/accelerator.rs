@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -11,12 +12,13 @@ use clap::Args;
 use super::UsageError;
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
-use super::serving::{Reload, serve_listener, serve_one, take_stdio};
+use super::log::LogArgs;
+use super::serving::{Listening, Reload, bound_address, quiet, serve_one, take_stdio};
 use crate::accelerator::Accelerator;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, AcceleratorSettings, override_with_flags};
+use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
-use crate::http::inetd::Stdio;
 
 /// Flags of `rproxy accelerator`. Each one given overrides its key in the
 /// `--config` file; the defaults are [`AcceleratorSettings`]'s.
@@ -176,6 +178,9 @@ pub struct AcceleratorArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub log: LogArgs,
 }
 
 impl AcceleratorArgs {
@@ -198,6 +203,7 @@ impl AcceleratorArgs {
             switches: no_adapt, basis_store_private, inetd);
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
+        self.log.apply(&mut settings.log);
         Ok(settings)
     }
 }
@@ -208,15 +214,21 @@ impl AcceleratorArgs {
 /// A bad flag or file ([`UsageError`]) or a listener that cannot bind.
 pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
-    let stdio = take_stdio(settings.inetd)?;
-    let address = stdio
-        .as_ref()
-        .and_then(Stdio::local_addr)
-        .unwrap_or(settings.listen);
-    let config = settings.to_config(address)?;
     let limits = settings.limits.to_limits()?;
+    let stdio = take_stdio(settings.inetd)?;
+    let listening = match stdio {
+        Some(_) => None,
+        None => Some(Listening::bind(settings.listen, &limits)?),
+    };
+    let address = bound_address(listening.as_ref(), stdio.as_ref(), settings.listen);
+    let config = settings.to_config(address)?;
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
-    let accelerator = AuthGate::new(accelerator, authenticator(&settings.auth)?);
+    let log = settings.log.open(quiet())?;
+    crate::logging::set_level(&settings.log.log_level)?;
+    let accelerator = Logged::new(
+        AuthGate::new(accelerator, authenticator(&settings.auth)?),
+        Arc::new(log),
+    );
     let tls = match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => Some(
             crate::http::tls::server_config(cert, key)
@@ -224,7 +236,8 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         ),
         _ => None,
     };
-    if let Some(stdio) = stdio {
+    let Some(listening) = listening else {
+        let stdio = stdio.expect("no listener: --inetd");
         if settings.slots > 0 {
             return Err(UsageError(
                 "--slots needs the listener: each inetd process serves one connection".into(),
@@ -237,19 +250,17 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
             );
         }
         return serve_one(stdio, accelerator, limits);
-    }
-    let listen = settings.listen;
+    };
     let describe = settings.describe_sites().to_string();
-    let reload = reload(args, settings);
-    serve_listener(
-        listen,
+    let reload = reload(args, settings, address);
+    listening.serve(
         accelerator,
         limits,
         tls.clone(),
         reload,
         |address, accelerator| {
             tracing::info!(listen = %address, sites = %describe, tls = tls.is_some(), "accelerator ready");
-            if let Some(slots) = accelerator.role().slots() {
+            if let Some(slots) = accelerator.role().role().slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }
         },
@@ -259,21 +270,28 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
 /// SIGHUP: the file and the flags read again and checked as at start
 /// (and as `rproxy check` does), then an accelerator with the same
 /// counters, slots and kept bodies.
-fn reload(args: AcceleratorArgs, running: AcceleratorSettings) -> Reload<AuthGate<Accelerator>> {
+fn reload(
+    args: AcceleratorArgs,
+    running: AcceleratorSettings,
+    address: SocketAddr,
+) -> Reload<Logged<AuthGate<Accelerator>>> {
     Box::new(move |current| {
         let settings = args.settings()?;
         for key in config::restart_needed(&running, &settings) {
             tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
         }
         settings.limits.to_limits()?;
-        let config = settings.to_config(running.listen)?;
+        let log = settings.log.open(quiet())?;
+        let config = settings.to_config(address)?;
         let auth = authenticator(&settings.auth)?;
         let accelerator = current
+            .role()
             .role()
             .reconfigured(config)
             .map_err(|e| UsageError(e.to_string()))?;
         tracing::info!(sites = %settings.describe_sites(), "accelerator reconfigured");
-        Ok(AuthGate::new(accelerator, auth))
+        crate::logging::set_level(&settings.log.log_level)?;
+        Ok(Logged::new(AuthGate::new(accelerator, auth), Arc::new(log)))
     })
 }
 

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,13 +13,14 @@ use clap::Args;
 use super::UsageError;
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
-use super::serving::{Reload, serve_listener, serve_one, take_stdio};
+use super::log::LogArgs;
+use super::serving::{Listening, Reload, bound_address, quiet, serve_one, take_stdio};
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, ClientSettings, override_with_flags};
+use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
-use crate::http::inetd::Stdio;
 
 pub use crate::config::UPSTREAM_PASSWORD_ENV;
 
@@ -121,6 +123,9 @@ pub struct ClientArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub log: LogArgs,
     /// User to authenticate as to the upstream (Proxy-Authorization:
     /// Basic), when the accelerator has an --auth-file. The password comes
     /// from --upstream-password-file, or else the environment variable
@@ -201,6 +206,7 @@ impl ClientArgs {
             switches: private, no_downstream_coding, inetd, allow_open);
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
+        self.log.apply(&mut settings.log);
         Ok(settings)
     }
 }
@@ -212,11 +218,13 @@ impl ClientArgs {
 /// a listener that cannot bind.
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
+    let limits = settings.limits.to_limits()?;
     let stdio = take_stdio(settings.inetd)?;
-    let address = stdio
-        .as_ref()
-        .and_then(Stdio::local_addr)
-        .unwrap_or(settings.listen);
+    let listening = match stdio {
+        Some(_) => None,
+        None => Some(Listening::bind(settings.listen, &limits)?),
+    };
+    let address = bound_address(listening.as_ref(), stdio.as_ref(), settings.listen);
     let mut config = settings.to_config(address)?;
     let callbacks = match settings.queue_callback {
         Some(listen) => {
@@ -235,23 +243,23 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the cache in {}", settings.cache.display()))?;
     let queue_node = config.queue.node;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
-    let proxy = AuthGate::new(proxy, auth);
-    let limits = settings.limits.to_limits()?;
-    if let Some(stdio) = stdio {
-        return serve_one(stdio, proxy, limits);
-    }
-    let listen = settings.listen;
+    let log = settings.log.open(quiet())?;
+    crate::logging::set_level(&settings.log.log_level)?;
+    let proxy = Logged::new(AuthGate::new(proxy, auth), Arc::new(log));
+    let (Some(listening), None) = (listening, &stdio) else {
+        return serve_one(stdio.expect("no listener: --inetd"), proxy, limits);
+    };
     let describe = settings.describe_routes().to_string();
     let cache = settings.cache.display().to_string();
-    let reload = reload(args, settings, queue_node);
-    serve_listener(listen, proxy, limits, None, reload, |address, proxy| {
+    let reload = reload(args, settings, address, queue_node);
+    listening.serve(proxy, limits, None, reload, |address, proxy| {
         tracing::info!(listen = %address, routes = %describe, cache = %cache, "client proxy ready");
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    let node = proxy.role().queue_waits().config().node;
+                    let node = proxy.role().role().queue_waits().config().node;
                     tracing::info!(listen = ?listener.local_addr().ok(), node = ?node, "QUEUE callbacks ready");
-                    tokio::spawn(proxy.role().serve_queue_callbacks(listener));
+                    tokio::spawn(proxy.role().role().serve_queue_callbacks(listener));
                 }
                 Err(error) => tracing::error!(%error, "cannot serve QUEUE callbacks"),
             }
@@ -264,23 +272,27 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
 fn reload(
     args: ClientArgs,
     running: ClientSettings,
+    address: SocketAddr,
     queue_node: Option<SocketAddr>,
-) -> Reload<AuthGate<ClientProxy>> {
+) -> Reload<Logged<AuthGate<ClientProxy>>> {
     Box::new(move |current| {
         let settings = args.settings()?;
         for key in config::restart_needed(&running, &settings) {
             tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
         }
         settings.limits.to_limits()?;
-        let mut config = settings.to_config(running.listen)?;
+        let log = settings.log.open(quiet())?;
+        let mut config = settings.to_config(address)?;
         config.queue.node = queue_node;
         let auth = authenticator(&settings.auth)?;
         let proxy = current
             .role()
+            .role()
             .reconfigured(config)
             .map_err(|e| UsageError(e.to_string()))?;
         tracing::info!(routes = %settings.describe_routes(), "client proxy reconfigured");
-        Ok(AuthGate::new(proxy, auth))
+        crate::logging::set_level(&settings.log.log_level)?;
+        Ok(Logged::new(AuthGate::new(proxy, auth), Arc::new(log)))
     })
 }
 

@@ -7,6 +7,7 @@ pub mod client;
 pub mod demo;
 pub mod hsync;
 pub mod limits;
+pub mod log;
 mod serving;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

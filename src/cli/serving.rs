@@ -19,6 +19,25 @@ use crate::http::server::{
 /// was refused (the running configuration then stays).
 pub(super) type Reload<H> = Box<dyn Fn(&H) -> anyhow::Result<H> + Send + Sync>;
 
+/// Whether nothing may be written to stderr: under inetd it may be the
+/// connection itself.
+pub(super) fn quiet() -> bool {
+    crate::http::inetd::stderr_is_the_connection()
+}
+
+/// The address that names us (in Via, by default): the listener's, or
+/// under inetd the connection's own local address, else `listen`.
+pub(super) fn bound_address(
+    listening: Option<&Listening>,
+    stdio: Option<&Stdio>,
+    listen: SocketAddr,
+) -> SocketAddr {
+    listening
+        .map(Listening::address)
+        .or_else(|| stdio.and_then(Stdio::local_addr))
+        .unwrap_or(listen)
+}
+
 /// Descriptor 0 when `--inetd` is given.
 ///
 /// # Errors
@@ -57,44 +76,84 @@ pub(super) fn serve_one<H: Handler>(
 /// waits on other blocking work, so queueing cannot deadlock.
 const BLOCKING_THREADS: usize = 64;
 
-/// Listens on `listen` (over TLS with `tls`) and serves `handler` until
-/// SIGTERM or SIGINT, then drains (`limits.drain_timeout`); on SIGHUP,
-/// `reload` rebuilds the handler for the requests that come next. `ready`
-/// runs once the listener is bound, inside the runtime, with its address
-/// (to log, or to start the role's own tasks).
-///
-/// # Errors
-/// The runtime cannot start or the address cannot be bound.
-pub(super) fn serve_listener<H: Handler>(
-    listen: SocketAddr,
-    handler: H,
-    limits: ConnectionLimits,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    reload: Reload<H>,
-    ready: impl FnOnce(SocketAddr, &H),
-) -> anyhow::Result<()> {
-    raise_open_file_limit(limits.max_connections);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .max_blocking_threads(BLOCKING_THREADS)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        survive_file_size_limit();
-        let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
-        // Before "ready": a signal sent as soon as it is logged is ours.
-        let stop = stop_signal()?;
-        let handler = Arc::new(Reloadable::new(handler));
-        reload_on_hangup(handler.clone(), reload)?;
-        ready(listener.local_addr().unwrap_or(listen), &handler.current());
-        match tls {
-            Some(tls) => serve_tls(listener, handler.clone(), limits, tls, stop).await,
-            None => serve(listener, handler.clone(), limits, stop).await,
-        }
-        handler.stopped();
-        tracing::info!("stopped");
-        Ok(())
-    })
+/// A listener bound, with the runtime that serves it: bound before the
+/// role is built, so that the role knows the address it really has (a
+/// port 0 becomes the one the kernel chose, which names us in Via).
+pub(super) struct Listening {
+    runtime: tokio::runtime::Runtime,
+    listener: tokio::net::TcpListener,
+    address: SocketAddr,
+}
+
+impl Listening {
+    /// Starts the runtime and binds `listen`, with the open-file limit
+    /// raised for `limits.max_connections`.
+    ///
+    /// # Errors
+    /// The runtime cannot start or the address cannot be bound.
+    pub(super) fn bind(listen: SocketAddr, limits: &ConnectionLimits) -> anyhow::Result<Listening> {
+        raise_open_file_limit(limits.max_connections);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .max_blocking_threads(BLOCKING_THREADS)
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let listener = {
+            let _inside = runtime.enter();
+            bind(listen).with_context(|| format!("cannot listen on {listen}"))?
+        };
+        let address = listener.local_addr().unwrap_or(listen);
+        Ok(Listening {
+            runtime,
+            listener,
+            address,
+        })
+    }
+
+    /// The address bound.
+    pub(super) fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Serves `handler` (over TLS with `tls`) until SIGTERM or SIGINT,
+    /// then drains (`limits.drain_timeout`); on SIGHUP, `reload` rebuilds
+    /// the handler for the requests that come next; on SIGUSR1 the access
+    /// log is reopened. `ready` runs once the signals are handled, inside
+    /// the runtime, with the address (to log, or to start the role's own
+    /// tasks).
+    ///
+    /// # Errors
+    /// A signal handler cannot be installed.
+    pub(super) fn serve<H: Handler>(
+        self,
+        handler: H,
+        limits: ConnectionLimits,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        reload: Reload<H>,
+        ready: impl FnOnce(SocketAddr, &H),
+    ) -> anyhow::Result<()> {
+        let Listening {
+            runtime,
+            listener,
+            address,
+        } = self;
+        runtime.block_on(async {
+            survive_file_size_limit();
+            // Before "ready": a signal sent as soon as it is logged is ours.
+            let stop = stop_signal()?;
+            let handler = Arc::new(Reloadable::new(handler));
+            reload_on_hangup(handler.clone(), reload)?;
+            reopen_logs_on_usr1(handler.clone())?;
+            ready(address, &handler.current());
+            match tls {
+                Some(tls) => serve_tls(listener, handler.clone(), limits, tls, stop).await,
+                None => serve(listener, handler.clone(), limits, stop).await,
+            }
+            handler.stopped();
+            tracing::info!("stopped");
+            Ok(())
+        })
+    }
 }
 
 /// On each SIGHUP, rebuilds the role with `reload` and swaps it in for
@@ -126,6 +185,21 @@ fn reload_on_hangup<H: Handler>(
                     tracing::error!(%error, "SIGHUP: the reload failed; the running configuration stays")
                 }
             }
+        }
+    });
+    Ok(())
+}
+
+/// On each SIGUSR1, the access log file is opened again under its name
+/// (logrotate moved the old one away).
+fn reopen_logs_on_usr1<H: Handler>(handler: Arc<H>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr1 = signal(SignalKind::user_defined1()).context("cannot handle SIGUSR1")?;
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            let handler = handler.clone();
+            let _ = tokio::task::spawn_blocking(move || handler.reopen_logs()).await;
+            tracing::info!("SIGUSR1: log files reopened");
         }
     });
     Ok(())

@@ -33,6 +33,7 @@ use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty, u
 use crate::cache::freshness::{self, CacheStatus, Forward, Storability};
 use crate::cache::{CacheKey, Completeness, Entry};
 use crate::hsync::{DecodeLimits, FileBasis};
+use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
@@ -243,6 +244,9 @@ impl ClientProxy {
         offer_hsync(&mut headers);
         if let Some(offer) = &basis {
             ClientStats::add(&self.stats.signature_bytes, offer.signature_len as u64);
+            if let Some(note) = parts.extensions.get::<Note>() {
+                note.to_upstream(offer.signature_len as u64);
+            }
             headers.insert(HSYNC_BASIS, offer.name.clone());
             headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
         }
@@ -429,6 +433,7 @@ impl ClientProxy {
                 .extensions
                 .get::<Started>()
                 .map_or_else(Instant::now, |s| s.0),
+            note: parts.extensions.get::<Note>().cloned(),
         };
         rparts.extensions.insert(LoggedAtEnd);
         let leader = leader.take();

@@ -66,6 +66,7 @@ use hyper::body::Incoming;
 use crate::accelerator::{Coder, CoderConfig, Offer};
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
+use crate::http::access_log::Note;
 use crate::http::error::{ProxyError, fault_of};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, Hop, answer_at_this_hop, max_forwards,
@@ -365,6 +366,7 @@ impl ClientProxy {
         remove_hsync_coding(&mut parts.headers);
         let method = parts.method.clone();
         let url = target.url.to_string();
+        let note = parts.extensions.get::<Note>().cloned();
         parts.extensions.insert(Started(started));
         let uri = target.url.clone();
         let response = match method {
@@ -386,15 +388,33 @@ impl ClientProxy {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-")
             .to_owned();
-        // Counted (and logged) when the body is over, with the bytes that
-        // really went: a user agent that left early got only those.
+        // What came from upstream, for the access log, when the relay's
+        // own report does not say (`LoggedAtEnd`): nothing for an answer
+        // from the cache (a hit, or a 304 that revalidated it), the body
+        // as it passed for one forwarded, nothing known for our own.
+        let passed = !logged
+            && parts.headers.contains_key(CACHE_STATUS)
+            && !cache.contains("; hit")
+            && !cache.contains("fwd-status=304");
+        if let Some(note) = &note {
+            if passed {
+                note.coding("identity", None);
+            } else if cache.contains("; hit") || cache.contains("fwd-status=304") {
+                note.from_upstream(0);
+            }
+        }
+        // Counted when the body is over, with the bytes that really went: a
+        // user agent that left early got only those.
         let stats = self.stats.clone();
         let body = counted(body, move |bytes, complete| {
             ClientStats::add(&stats.downstream_bytes, bytes);
+            if passed && let Some(note) = note {
+                note.from_upstream(bytes);
+            }
             if !logged {
-                tracing::info!(
+                tracing::debug!(
                     %method, %url, status, %cache, downstream_bytes = bytes, complete,
-                    ms = started.elapsed().as_secs_f64() * 1e3, "request"
+                    ms = started.elapsed().as_secs_f64() * 1e3, "answered"
                 );
             }
         });

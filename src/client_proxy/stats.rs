@@ -12,6 +12,7 @@ use http::StatusCode;
 use http::header::HeaderValue;
 
 use super::transfer::Report;
+use crate::http::access_log::Note;
 use crate::http::error::{Fault, Refusals};
 
 /// The path where the proxy answers with its counters as JSON.
@@ -205,6 +206,8 @@ pub(super) struct RequestLog {
     pub(super) basis: Option<String>,
     pub(super) hsync: bool,
     pub(super) started: Instant,
+    /// The access log's note for the request.
+    pub(super) note: Option<Note>,
 }
 
 /// When the request arrived (a request extension).
@@ -225,7 +228,17 @@ pub(super) fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
         super::transfer::Outcome::Corrupt { .. } => ClientStats::add(&stats.digest_failures, 1),
         _ => {}
     }
-    tracing::info!(
+    if let Some(note) = &log.note {
+        note.coding(
+            if log.hsync { "hsync" } else { "identity" },
+            log.basis.clone(),
+        );
+        note.from_upstream(report.upstream_bytes);
+        if log.hsync {
+            note.coded(report.body_bytes, report.upstream_bytes);
+        }
+    }
+    tracing::debug!(
         method = "GET",
         url = %log.url,
         status = log.status.as_u16(),
@@ -236,6 +249,6 @@ pub(super) fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
         body_bytes = report.body_bytes,
         outcome = ?report.outcome,
         ms = log.started.elapsed().as_secs_f64() * 1e3,
-        "request"
+        "relayed"
     );
 }

@@ -13,7 +13,7 @@ use http::{HeaderValue, Uri};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::shared::{saturating_usize, server_url};
+use super::shared::{LogSettings, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::accelerator::{
@@ -163,6 +163,8 @@ pub struct AcceleratorSettings {
     pub tls_key: Option<PathBuf>,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
+    /// The logs (`[log]`).
+    pub log: LogSettings,
     /// `[[site]]` tables, tried in order.
     #[serde(rename = "site", skip_serializing_if = "Vec::is_empty")]
     pub sites: Vec<SiteSettings>,
@@ -202,6 +204,7 @@ impl Default for AcceleratorSettings {
             tls_key: None,
             limits: LimitSettings::default(),
             auth: AuthSettings::default(),
+            log: LogSettings::default(),
             sites: Vec::new(),
         }
     }

@@ -14,7 +14,7 @@ use http::{HeaderValue, Uri};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::shared::{saturating_usize, server_url};
+use super::shared::{LogSettings, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
@@ -145,6 +145,8 @@ pub struct ClientSettings {
     pub connect_allow_addresses: Vec<IpNet>,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
+    /// The logs (`[log]`).
+    pub log: LogSettings,
     /// `[[route]]` tables, tried in order.
     #[serde(rename = "route", skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteSettings>,
@@ -186,6 +188,7 @@ impl Default for ClientSettings {
             connect_allow_addresses: Vec::new(),
             limits: LimitSettings::default(),
             auth: AuthSettings::default(),
+            log: LogSettings::default(),
             routes: Vec::new(),
         }
     }

@@ -35,7 +35,7 @@ use serde::de::DeserializeOwned;
 
 pub use accelerator::AcceleratorSettings;
 pub use client::{ClientSettings, UPSTREAM_PASSWORD_ENV};
-pub use shared::{AuthSettings, LimitSettings};
+pub use shared::{AuthSettings, LimitSettings, LogSettings};
 pub use units::Size;
 
 /// A bad flag or configuration: the process exits with 64.

@@ -1,10 +1,10 @@
 //! The settings both roles share, each role's file holding them in a table
-//! of its own: connection limits (`[limits]`) and proxy authentication
-//! (`[auth]`). Their defaults are the connection layer's
+//! of its own: connection limits (`[limits]`), proxy authentication
+//! (`[auth]`) and the logs (`[log]`). Their defaults are the connection layer's
 //! ([`ConnectionLimits::default`]) and the password checks'
 //! ([`CheckLimits::DEFAULT`]), spelled there once.
 //!
-//! Main types: [`LimitSettings`], [`AuthSettings`].
+//! Main types: [`LimitSettings`], [`AuthSettings`], [`LogSettings`].
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::UsageError;
 use super::units::{self, Size};
+use crate::http::access_log::{AccessLog, Destination, LogFormat};
 use crate::http::auth::CheckLimits;
 use crate::http::server::ConnectionLimits;
 
@@ -152,6 +153,48 @@ impl AuthSettings {
             max_failures: self.max_login_failures,
             max_failure_addresses,
         })
+    }
+}
+
+/// The logs (`[log]`): the diagnostic log's level, and where and how the
+/// access log is written. All three apply again at a reload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LogSettings {
+    /// The diagnostic log's level, as `RUST_LOG` takes it (`info`,
+    /// `warn,rproxy::cache=debug`); `RUST_LOG`, when set, wins.
+    pub log_level: String,
+    /// Where the access log goes: `stderr`, `off`, or a file (appended
+    /// to, reopened on SIGUSR1).
+    pub access_log: String,
+    /// The access log's lines: `logfmt` or `json`.
+    pub log_format: LogFormat,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            log_level: crate::logging::DEFAULT_LEVEL.into(),
+            access_log: "stderr".into(),
+            log_format: LogFormat::Logfmt,
+        }
+    }
+}
+
+impl LogSettings {
+    /// Opens the access log (not written to when `quiet`: under inetd,
+    /// stderr may be the connection) and checks the level.
+    ///
+    /// # Errors
+    /// A file that cannot be opened, or a bad level.
+    pub fn open(&self, quiet: bool) -> Result<AccessLog, UsageError> {
+        crate::logging::parse_level(&self.log_level)?;
+        let destination = match Destination::parse(&self.access_log) {
+            Destination::Stderr if quiet => Destination::Off,
+            destination => destination,
+        };
+        AccessLog::open(destination, self.log_format)
+            .map_err(|e| UsageError(format!("access-log: {e}")))
     }
 }
 

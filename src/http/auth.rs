@@ -487,6 +487,9 @@ impl<H: Handler> AuthGate<H> {
         let peer = request.extensions().get::<Peer>().map(|peer| peer.0.ip());
         match auth.check(request.headers(), peer).await {
             Ok(user) => {
+                if let Some(note) = request.extensions().get::<crate::http::access_log::Note>() {
+                    note.user(&user);
+                }
                 let span = tracing::info_span!("user", %user);
                 self.role.clone().handle(request).instrument(span).await
             }
@@ -522,6 +525,10 @@ impl<H: Handler> Handler for AuthGate<H> {
 
     fn stopped(&self) {
         self.role.stopped();
+    }
+
+    fn reopen_logs(&self) {
+        self.role.reopen_logs();
     }
 }
 

@@ -24,6 +24,7 @@
 //! - [`tunnel`]: a CONNECT's destination, and the byte relay of a tunnel
 //!   either role opened.
 
+pub mod access_log;
 pub mod address_policy;
 pub mod auth;
 pub mod body_pipe;

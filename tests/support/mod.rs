@@ -4,11 +4,12 @@
 //! them by hand; the client proxy's test settings and user agent
 //! ([`proxy`], [`user_agent`]); and starting origins, accelerators and
 //! client proxies in one call each ([`topology`]); CONNECT tunnels
-//! ([`tunnel`]).
+//! ([`tunnel`]); the real binary as a child process ([`process`]).
 //!
 //! Not every test binary uses every helper.
 #![allow(dead_code)]
 
+pub mod process;
 pub mod proxy;
 pub mod routing;
 pub mod topology;

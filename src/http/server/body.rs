@@ -20,6 +20,7 @@ where
     F: FnOnce(u64, bool) + Send + Sync + Unpin + 'static,
 {
     BoxBody::new(Counted {
+        announced: hyper::body::Body::size_hint(&body).exact(),
         inner: body,
         bytes: 0,
         on_end: Some(on_end),
@@ -43,6 +44,9 @@ impl<T> futures_core::Stream for ReceiverStream<T> {
 
 struct Counted<F: FnOnce(u64, bool)> {
     inner: ProxyBody,
+    /// The length the body announced when it was wrapped: what is left
+    /// of it shrinks as it is read.
+    announced: Option<u64>,
     bytes: u64,
     on_end: Option<F>,
 }
@@ -94,8 +98,8 @@ impl<F: FnOnce(u64, bool)> Drop for Counted<F> {
     fn drop(&mut self) {
         // Whole if it ended, or if every byte its length announced went
         // (a 304's or a HEAD's empty body is never polled at all).
-        let clean = hyper::body::Body::is_end_stream(&self.inner)
-            || hyper::body::Body::size_hint(&self.inner).exact() == Some(self.bytes);
+        let clean =
+            hyper::body::Body::is_end_stream(&self.inner) || self.announced == Some(self.bytes);
         self.end(clean);
     }
 }

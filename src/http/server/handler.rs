@@ -33,6 +33,10 @@ pub trait Handler: Send + Sync + 'static {
     /// Called once the server has stopped (drained, or the drain timeout
     /// passed), before the process exits: the last chance to save state.
     fn stopped(&self) {}
+
+    /// SIGUSR1: log files are opened again under their names (after
+    /// logrotate moved them).
+    fn reopen_logs(&self) {}
 }
 
 /// A process-wide number for each connection, in its requests'

@@ -59,4 +59,8 @@ impl<H: Handler> Handler for Reloadable<H> {
     fn stopped(&self) {
         self.current().stopped();
     }
+
+    fn reopen_logs(&self) {
+        self.current().reopen_logs();
+    }
 }

@@ -1,0 +1,94 @@
+//! The real `rproxy` binary as a child process: started, its log lines
+//! collected, signalled, killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running `rproxy` and the lines it has logged so far.
+pub struct Running {
+    /// The process.
+    pub child: Child,
+    /// The address its ready line named.
+    pub address: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    /// Starts `rproxy ARGS`, waiting for the line that names its address.
+    pub fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = log.clone();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let mut running = Running {
+            child,
+            address: "0.0.0.0:0".parse().unwrap(),
+            log,
+        };
+        let ready = running.wait_for_line("ready");
+        let at = ready
+            .find("listen=")
+            .expect("the ready line names the address")
+            + 7;
+        let rest = &ready[at..];
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        running.address = rest[..end].parse().unwrap();
+        running
+    }
+
+    /// The first line logged containing `text` (after the ones already
+    /// taken by an earlier wait), within 10 s.
+    pub fn wait_for_line(&mut self, text: &str) -> String {
+        let started = Instant::now();
+        loop {
+            {
+                let mut log = self.log.lock().unwrap();
+                if let Some(at) = log.iter().position(|line| line.contains(text)) {
+                    let line = log[at].clone();
+                    log.drain(..=at);
+                    return line;
+                }
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("rproxy ended ({status}) before logging {text:?}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no line with {text:?} in 10 s: {:?}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends SIGHUP.
+    pub fn hangup(&self) {
+        self.signal(libc::SIGHUP);
+    }
+
+    /// Sends `signal`.
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).unwrap();
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
