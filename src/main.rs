@@ -29,6 +29,44 @@ fn give_back_freed_memory() {
         });
 }
 
+/// Socket activation (a systemd `.socket` unit with `Accept=no`): the
+/// listening socket systemd passed as descriptor 3 is handed to the
+/// library, which serves it instead of binding `listen`. A connected
+/// socket (`Accept=yes`, for `--inetd`) is left alone.
+fn take_activated_listener() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // Checks LISTEN_PID is ours, so a descriptor meant for another
+    // process is never taken.
+    let Ok(mut passed) = sd_notify::listen_fds() else {
+        return;
+    };
+    if passed.len() != 1 {
+        return;
+    }
+    let fd = passed.next().expect("one descriptor");
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `listening`, an
+    // int that lives across the call; a descriptor that is not a socket
+    // only makes it fail.
+    let asked = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut listening).cast(),
+            &raw mut len,
+        )
+    };
+    if asked != 0 || listening == 0 {
+        return;
+    }
+    // SAFETY: systemd passed this descriptor to this process (LISTEN_PID)
+    // for it to own, and nothing else here has taken it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    rproxy::cli::systemd::hand_over_listener(std::net::TcpListener::from(owned));
+}
+
 fn main() -> ExitCode {
     let cli = match try_parse() {
         Ok(cli) => cli,
@@ -44,6 +82,7 @@ fn main() -> ExitCode {
         }
     };
     give_back_freed_memory();
+    take_activated_listener();
     // Under inetd, stderr may be the connection itself: nothing is written
     // there then (logs go to a journald or file stderr, as systemd or a
     // wrapper sets up).

@@ -182,7 +182,9 @@ async fn every_path_writes_one_line_with_the_same_keys_and_both_roles_share_the_
     let delta = &client_lines[1];
     assert_eq!(delta["coding"], "hsync", "{delta}");
     assert!(
-        delta["basis"].as_str().is_some_and(|b| b.ends_with("/page")),
+        delta["basis"]
+            .as_str()
+            .is_some_and(|b| b.ends_with("/page")),
         "the cached copy of the same page: {delta}"
     );
     assert_eq!(delta["to_downstream"], 200_000, "{delta}");

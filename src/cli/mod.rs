@@ -9,6 +9,7 @@ pub mod hsync;
 pub mod limits;
 pub mod log;
 mod serving;
+pub mod systemd;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 

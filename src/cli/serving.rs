@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use super::systemd;
 use crate::http::inetd::{Stdio, serve_stdio};
 use crate::http::server::{
     ConnectionLimits, Handler, Reloadable, bind, raise_open_file_limit, serve, serve_tls,
@@ -86,8 +87,9 @@ pub(super) struct Listening {
 }
 
 impl Listening {
-    /// Starts the runtime and binds `listen`, with the open-file limit
-    /// raised for `limits.max_connections`.
+    /// Starts the runtime and binds `listen` (or takes the socket systemd
+    /// passed), with the open-file limit raised for
+    /// `limits.max_connections`.
     ///
     /// # Errors
     /// The runtime cannot start or the address cannot be bound.
@@ -100,7 +102,18 @@ impl Listening {
             .context("cannot start the async runtime")?;
         let listener = {
             let _inside = runtime.enter();
-            bind(listen).with_context(|| format!("cannot listen on {listen}"))?
+            match systemd::activated_listener() {
+                Some(passed) => {
+                    passed.set_nonblocking(true)?;
+                    let listener = tokio::net::TcpListener::from_std(passed)?;
+                    tracing::info!(
+                        listen = ?listener.local_addr().ok(),
+                        "serving the socket systemd passed (socket activation); the listen setting is not used"
+                    );
+                    listener
+                }
+                None => bind(listen).with_context(|| format!("cannot listen on {listen}"))?,
+            }
         };
         let address = listener.local_addr().unwrap_or(listen);
         Ok(Listening {
@@ -145,6 +158,7 @@ impl Listening {
             reload_on_hangup(handler.clone(), reload)?;
             reopen_logs_on_usr1(handler.clone())?;
             ready(address, &handler.current());
+            systemd::ready(&format!("serving on {address}"));
             match tls {
                 Some(tls) => serve_tls(listener, handler.clone(), limits, tls, stop).await,
                 None => serve(listener, handler.clone(), limits, stop).await,
@@ -169,6 +183,7 @@ fn reload_on_hangup<H: Handler>(
     let reload = Arc::new(reload);
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
+            systemd::reloading();
             let (handler, reload) = (handler.clone(), reload.clone());
             // Reading files and building TLS clients: off the async workers.
             let rebuilt = tokio::task::spawn_blocking(move || {
@@ -185,6 +200,7 @@ fn reload_on_hangup<H: Handler>(
                     tracing::error!(%error, "SIGHUP: the reload failed; the running configuration stays")
                 }
             }
+            systemd::ready("serving");
         }
     });
     Ok(())
@@ -220,6 +236,7 @@ fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             signal = name,
             "stopping: no new connections; requests under way may finish"
         );
+        systemd::stopping();
     })
 }
 
