@@ -56,6 +56,15 @@
 //! error line, and room coming back as one info line, each at most once a
 //! minute, rather than once per response.
 //!
+//! # One process at a time (the lock)
+//!
+//! [`CacheStore::open`] locks `<root>/lock` ([`LOCK_FILE`]) with `flock`
+//! before it cleans anything, and the store's handles hold it: a second
+//! proxy on the same directory (by mistake, or `rproxy cache purge` while
+//! one runs) gets [`CacheError::Locked`](super::CacheError::Locked)
+//! instead of deleting the first one's temp files and evicting under its
+//! index. `--inetd` processes share it ([`CacheStore::open_shared`]).
+//!
 //! # The file system
 //!
 //! Every operation that changes the disk, and opening files to read, goes
@@ -73,8 +82,9 @@
 //! index; each other reason to change has its own file: `index` (entries,
 //! LRU order, budget and eviction), `writer` (the store protocol above),
 //! `hit` (opening and checking an entry), `quarantine`, `recovery` (open:
-//! the start-up walk and rebuild), `health` (the full-disk count and log
-//! lines) and `files` (the file-system steps they share).
+//! the start-up walk and rebuild), `lock` (the directory's lock),
+//! `health` (the full-disk count and log lines) and `files` (the
+//! file-system steps they share).
 //!
 //! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`].
 
@@ -82,6 +92,7 @@ mod files;
 mod health;
 mod hit;
 mod index;
+mod lock;
 mod quarantine;
 mod recovery;
 mod writer;
@@ -99,8 +110,10 @@ use super::meta::IndexEntry;
 use files::{EntryPaths, fsync_dir};
 use health::DiskHealth;
 use index::State;
+use lock::DirLock;
 
 pub use hit::Entry;
+pub use lock::LOCK_FILE;
 pub use writer::EntryWriter;
 
 /// Name of the temp directory inside the root.
@@ -120,6 +133,11 @@ pub const QUARANTINE_SHARE: u64 = 10;
 #[derive(Clone)]
 pub struct CacheStore {
     inner: Arc<Inner>,
+    /// The directory's lock, held by the handles rather than by `Inner`,
+    /// which writers share too: a writer outlives the last handle only on
+    /// the way out, and tests that leak one to stand for a crash reopen
+    /// the directory as a restarted process would.
+    _lock: Arc<DirLock>,
 }
 
 struct Inner {
@@ -252,6 +270,7 @@ impl CacheStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::CacheError;
     use crate::cache::meta::{Completeness, NewEntry};
     use index::BLOCK;
 
@@ -263,6 +282,27 @@ mod tests {
         fn assert_send<T: Send + 'static>() {}
         assert_send::<EntryWriter>();
         assert_send::<Entry>();
+    }
+
+    #[test]
+    fn a_second_open_is_refused_until_the_last_clone_of_the_first_drops() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        let clone = first.clone();
+        drop(first);
+        let refused = CacheStore::open(dir.path(), 1 << 20).err().expect("locked");
+        let message = refused.to_string();
+        assert!(matches!(refused, CacheError::Locked { .. }), "{message}");
+        assert!(message.contains("another rproxy process"), "{message}");
+        assert!(message.contains(&dir.path().join(LOCK_FILE).display().to_string()));
+        assert!(CacheStore::open_shared(dir.path(), 1 << 20).is_err());
+        drop(clone);
+        let second = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        drop(second);
+        let inetd = CacheStore::open_shared(dir.path(), 1 << 20).unwrap();
+        let inetd_too = CacheStore::open_shared(dir.path(), 1 << 20).unwrap();
+        assert!(CacheStore::open(dir.path(), 1 << 20).is_err());
+        drop((inetd, inetd_too));
     }
 
     #[test]

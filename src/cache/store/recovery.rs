@@ -1,7 +1,8 @@
-//! Opening a cache directory: emptying `tmp/` and `quarantine/`, walking
-//! the entries' files to delete what a crash left half done (temp files,
-//! orphaned bodies and signatures), quarantining entries that fail their
-//! check, and rebuilding the index, oldest metadata first in LRU order.
+//! Opening a cache directory: locking it, emptying `tmp/` and
+//! `quarantine/`, walking the entries' files to delete what a crash left
+//! half done (temp files, orphaned bodies and signatures), quarantining
+//! entries that fail their check, and rebuilding the index, oldest
+//! metadata first in LRU order.
 //!
 //! Main item: [`CacheStore::open`].
 
@@ -20,6 +21,7 @@ use super::files::{empty_dir, ensure_dir, open_regular, read_bounded, remove_if_
 use super::health::DiskHealth;
 use super::hit::empty_body_digest_matches;
 use super::index::{State, disk_bytes};
+use super::lock::{DirLock, Sharing};
 use super::{CacheStore, Inner, MAX_SIG_LEN, QUARANTINE_DIR, TMP_DIR};
 use crate::cache::CacheError;
 use crate::cache::fs::{Fs, StdFs};
@@ -28,6 +30,9 @@ use crate::cache::meta::{EntryMeta, IndexEntry, MAX_META_LEN};
 impl CacheStore {
     /// Opens (creating if needed) the cache at `root` with a budget of
     /// `budget_bytes`, cleans it up and rebuilds the index (C-R1, C-R2).
+    ///
+    /// It first locks `<root>/`[`LOCK_FILE`](super::LOCK_FILE) for this
+    /// process alone, until the last clone of the store drops.
     ///
     /// The walk follows no symlinks and reads only regular files; unreadable
     /// paths are logged and skipped. Temp files and orphaned bodies and
@@ -38,11 +43,28 @@ impl CacheStore {
     ///
     /// # Errors
     ///
-    /// [`CacheError::Io`] when the root, `tmp/` or `quarantine/` cannot be
-    /// created; [`CacheError::NotADirectory`] when one of them is something
-    /// else.
+    /// [`CacheError::Locked`] when another process has the directory
+    /// open; [`CacheError::Io`] when the root, `tmp/`, `quarantine/` or
+    /// the lock file cannot be created; [`CacheError::NotADirectory`]
+    /// when one of them is something else.
     pub fn open(root: impl Into<PathBuf>, budget_bytes: u64) -> Result<CacheStore, CacheError> {
         CacheStore::open_with_fs(root, budget_bytes, Arc::new(StdFs))
+    }
+
+    /// [`CacheStore::open`] for a process that serves one connection
+    /// (`--inetd`): it shares the directory with others like it, which
+    /// clean up at their own open as before, but not with a proxy that
+    /// opened it with [`CacheStore::open`], nor with a purge.
+    ///
+    /// # Errors
+    ///
+    /// As [`CacheStore::open`]; [`CacheError::Locked`] only when a
+    /// process holds the directory alone.
+    pub fn open_shared(
+        root: impl Into<PathBuf>,
+        budget_bytes: u64,
+    ) -> Result<CacheStore, CacheError> {
+        CacheStore::open_locked(root.into(), budget_bytes, Arc::new(StdFs), Sharing::Shared)
     }
 
     /// [`CacheStore::open`] on the file system `fs`: a test's, which can
@@ -57,9 +79,21 @@ impl CacheStore {
         budget_bytes: u64,
         fs: Arc<dyn Fs>,
     ) -> Result<CacheStore, CacheError> {
+        CacheStore::open_locked(root.into(), budget_bytes, fs, Sharing::Exclusive)
+    }
+
+    /// Creates and locks `root`, then cleans it and rebuilds the index.
+    fn open_locked(
+        root: PathBuf,
+        budget_bytes: u64,
+        fs: Arc<dyn Fs>,
+        sharing: Sharing,
+    ) -> Result<CacheStore, CacheError> {
         let started = Instant::now();
-        let root = root.into();
         fs::create_dir_all(&root).map_err(CacheError::io(&root))?;
+        // The lock and the file it is on are the process's, not the
+        // cache's data: std::fs, not `fs`, and before anything is cleaned.
+        let lock = DirLock::acquire(&root, sharing)?;
         let tmp = root.join(TMP_DIR);
         let quarantine = root.join(QUARANTINE_DIR);
         for dir in [&tmp, &quarantine] {
@@ -98,6 +132,7 @@ impl CacheStore {
         }
         Ok(CacheStore {
             inner: Arc::new(inner),
+            _lock: Arc::new(lock),
         })
     }
 }
