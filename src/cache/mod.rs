@@ -51,7 +51,7 @@ pub use fs::{Fs, StdFs};
 pub use key::{CacheKey, KeyError};
 pub use meta::{Completeness, EntryMeta, IndexEntry, MetaError, NewEntry};
 pub use outboard::{Outboard, OutboardBuilder};
-pub use store::{CacheStore, Entry, EntryWriter};
+pub use store::{CacheStore, Entry, EntryWriter, PurgeReport};
 
 /// Errors of the cache store.
 #[derive(Debug, thiserror::Error)]
