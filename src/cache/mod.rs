@@ -51,7 +51,7 @@ pub use fs::{Fs, StdFs};
 pub use key::{CacheKey, KeyError};
 pub use meta::{Completeness, EntryMeta, IndexEntry, MetaError, NewEntry};
 pub use outboard::{Outboard, OutboardBuilder};
-pub use store::{CacheStore, Entry, EntryWriter, PurgeReport};
+pub use store::{CacheStore, Entry, EntryWriter, Listing, PurgeReport};
 
 /// Errors of the cache store.
 #[derive(Debug, thiserror::Error)]

@@ -82,16 +82,19 @@
 //! index; each other reason to change has its own file: `index` (entries,
 //! LRU order, budget and eviction), `writer` (the store protocol above),
 //! `hit` (opening and checking an entry), `quarantine`, `recovery` (open:
-//! the start-up walk and rebuild), `lock` (the directory's lock),
-//! `health` (the full-disk count and log lines) and `files` (the
-//! file-system steps they share).
+//! the start-up walk and rebuild), `listing` (the same walk, read-only,
+//! for `rproxy cache ls`), `lock` (the directory's lock), `health` (the
+//! full-disk count and log lines) and `files` (the file-system steps they
+//! share).
 //!
-//! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`], [`PurgeReport`].
+//! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`], [`PurgeReport`],
+//! [`Listing`].
 
 mod files;
 mod health;
 mod hit;
 mod index;
+mod listing;
 mod lock;
 mod quarantine;
 mod recovery;
@@ -114,6 +117,7 @@ use index::State;
 use lock::DirLock;
 
 pub use hit::Entry;
+pub use listing::{InvalidEntry, ListedEntry, Listing};
 pub use lock::LOCK_FILE;
 pub use writer::EntryWriter;
 

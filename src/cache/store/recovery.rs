@@ -147,17 +147,17 @@ struct RebuildReport {
 
 /// Files found for one entry stem during the walk: path, length, mtime.
 #[derive(Default)]
-struct Found {
-    body: Option<(PathBuf, u64)>,
-    sig: Option<(PathBuf, u64)>,
-    meta: Option<(PathBuf, u64, SystemTime)>,
+pub(super) struct Found {
+    pub(super) body: Option<(PathBuf, u64)>,
+    pub(super) sig: Option<(PathBuf, u64)>,
+    pub(super) meta: Option<(PathBuf, u64, SystemTime)>,
 }
 
 impl Inner {
     /// Walks the root and fills the index (see [`CacheStore::open`]).
     fn rebuild(&self) -> RebuildReport {
         let mut report = RebuildReport::default();
-        let found = self.walk(&mut report);
+        let found = walk(&self.root, &mut report.skipped);
         let mut valid = Vec::new();
         for (stem, files) in found {
             let Some((meta_path, meta_len, mtime)) = &files.meta else {
@@ -209,69 +209,70 @@ impl Inner {
         }
         report
     }
+}
 
-    /// Lists the regular files named like entry files, grouped by entry
-    /// (`<dir>/<hash>`), with lstat lengths. Follows no symlinks; skips and
-    /// logs what it cannot read and what is not a regular file.
-    fn walk(&self, report: &mut RebuildReport) -> HashMap<PathBuf, Found> {
-        let mut found: HashMap<PathBuf, Found> = HashMap::new();
-        let walk = WalkDir::new(&self.root)
-            .min_depth(1)
-            .max_depth(2)
-            .follow_links(false)
-            .into_iter()
-            .filter_entry(|e| {
-                !(e.depth() == 1 && (e.file_name() == TMP_DIR || e.file_name() == QUARANTINE_DIR))
-            });
-        for item in walk {
-            let dirent = match item {
-                Ok(d) => d,
-                Err(e) => {
-                    let path = e.path().map(|p| p.display().to_string());
-                    warn!(?path, error = %e, "skipping unreadable cache path");
-                    report.skipped += 1;
-                    continue;
-                }
-            };
-            if dirent.depth() == 1 {
-                continue; // authority directories, or foreign files at the top
-            }
-            let Some((stem, ext)) = split_entry_name(dirent.file_name()) else {
-                debug!(path = %dirent.path().display(), "ignoring foreign file in cache");
-                continue;
-            };
-            if !dirent.file_type().is_file() {
-                warn!(path = %dirent.path().display(), "skipping non-regular file in cache");
-                report.skipped += 1;
+/// Lists the regular files under `root` named like entry files, grouped by
+/// entry (`<dir>/<hash>`), with lstat lengths; `tmp/` and `quarantine/`
+/// are left out. Follows no symlinks; skips, counts in `skipped` and logs
+/// what it cannot read and what is not a regular file. Changes nothing.
+pub(super) fn walk(root: &Path, skipped: &mut u64) -> HashMap<PathBuf, Found> {
+    let mut found: HashMap<PathBuf, Found> = HashMap::new();
+    let walk = WalkDir::new(root)
+        .min_depth(1)
+        .max_depth(2)
+        .follow_links(false)
+        .into_iter()
+        .filter_entry(|e| {
+            !(e.depth() == 1 && (e.file_name() == TMP_DIR || e.file_name() == QUARANTINE_DIR))
+        });
+    for item in walk {
+        let dirent = match item {
+            Ok(d) => d,
+            Err(e) => {
+                let path = e.path().map(|p| p.display().to_string());
+                warn!(?path, error = %e, "skipping unreadable cache path");
+                *skipped += 1;
                 continue;
             }
-            let md = match dirent.metadata() {
-                Ok(md) => md,
-                Err(e) => {
-                    warn!(path = %dirent.path().display(), error = %e, "cannot stat cache file");
-                    report.skipped += 1;
-                    continue;
-                }
-            };
-            let parent = dirent.path().parent().unwrap_or(&self.root);
-            let slot = found.entry(parent.join(stem)).or_default();
-            let path = dirent.path().to_path_buf();
-            match ext {
-                "body" => slot.body = Some((path, md.len())),
-                "sig" => slot.sig = Some((path, md.len())),
-                _ => {
-                    let mtime = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    slot.meta = Some((path, md.len(), mtime));
-                }
+        };
+        if dirent.depth() == 1 {
+            continue; // authority directories, or foreign files at the top
+        }
+        let Some((stem, ext)) = split_entry_name(dirent.file_name()) else {
+            debug!(path = %dirent.path().display(), "ignoring foreign file in cache");
+            continue;
+        };
+        if !dirent.file_type().is_file() {
+            warn!(path = %dirent.path().display(), "skipping non-regular file in cache");
+            *skipped += 1;
+            continue;
+        }
+        let md = match dirent.metadata() {
+            Ok(md) => md,
+            Err(e) => {
+                warn!(path = %dirent.path().display(), error = %e, "cannot stat cache file");
+                *skipped += 1;
+                continue;
+            }
+        };
+        let parent = dirent.path().parent().unwrap_or(root);
+        let slot = found.entry(parent.join(stem)).or_default();
+        let path = dirent.path().to_path_buf();
+        match ext {
+            "body" => slot.body = Some((path, md.len())),
+            "sig" => slot.sig = Some((path, md.len())),
+            _ => {
+                let mtime = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                slot.meta = Some((path, md.len(), mtime));
             }
         }
-
-        found
     }
+
+    found
 }
 
 /// Why a found entry was not indexed.
-enum Check {
+pub(super) enum Check {
     /// Reading failed in a way worth retrying later (permissions): skip.
     Unreadable(io::Error),
     /// The entry is garbage: quarantine.
@@ -280,7 +281,7 @@ enum Check {
 
 /// Reads and checks the metadata of an entry found by the walk, against its
 /// file name, directory and the other files' lengths.
-fn check_found(fs: &dyn Fs, stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
+pub(super) fn check_found(fs: &dyn Fs, stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
     let (meta_path, _, _) = files.meta.as_ref().expect("caller checked");
     let bytes = match open_regular(fs, meta_path).and_then(|f| read_bounded(f, MAX_META_LEN)) {
         Ok(b) => b,
