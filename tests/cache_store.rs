@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::{ProptestConfig, TestCaseError, prop_assert, prop_assert_eq, proptest};
+use rproxy::cache::store::LOCK_FILE;
 use rproxy::cache::{
     CacheError, CacheKey, CacheScope, CacheStore, Completeness, EntryMeta, NewEntry, select_basis,
 };
@@ -63,7 +64,8 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
             let t = e.file_type().expect("file type");
             if t.is_dir() {
                 stack.push(e.path());
-            } else if t.is_file() {
+            } else if t.is_file() && e.path() != dir.join(LOCK_FILE) {
+                // The lock file is the open store's, not an entry's.
                 out.push(e.path());
             }
         }

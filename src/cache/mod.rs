@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! <root>/
+//!   lock                          flock'd while a proxy has the directory open
 //!   tmp/                          writers' temp files (create_new, random names)
 //!   quarantine/                   entries that failed a check; emptied at open
 //!   http_example.com_80/          one directory per scheme + authority
@@ -50,7 +51,7 @@ pub use fs::{Fs, StdFs};
 pub use key::{CacheKey, KeyError};
 pub use meta::{Completeness, EntryMeta, IndexEntry, MetaError, NewEntry};
 pub use outboard::{Outboard, OutboardBuilder};
-pub use store::{CacheStore, Entry, EntryWriter};
+pub use store::{CacheStore, Entry, EntryWriter, Listing, PurgeReport};
 
 /// Errors of the cache store.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +93,16 @@ pub enum CacheError {
     DigestMismatch {
         /// The key's URL.
         url: String,
+    },
+    /// Another process holds the directory's lock file: a second proxy
+    /// would clean up and evict under the first one's index.
+    #[error(
+        "another rproxy process uses this cache directory ({path} is locked); \
+         stop it, or give each proxy a cache directory of its own"
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
     },
     /// The writer failed earlier and can only be dropped.
     #[error("the entry writer for {url} failed earlier")]

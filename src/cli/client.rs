@@ -239,7 +239,13 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         None => None,
     };
     let auth = authenticator(&settings.auth)?;
-    let store = CacheStore::open(&settings.cache, settings.cache_size.0)
+    // inetd processes, one per connection, share the cache with each other.
+    let open = if settings.inetd {
+        CacheStore::open_shared
+    } else {
+        CacheStore::open
+    };
+    let store = open(&settings.cache, settings.cache_size.0)
         .with_context(|| format!("cannot open the cache in {}", settings.cache.display()))?;
     let queue_node = config.queue.node;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;

@@ -2,6 +2,7 @@
 
 pub mod accelerator;
 pub mod auth;
+pub mod cache;
 pub mod check;
 pub mod client;
 pub mod demo;
@@ -46,6 +47,9 @@ pub enum Command {
     /// Manages the users file of --auth-file: add, remove, list.
     #[command(subcommand)]
     Passwd(auth::PasswdCommand),
+    /// Lists, shows and purges the entries of a client proxy's cache.
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// Checks a role's configuration file (and flags) and prints the
     /// effective configuration as TOML, as `nginx -t` does: exit 0, or 64
     /// with the line or key at fault.
@@ -105,6 +109,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Passwd(command) => auth::run(command),
         Command::Check(args) => check::run(args),
+        Command::Cache(command) => cache::run(command),
     }
 }
 

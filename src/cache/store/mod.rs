@@ -56,6 +56,15 @@
 //! error line, and room coming back as one info line, each at most once a
 //! minute, rather than once per response.
 //!
+//! # One process at a time (the lock)
+//!
+//! [`CacheStore::open`] locks `<root>/lock` ([`LOCK_FILE`]) with `flock`
+//! before it cleans anything, and the store's handles hold it: a second
+//! proxy on the same directory (by mistake, or `rproxy cache purge` while
+//! one runs) gets [`CacheError::Locked`](super::CacheError::Locked)
+//! instead of deleting the first one's temp files and evicting under its
+//! index. `--inetd` processes share it ([`CacheStore::open_shared`]).
+//!
 //! # The file system
 //!
 //! Every operation that changes the disk, and opening files to read, goes
@@ -73,24 +82,30 @@
 //! index; each other reason to change has its own file: `index` (entries,
 //! LRU order, budget and eviction), `writer` (the store protocol above),
 //! `hit` (opening and checking an entry), `quarantine`, `recovery` (open:
-//! the start-up walk and rebuild), `health` (the full-disk count and log
-//! lines) and `files` (the file-system steps they share).
+//! the start-up walk and rebuild), `listing` (the same walk, read-only,
+//! for `rproxy cache ls`), `lock` (the directory's lock), `health` (the
+//! full-disk count and log lines) and `files` (the file-system steps they
+//! share).
 //!
-//! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`].
+//! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`], [`PurgeReport`],
+//! [`Listing`].
 
 mod files;
 mod health;
 mod hit;
 mod index;
+mod listing;
+mod lock;
 mod quarantine;
 mod recovery;
 mod writer;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::basis::{CacheScope, select_basis};
 use super::fs::Fs;
@@ -99,8 +114,11 @@ use super::meta::IndexEntry;
 use files::{EntryPaths, fsync_dir};
 use health::DiskHealth;
 use index::State;
+use lock::DirLock;
 
 pub use hit::Entry;
+pub use listing::{InvalidEntry, ListedEntry, Listing};
+pub use lock::LOCK_FILE;
 pub use writer::EntryWriter;
 
 /// Name of the temp directory inside the root.
@@ -116,10 +134,29 @@ pub const MAX_SIG_LEN: u64 = 256 * 1024 * 1024;
 /// are deleted.
 pub const QUARANTINE_SHARE: u64 = 10;
 
+/// Entries [`CacheStore::purge_prefix`] removes under one hold of the
+/// index lock, so that requests wait for a batch, not a whole purge.
+pub const PURGE_BATCH: usize = 256;
+
+/// What [`CacheStore::purge_prefix`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Entries removed (each Vary'd variant counts as one).
+    pub entries: u64,
+    /// Bytes given back to the budget: the entries' three files, each in
+    /// whole 4 KiB blocks, as [`CacheStore::used_bytes`] counts them.
+    pub bytes: u64,
+}
+
 /// The on-disk cache: index, budget and files. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct CacheStore {
     inner: Arc<Inner>,
+    /// The directory's lock, held by the handles rather than by `Inner`,
+    /// which writers share too: a writer outlives the last handle only on
+    /// the way out, and tests that leak one to stand for a crash reopen
+    /// the directory as a restarted process would.
+    _lock: Arc<DirLock>,
 }
 
 struct Inner {
@@ -165,6 +202,61 @@ impl CacheStore {
             warn!(dir = %dir.display(), error = %e, "cannot fsync after removing a cache entry; it may come back after a power cut");
         }
         true
+    }
+
+    /// Removes every entry whose URL starts with `url_prefix`, each of its
+    /// Vary'd variants and partial entries included, and gives their bytes
+    /// back to the budget; the directories are fsynced, as
+    /// [`CacheStore::remove`] does, so purged entries do not come back
+    /// after a power cut. The in-process purge of the admin listener.
+    ///
+    /// The prefix is compared with the stored URL, which is normalised
+    /// ([`CacheKey`]: lower-case scheme and host, no default port), byte
+    /// for byte: `http://e.com/img/` purges `http://e.com/img/a.png`, and
+    /// an empty prefix purges everything (callers taking the prefix from
+    /// an operator should ask for "all" in so many words).
+    ///
+    /// Safe while requests run: entries go in batches of [`PURGE_BATCH`]
+    /// under the index lock, and a response being read from one keeps its
+    /// open files (C-W4). A response being stored meanwhile is stored
+    /// after the purge.
+    pub fn purge_prefix(&self, url_prefix: &str) -> PurgeReport {
+        let matching: Vec<(blake3::Hash, PathBuf)> = {
+            let st = self.inner.lock();
+            st.slots
+                .iter()
+                .filter(|(_, s)| s.entry.key.url().starts_with(url_prefix))
+                .map(|(hash, s)| (*hash, EntryPaths::new(&self.inner.root, &s.entry.key).dir))
+                .collect()
+        };
+        let mut report = PurgeReport::default();
+        let mut dirs = BTreeSet::new();
+        for batch in matching.chunks(PURGE_BATCH) {
+            let mut st = self.inner.lock();
+            for (hash, dir) in batch {
+                // Gone since the scan (evicted, removed) is not counted;
+                // replaced since is purged all the same.
+                let Some(bytes) = st.slots.get(hash).map(|s| s.disk_bytes) else {
+                    continue;
+                };
+                self.inner.evict_locked(&mut st, hash);
+                report.entries += 1;
+                report.bytes += bytes;
+                dirs.insert(dir);
+            }
+        }
+        for dir in dirs {
+            if let Err(e) = fsync_dir(&*self.inner.fs, dir) {
+                warn!(dir = %dir.display(), error = %e, "cannot fsync after purging cache entries; they may come back after a power cut");
+            }
+        }
+        info!(
+            prefix = url_prefix,
+            entries = report.entries,
+            bytes = report.bytes,
+            "cache entries purged"
+        );
+        report
     }
 
     /// All entries with the same scheme and authority as `key`: the input of
@@ -252,6 +344,7 @@ impl CacheStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::CacheError;
     use crate::cache::meta::{Completeness, NewEntry};
     use index::BLOCK;
 
@@ -263,6 +356,98 @@ mod tests {
         fn assert_send<T: Send + 'static>() {}
         assert_send::<EntryWriter>();
         assert_send::<Entry>();
+    }
+
+    #[test]
+    fn a_second_open_is_refused_until_the_last_clone_of_the_first_drops() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        let clone = first.clone();
+        drop(first);
+        let refused = CacheStore::open(dir.path(), 1 << 20).err().expect("locked");
+        let message = refused.to_string();
+        assert!(matches!(refused, CacheError::Locked { .. }), "{message}");
+        assert!(message.contains("another rproxy process"), "{message}");
+        assert!(message.contains(&dir.path().join(LOCK_FILE).display().to_string()));
+        assert!(CacheStore::open_shared(dir.path(), 1 << 20).is_err());
+        drop(clone);
+        let second = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        drop(second);
+        let inetd = CacheStore::open_shared(dir.path(), 1 << 20).unwrap();
+        let inetd_too = CacheStore::open_shared(dir.path(), 1 << 20).unwrap();
+        assert!(CacheStore::open(dir.path(), 1 << 20).is_err());
+        drop((inetd, inetd_too));
+    }
+
+    fn put(store: &CacheStore, key: &CacheKey, body: &[u8], completeness: Completeness) {
+        let mut w = store.begin(key).unwrap();
+        w.write_body(body).unwrap();
+        let entry = NewEntry {
+            status: 200,
+            headers: Vec::new(),
+            stored_at: 1,
+            completeness,
+            shareable_as_basis: true,
+        };
+        w.commit(entry, b"sig").unwrap();
+    }
+
+    #[test]
+    fn purge_prefix_removes_every_variant_under_the_prefix_and_gives_the_bytes_back() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let store = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        let k = |url: &str| CacheKey::parse(url).unwrap();
+        let gzip = k("http://e.com/img/a.png")
+            .with_vary("accept-encoding", b"gzip")
+            .unwrap();
+        let purged = [
+            k("http://e.com/img/a.png"),
+            gzip,
+            k("http://e.com/img/deep/b.png"),
+        ];
+        let kept = [
+            k("http://e.com/imgx"),
+            k("http://e.com/"),
+            k("http://f.com/img/a.png"),
+        ];
+        for key in purged.iter().chain(&kept) {
+            put(&store, key, &[7; 5000], Completeness::Complete);
+        }
+        let partial = k("http://e.com/img/c.bin");
+        put(&store, &partial, b"prefix", Completeness::Partial);
+        let mut open_body = store.get(&purged[0]).unwrap().body;
+        let before = store.used_bytes();
+
+        let report = store.purge_prefix("http://e.com/img/");
+        assert_eq!(report.entries, 4);
+        // Two blocks of body, one each of signature and metadata; one
+        // block of body for the partial entry.
+        assert_eq!(report.bytes, 3 * 4 * BLOCK + 3 * BLOCK);
+        assert_eq!(store.used_bytes(), before - report.bytes);
+        for key in purged.iter().chain([&partial]) {
+            assert!(store.lookup(key).is_none(), "{key} still indexed");
+            let stem = dir.path().join(key.entry_path());
+            assert!(!stem.with_extension("meta").exists(), "{key} on disk");
+            assert!(!stem.with_extension("body").exists(), "{key} on disk");
+        }
+        let mut read = Vec::new();
+        open_body.read_to_end(&mut read).unwrap();
+        assert_eq!(read, [7; 5000], "a body being served is read to its end");
+        assert_eq!(
+            store.purge_prefix("http://e.com/img/"),
+            PurgeReport::default()
+        );
+
+        drop(store);
+        let store = CacheStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(store.len(), kept.len());
+        for key in &kept {
+            assert!(store.get(key).is_some(), "{key} lost");
+        }
+        assert_eq!(store.purge_prefix("").entries, 3);
+        assert!(store.is_empty());
+        assert_eq!(store.used_bytes(), 0);
     }
 
     #[test]

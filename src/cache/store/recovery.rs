@@ -1,7 +1,8 @@
-//! Opening a cache directory: emptying `tmp/` and `quarantine/`, walking
-//! the entries' files to delete what a crash left half done (temp files,
-//! orphaned bodies and signatures), quarantining entries that fail their
-//! check, and rebuilding the index, oldest metadata first in LRU order.
+//! Opening a cache directory: locking it, emptying `tmp/` and
+//! `quarantine/`, walking the entries' files to delete what a crash left
+//! half done (temp files, orphaned bodies and signatures), quarantining
+//! entries that fail their check, and rebuilding the index, oldest
+//! metadata first in LRU order.
 //!
 //! Main item: [`CacheStore::open`].
 
@@ -20,6 +21,7 @@ use super::files::{empty_dir, ensure_dir, open_regular, read_bounded, remove_if_
 use super::health::DiskHealth;
 use super::hit::empty_body_digest_matches;
 use super::index::{State, disk_bytes};
+use super::lock::{DirLock, Sharing};
 use super::{CacheStore, Inner, MAX_SIG_LEN, QUARANTINE_DIR, TMP_DIR};
 use crate::cache::CacheError;
 use crate::cache::fs::{Fs, StdFs};
@@ -28,6 +30,9 @@ use crate::cache::meta::{EntryMeta, IndexEntry, MAX_META_LEN};
 impl CacheStore {
     /// Opens (creating if needed) the cache at `root` with a budget of
     /// `budget_bytes`, cleans it up and rebuilds the index (C-R1, C-R2).
+    ///
+    /// It first locks `<root>/`[`LOCK_FILE`](super::LOCK_FILE) for this
+    /// process alone, until the last clone of the store drops.
     ///
     /// The walk follows no symlinks and reads only regular files; unreadable
     /// paths are logged and skipped. Temp files and orphaned bodies and
@@ -38,11 +43,28 @@ impl CacheStore {
     ///
     /// # Errors
     ///
-    /// [`CacheError::Io`] when the root, `tmp/` or `quarantine/` cannot be
-    /// created; [`CacheError::NotADirectory`] when one of them is something
-    /// else.
+    /// [`CacheError::Locked`] when another process has the directory
+    /// open; [`CacheError::Io`] when the root, `tmp/`, `quarantine/` or
+    /// the lock file cannot be created; [`CacheError::NotADirectory`]
+    /// when one of them is something else.
     pub fn open(root: impl Into<PathBuf>, budget_bytes: u64) -> Result<CacheStore, CacheError> {
         CacheStore::open_with_fs(root, budget_bytes, Arc::new(StdFs))
+    }
+
+    /// [`CacheStore::open`] for a process that serves one connection
+    /// (`--inetd`): it shares the directory with others like it, which
+    /// clean up at their own open as before, but not with a proxy that
+    /// opened it with [`CacheStore::open`], nor with a purge.
+    ///
+    /// # Errors
+    ///
+    /// As [`CacheStore::open`]; [`CacheError::Locked`] only when a
+    /// process holds the directory alone.
+    pub fn open_shared(
+        root: impl Into<PathBuf>,
+        budget_bytes: u64,
+    ) -> Result<CacheStore, CacheError> {
+        CacheStore::open_locked(root.into(), budget_bytes, Arc::new(StdFs), Sharing::Shared)
     }
 
     /// [`CacheStore::open`] on the file system `fs`: a test's, which can
@@ -57,9 +79,21 @@ impl CacheStore {
         budget_bytes: u64,
         fs: Arc<dyn Fs>,
     ) -> Result<CacheStore, CacheError> {
+        CacheStore::open_locked(root.into(), budget_bytes, fs, Sharing::Exclusive)
+    }
+
+    /// Creates and locks `root`, then cleans it and rebuilds the index.
+    fn open_locked(
+        root: PathBuf,
+        budget_bytes: u64,
+        fs: Arc<dyn Fs>,
+        sharing: Sharing,
+    ) -> Result<CacheStore, CacheError> {
         let started = Instant::now();
-        let root = root.into();
         fs::create_dir_all(&root).map_err(CacheError::io(&root))?;
+        // The lock and the file it is on are the process's, not the
+        // cache's data: std::fs, not `fs`, and before anything is cleaned.
+        let lock = DirLock::acquire(&root, sharing)?;
         let tmp = root.join(TMP_DIR);
         let quarantine = root.join(QUARANTINE_DIR);
         for dir in [&tmp, &quarantine] {
@@ -98,6 +132,7 @@ impl CacheStore {
         }
         Ok(CacheStore {
             inner: Arc::new(inner),
+            _lock: Arc::new(lock),
         })
     }
 }
@@ -112,17 +147,17 @@ struct RebuildReport {
 
 /// Files found for one entry stem during the walk: path, length, mtime.
 #[derive(Default)]
-struct Found {
-    body: Option<(PathBuf, u64)>,
-    sig: Option<(PathBuf, u64)>,
-    meta: Option<(PathBuf, u64, SystemTime)>,
+pub(super) struct Found {
+    pub(super) body: Option<(PathBuf, u64)>,
+    pub(super) sig: Option<(PathBuf, u64)>,
+    pub(super) meta: Option<(PathBuf, u64, SystemTime)>,
 }
 
 impl Inner {
     /// Walks the root and fills the index (see [`CacheStore::open`]).
     fn rebuild(&self) -> RebuildReport {
         let mut report = RebuildReport::default();
-        let found = self.walk(&mut report);
+        let found = walk(&self.root, &mut report.skipped);
         let mut valid = Vec::new();
         for (stem, files) in found {
             let Some((meta_path, meta_len, mtime)) = &files.meta else {
@@ -174,69 +209,70 @@ impl Inner {
         }
         report
     }
+}
 
-    /// Lists the regular files named like entry files, grouped by entry
-    /// (`<dir>/<hash>`), with lstat lengths. Follows no symlinks; skips and
-    /// logs what it cannot read and what is not a regular file.
-    fn walk(&self, report: &mut RebuildReport) -> HashMap<PathBuf, Found> {
-        let mut found: HashMap<PathBuf, Found> = HashMap::new();
-        let walk = WalkDir::new(&self.root)
-            .min_depth(1)
-            .max_depth(2)
-            .follow_links(false)
-            .into_iter()
-            .filter_entry(|e| {
-                !(e.depth() == 1 && (e.file_name() == TMP_DIR || e.file_name() == QUARANTINE_DIR))
-            });
-        for item in walk {
-            let dirent = match item {
-                Ok(d) => d,
-                Err(e) => {
-                    let path = e.path().map(|p| p.display().to_string());
-                    warn!(?path, error = %e, "skipping unreadable cache path");
-                    report.skipped += 1;
-                    continue;
-                }
-            };
-            if dirent.depth() == 1 {
-                continue; // authority directories, or foreign files at the top
-            }
-            let Some((stem, ext)) = split_entry_name(dirent.file_name()) else {
-                debug!(path = %dirent.path().display(), "ignoring foreign file in cache");
-                continue;
-            };
-            if !dirent.file_type().is_file() {
-                warn!(path = %dirent.path().display(), "skipping non-regular file in cache");
-                report.skipped += 1;
+/// Lists the regular files under `root` named like entry files, grouped by
+/// entry (`<dir>/<hash>`), with lstat lengths; `tmp/` and `quarantine/`
+/// are left out. Follows no symlinks; skips, counts in `skipped` and logs
+/// what it cannot read and what is not a regular file. Changes nothing.
+pub(super) fn walk(root: &Path, skipped: &mut u64) -> HashMap<PathBuf, Found> {
+    let mut found: HashMap<PathBuf, Found> = HashMap::new();
+    let walk = WalkDir::new(root)
+        .min_depth(1)
+        .max_depth(2)
+        .follow_links(false)
+        .into_iter()
+        .filter_entry(|e| {
+            !(e.depth() == 1 && (e.file_name() == TMP_DIR || e.file_name() == QUARANTINE_DIR))
+        });
+    for item in walk {
+        let dirent = match item {
+            Ok(d) => d,
+            Err(e) => {
+                let path = e.path().map(|p| p.display().to_string());
+                warn!(?path, error = %e, "skipping unreadable cache path");
+                *skipped += 1;
                 continue;
             }
-            let md = match dirent.metadata() {
-                Ok(md) => md,
-                Err(e) => {
-                    warn!(path = %dirent.path().display(), error = %e, "cannot stat cache file");
-                    report.skipped += 1;
-                    continue;
-                }
-            };
-            let parent = dirent.path().parent().unwrap_or(&self.root);
-            let slot = found.entry(parent.join(stem)).or_default();
-            let path = dirent.path().to_path_buf();
-            match ext {
-                "body" => slot.body = Some((path, md.len())),
-                "sig" => slot.sig = Some((path, md.len())),
-                _ => {
-                    let mtime = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    slot.meta = Some((path, md.len(), mtime));
-                }
+        };
+        if dirent.depth() == 1 {
+            continue; // authority directories, or foreign files at the top
+        }
+        let Some((stem, ext)) = split_entry_name(dirent.file_name()) else {
+            debug!(path = %dirent.path().display(), "ignoring foreign file in cache");
+            continue;
+        };
+        if !dirent.file_type().is_file() {
+            warn!(path = %dirent.path().display(), "skipping non-regular file in cache");
+            *skipped += 1;
+            continue;
+        }
+        let md = match dirent.metadata() {
+            Ok(md) => md,
+            Err(e) => {
+                warn!(path = %dirent.path().display(), error = %e, "cannot stat cache file");
+                *skipped += 1;
+                continue;
+            }
+        };
+        let parent = dirent.path().parent().unwrap_or(root);
+        let slot = found.entry(parent.join(stem)).or_default();
+        let path = dirent.path().to_path_buf();
+        match ext {
+            "body" => slot.body = Some((path, md.len())),
+            "sig" => slot.sig = Some((path, md.len())),
+            _ => {
+                let mtime = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                slot.meta = Some((path, md.len(), mtime));
             }
         }
-
-        found
     }
+
+    found
 }
 
 /// Why a found entry was not indexed.
-enum Check {
+pub(super) enum Check {
     /// Reading failed in a way worth retrying later (permissions): skip.
     Unreadable(io::Error),
     /// The entry is garbage: quarantine.
@@ -245,7 +281,7 @@ enum Check {
 
 /// Reads and checks the metadata of an entry found by the walk, against its
 /// file name, directory and the other files' lengths.
-fn check_found(fs: &dyn Fs, stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
+pub(super) fn check_found(fs: &dyn Fs, stem: &Path, files: &Found) -> Result<EntryMeta, Check> {
     let (meta_path, _, _) = files.meta.as_ref().expect("caller checked");
     let bytes = match open_regular(fs, meta_path).and_then(|f| read_bounded(f, MAX_META_LEN)) {
         Ok(b) => b,
