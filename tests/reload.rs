@@ -2,7 +2,8 @@
 //! binary: a 100 MB transfer under way finishes byte-exact with the
 //! configuration it started with, the next request takes the new route,
 //! a file that does not validate leaves the running configuration in
-//! force, and a key that needs a restart is named in the log.
+//! force, a key that needs a restart is named in the log, and a renewed
+//! TLS certificate is presented from the next handshake.
 
 mod support;
 
@@ -164,4 +165,54 @@ async fn an_accelerator_reloads_its_sites() {
     assert_eq!(get(address, "/which").1, b"second");
     let (status, _) = get(address, "/which");
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+}
+
+/// Whether a TLS handshake with `address` succeeds for a client that
+/// trusts only the certificate in `ca`.
+async fn handshake_trusting(address: SocketAddr, ca: &std::path::Path) -> bool {
+    let config = rproxy::http::tls::client_config(Some(ca)).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, stream).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_is_presented_after_a_reload() {
+    let origin = named_origin("site", Bytes::new()).await;
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (old_cert, old_key) = support::topology::self_signed(old_dir.path());
+    let (new_cert, new_key) = support::topology::self_signed(new_dir.path());
+    // The files the accelerator reads; renewal overwrites them in place.
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::copy(&old_cert, &cert).unwrap();
+    std::fs::copy(&old_key, &key).unwrap();
+    let mut accelerator = Running::start(&[
+        "accelerator",
+        "--listen",
+        "127.0.0.1:0",
+        "--origin",
+        &format!("http://{}", origin.addr),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let address = accelerator.address;
+    assert!(handshake_trusting(address, &old_cert).await);
+    assert!(!handshake_trusting(address, &new_cert).await);
+
+    std::fs::copy(&new_cert, &cert).unwrap();
+    std::fs::copy(&new_key, &key).unwrap();
+    accelerator.hangup();
+    accelerator.wait_for_line("configuration reloaded");
+    assert!(handshake_trusting(address, &new_cert).await);
+    assert!(!handshake_trusting(address, &old_cert).await);
+
+    // A key that is not the certificate's is refused; the renewed pair stays.
+    std::fs::copy(&old_key, &key).unwrap();
+    accelerator.hangup();
+    accelerator.wait_for_line("configuration refused");
+    assert!(handshake_trusting(address, &new_cert).await);
 }

@@ -19,6 +19,7 @@ use crate::config::units::{Size, parse_duration};
 use crate::config::{self, AcceleratorSettings, override_with_flags};
 use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
+use crate::http::tls::ServerCertificate;
 
 /// Flags of `rproxy accelerator`. Each one given overrides its key in the
 /// `--config` file; the defaults are [`AcceleratorSettings`]'s.
@@ -229,13 +230,18 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         AuthGate::new(accelerator, authenticator(&settings.auth)?),
         Arc::new(log),
     );
-    let tls = match (&settings.tls_cert, &settings.tls_key) {
-        (Some(cert), Some(key)) => Some(
-            crate::http::tls::server_config(cert, key)
+    let certificate = match (&settings.tls_cert, &settings.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            ServerCertificate::load(cert, key)
                 .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?,
-        ),
+        )),
         _ => None,
     };
+    let tls = certificate
+        .clone()
+        .map(ServerCertificate::config)
+        .transpose()
+        .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?;
     let Some(listening) = listening else {
         let stdio = stdio.expect("no listener: --inetd");
         if settings.slots > 0 {
@@ -252,7 +258,7 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         return serve_one(stdio, accelerator, limits);
     };
     let describe = settings.describe_sites().to_string();
-    let reload = reload(args, settings, address);
+    let reload = reload(args, settings, address, certificate);
     listening.serve(
         accelerator,
         limits,
@@ -274,6 +280,7 @@ fn reload(
     args: AcceleratorArgs,
     running: AcceleratorSettings,
     address: SocketAddr,
+    certificate: Option<Arc<ServerCertificate>>,
 ) -> Reload<Logged<AuthGate<Accelerator>>> {
     Box::new(move |current| {
         let settings = args.settings()?;
@@ -289,6 +296,19 @@ fn reload(
             .role()
             .reconfigured(config)
             .map_err(|e| UsageError(e.to_string()))?;
+        // Last, once all else is valid: a renewed certificate is presented
+        // from the next handshake on. TLS itself cannot be turned on or off
+        // on a bound listener.
+        match (&certificate, &settings.tls_cert, &settings.tls_key) {
+            (Some(certificate), Some(cert), Some(key)) => certificate
+                .reload(cert, key)
+                .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?,
+            (None, None, None) => {}
+            _ => tracing::warn!(
+                key = "tls-cert",
+                "SIGHUP: TLS turned on or off, which applies only at the next start"
+            ),
+        }
         tracing::info!(sites = %settings.describe_sites(), "accelerator reconfigured");
         crate::logging::set_level(&settings.log.log_level)?;
         Ok(Logged::new(AuthGate::new(accelerator, auth), Arc::new(log)))

@@ -215,8 +215,6 @@ impl Settings for AcceleratorSettings {
     const RESTART_KEYS: &'static [&'static str] = &[
         "listen",
         "inetd",
-        "tls-cert",
-        "tls-key",
         "max-encoders",
         "max-spool-total",
         "transfer-memory",

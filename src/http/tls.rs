@@ -4,10 +4,12 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ResolvesServerCert;
+use rustls::sign::CertifiedKey;
 
 /// ALPN protocols both sides offer, preferred first.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -59,14 +61,67 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// # Errors
 /// Unreadable or mismatched files.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    Arc::new(ServerCertificate::load(cert, key)?).config()
+}
+
+/// The accelerator's certificate and key, replaceable while it serves: a
+/// reload reads renewed files ([`ServerCertificate::reload`]), and each
+/// handshake from then on presents them.
+#[derive(Debug)]
+pub struct ServerCertificate {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServerCertificate {
+    /// Reads a PEM certificate chain and its private key.
+    ///
+    /// # Errors
+    /// Unreadable files, or a key that is not the certificate's.
+    pub fn load(cert: &Path, key: &Path) -> Result<ServerCertificate, TlsError> {
+        Ok(ServerCertificate {
+            current: RwLock::new(Arc::new(certified_key(cert, key)?)),
+        })
+    }
+
+    /// Reads the files again; on an error the certificate in use stays.
+    ///
+    /// # Errors
+    /// As [`ServerCertificate::load`].
+    pub fn reload(&self, cert: &Path, key: &Path) -> Result<(), TlsError> {
+        let renewed = Arc::new(certified_key(cert, key)?);
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = renewed;
+        Ok(())
+    }
+
+    /// A server configuration presenting this certificate, with ALPN.
+    ///
+    /// # Errors
+    /// rustls refusing the protocol versions (never with its defaults).
+    pub fn config(self: Arc<Self>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(self);
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(config))
+    }
+}
+
+impl ResolvesServerCert for ServerCertificate {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
+    }
+}
+
+fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     let chain = certificates(cert)?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| pem_error(key, e))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
-    Ok(Arc::new(config))
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| pem_error(key, e))?;
+    CertifiedKey::from_der(chain, key_der, &provider()).map_err(|e| pem_error(key, e))
 }
 
 /// The client proxy's TLS configuration: trusting the certificates of
