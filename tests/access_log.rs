@@ -4,7 +4,8 @@
 //! request took (a miss, a delta, a hit, a pass-through, a refusal); the
 //! request id the client proxy gives a request is the one the
 //! accelerator logs; the bytes a delta saved agree on both sides; and
-//! SIGUSR1 reopens the file after logrotate moved it.
+//! SIGUSR1 reopens the file after logrotate moved it. A CONNECT tunnel is
+//! logged when it ends, with its bytes each way.
 
 mod support;
 
@@ -248,4 +249,56 @@ async fn logfmt_lines_go_to_stderr_by_default() {
         assert!(line.contains(field), "{field} in {line}");
     }
     assert!(!line.contains('\u{1b}'), "no colour into a pipe: {line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_is_logged_when_it_ends_with_its_bytes_each_way() {
+    let origin =
+        origin(|_, _| async { Response::new(Full::new(Bytes::from_static(b"inside"))) }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("client.log");
+    let client = Running::start(&[
+        "client",
+        "--listen",
+        "127.0.0.1:0",
+        "--cache",
+        dir.path().join("cache").to_str().unwrap(),
+        "--connect-ports",
+        &origin.addr.port().to_string(),
+        "--connect-allow-addresses",
+        "127.0.0.0/8",
+        "--access-log",
+        log.to_str().unwrap(),
+        "--log-format",
+        "json",
+    ]);
+    let mut stream = TcpStream::connect(client.address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let target = origin.addr;
+    write!(
+        stream,
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"
+    )
+    .unwrap();
+    let inner = format!("GET / HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+    stream.write_all(inner.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    assert!(
+        answer.ends_with(b"inside"),
+        "the origin's answer came through"
+    );
+    drop(stream);
+
+    let line = &lines(&log, 1)[0];
+    assert_eq!(keys(line), sorted(KEYS), "{line}");
+    assert_eq!(line["method"], "CONNECT", "{line}");
+    assert_eq!(line["coding"], "tunnel", "{line}");
+    assert_eq!(line["to_upstream"], inner.len(), "{line}");
+    let down = line["from_upstream"].as_u64().unwrap();
+    assert!(down > "inside".len() as u64, "{line}");
+    assert_eq!(line["to_downstream"], down, "{line}");
 }

@@ -260,11 +260,6 @@ impl Note {
         self.edit(|line| line.user = Some(user.to_owned()));
     }
 
-    /// The cache's outcome, when the answer carries no `Cache-Status`.
-    pub fn cache(&self, outcome: &str) {
-        self.edit(|line| line.cache = Some(outcome.to_owned()));
-    }
-
     /// How the body crossed the upstream link (`hsync`, `identity`,
     /// `tunnel`), and the basis a delta was made against.
     pub fn coding(&self, coding: &'static str, basis: Option<String>) {
@@ -286,19 +281,26 @@ impl Note {
         self.edit(|line| line.to_upstream = Some(line.to_upstream.unwrap_or(0) + bytes));
     }
 
+    /// A CONNECT tunnel that ended: `up` bytes went from the user agent to
+    /// the target, `down` back; its time is the tunnel's.
+    pub fn tunnelled(&self, up: u64, down: u64) {
+        let ms = self.ms();
+        self.edit(|line| {
+            line.coding = Some("tunnel");
+            (line.from_downstream, line.to_upstream) = (Some(up), Some(up));
+            (line.from_upstream, line.to_downstream) = (Some(down), Some(down));
+            line.ms = ms;
+        });
+    }
+
+    /// Milliseconds since the request arrived, to the microsecond.
+    fn ms(&self) -> f64 {
+        (self.0.started.elapsed().as_secs_f64() * 1e6).round() / 1e3
+    }
+
     /// A coded body: `body_bytes` of it took `link_bytes` on the link.
     pub fn coded(&self, body_bytes: u64, link_bytes: u64) {
         self.edit(|line| line.saved = Some(body_bytes.saturating_sub(link_bytes)));
-    }
-
-    /// The request's id.
-    pub fn id(&self) -> String {
-        self.0
-            .line
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .id
-            .clone()
     }
 }
 
@@ -320,11 +322,6 @@ impl<H: Handler> Logged<H> {
     /// The role inside.
     pub fn role(&self) -> &H {
         &self.role
-    }
-
-    /// The log it writes to.
-    pub fn access_log(&self) -> &Arc<AccessLog> {
-        &self.log
     }
 
     async fn serve(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
@@ -363,10 +360,11 @@ impl<H: Handler> Logged<H> {
             }
         });
         let body = counted(body, move |bytes, complete| {
+            let ms = note.ms();
             note.edit(|line| {
                 line.to_downstream = Some(bytes);
                 line.complete = complete;
-                line.ms = (note.0.started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+                line.ms = ms;
             });
         });
         Response::from_parts(parts, body)

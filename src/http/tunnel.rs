@@ -27,6 +27,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use super::access_log::Note;
 use super::dial::{AddressRefused, Transport};
 use super::error::ProxyError;
 use super::server::KeepConnection;
@@ -144,6 +145,8 @@ impl Opened {
 pub struct Upgrade {
     on: OnUpgrade,
     keep: Option<KeepConnection>,
+    /// The request's access log line, written once the tunnel ends.
+    note: Option<Note>,
 }
 
 impl Upgrade {
@@ -152,6 +155,7 @@ impl Upgrade {
     pub fn take<B>(request: &mut Request<B>) -> Upgrade {
         Upgrade {
             keep: request.extensions_mut().remove::<KeepConnection>(),
+            note: request.extensions().get::<Note>().cloned(),
             on: hyper::upgrade::on(request),
         }
     }
@@ -188,6 +192,9 @@ pub fn relay_upgraded<T>(
         let ended = relay.run(user_agent, target).await;
         let (up, down) = relay.bytes();
         at_end(up, down);
+        if let Some(note) = upgrade.note {
+            note.tunnelled(up, down);
+        }
         log_end(&opened, up, down, started, &ended);
     });
 }
