@@ -14,7 +14,7 @@ use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
 use crate::accelerator::Accelerator;
 use crate::config::units::{Size, parse_duration};
-use crate::config::{self, AcceleratorSettings, override_with_flags};
+use crate::config::{self, AcceleratorSettings, AdminListen, override_with_flags};
 use crate::http::auth::AuthGate;
 use crate::http::inetd::Stdio;
 
@@ -29,6 +29,12 @@ pub struct AcceleratorArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Address of the admin listener: Prometheus metrics at /metrics and
+    /// a status page at /, aggregates only; "off" turns it off. Beyond
+    /// loopback it needs --auth-file (its users log in with Basic
+    /// authentication). Not started under --inetd.
+    #[arg(long, value_name = "ADDR|off")]
+    pub admin_listen: Option<AdminListen>,
     /// The origin web server, `http://host[:port]` or `https://host[:port]`,
     /// for requests naming any host (the one-site shorthand; `[[site]]`
     /// tables in the config file name several sites). Default:
@@ -191,7 +197,7 @@ impl AcceleratorArgs {
             None => AcceleratorSettings::default(),
         };
         override_with_flags!(settings, self;
-            plain: listen, max_encode_len, level, bulk_level, max_signature,
+            plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
                 max_stored_body, slots, queue_max, queue_hold_grace;
             optional: origin, via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key;

@@ -16,7 +16,7 @@ use super::serving::{serve_listener, serve_one, take_stdio};
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
-use crate::config::{self, ClientSettings, override_with_flags};
+use crate::config::{self, AdminListen, ClientSettings, override_with_flags};
 use crate::http::auth::AuthGate;
 use crate::http::inetd::Stdio;
 
@@ -34,6 +34,12 @@ pub struct ClientArgs {
     /// (`curl -x`, `http_proxy=`), or as the site itself (gateway).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Address of the admin listener: Prometheus metrics at /metrics and
+    /// a status page at /, aggregates only; "off" turns it off. Beyond
+    /// loopback it needs --auth-file (its users log in with Basic
+    /// authentication). Not started under --inetd.
+    #[arg(long, value_name = "ADDR|off")]
+    pub admin_listen: Option<AdminListen>,
     /// The upstream, `http://host[:port]` or `https://host[:port]`: the
     /// accelerator (any HTTP server works too; then this is an ordinary
     /// caching proxy). Over https, HTTP/2 when the upstream offers it.
@@ -192,7 +198,7 @@ impl ClientArgs {
             None => ClientSettings::default(),
         };
         override_with_flags!(settings, self;
-            plain: listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
+            plain: listen, admin_listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
                 signature_bytes,
                 max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
                 queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses;

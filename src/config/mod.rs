@@ -16,7 +16,7 @@
 //! one).
 //!
 //! Main items: [`AcceleratorSettings`], [`ClientSettings`],
-//! [`LimitSettings`], [`AuthSettings`], [`Role`], [`load`],
+//! [`LimitSettings`], [`AuthSettings`], [`AdminListen`], [`Role`], [`load`],
 //! [`UsageError`].
 
 mod accelerator;
@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 
 pub use accelerator::AcceleratorSettings;
 pub use client::{ClientSettings, UPSTREAM_PASSWORD_ENV};
-pub use shared::{AuthSettings, LimitSettings};
+pub use shared::{AdminListen, AuthSettings, LimitSettings};
 pub use units::Size;
 
 /// A bad flag or configuration: the process exits with 64.
