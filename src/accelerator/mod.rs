@@ -68,7 +68,7 @@ pub use config::{
     AcceleratorConfig, ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
     TrustedForwarders,
 };
-pub use stats::{STATS_PATH, Stats};
+pub use stats::{STATS_PATH, Stats, StatsSnapshot};
 
 use std::sync::Arc;
 
@@ -121,6 +121,11 @@ impl Accelerator {
             config,
             sites,
         })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// The upload slots, when there are any.
@@ -237,7 +242,9 @@ impl Accelerator {
                 if let Some(check) = framing {
                     body = upstream_guard::checked_at_end(body, check);
                 }
+                let stats = self.stats.clone();
                 let body = counted(body, move |bytes, complete| {
+                    Stats::add(&stats.passed_bytes, bytes);
                     tracing::info!(%method, %uri, status, mode = "pass", bytes, complete, "request");
                 });
                 Response::from_parts(parts, body)

@@ -199,6 +199,7 @@ impl ClientProxy {
         )?;
         let stats = Arc::new(ClientStats {
             cache_write_errors: store.write_errors(),
+            cache: Some(store.clone()),
             ..ClientStats::default()
         });
         let memory = TransferMemory::new(config.transfer_memory);

@@ -132,6 +132,16 @@ struct Inner {
     disk: DiskHealth,
 }
 
+/// Names the store by its root; the index is too large to print.
+impl std::fmt::Debug for CacheStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStore")
+            .field("root", &self.inner.root)
+            .field("budget", &self.inner.budget)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CacheStore {
     /// The index summary of `key`'s entry, without touching the disk or the
     /// LRU order.
@@ -224,6 +234,11 @@ impl CacheStore {
     pub fn used_bytes(&self) -> u64 {
         let st = self.inner.lock();
         st.committed + st.reserved
+    }
+
+    /// Entries evicted to make room since the store was opened.
+    pub fn evictions(&self) -> u64 {
+        self.inner.lock().evictions
     }
 
     /// The size budget in bytes.
