@@ -231,6 +231,12 @@ impl ClientProxy {
         &self.stats
     }
 
+    /// What `GET /.rproxy/stats` answers: the counters and the first
+    /// waits in the upstream's queue, as JSON.
+    pub fn stats_json(&self) -> String {
+        self.stats.to_json(&self.waits.views(MAX_LISTED_WAITS))
+    }
+
     /// The cache.
     pub fn store(&self) -> &CacheStore {
         &self.store
@@ -261,8 +267,7 @@ impl ClientProxy {
             && request.uri().authority().is_none()
             && request.uri().path() == STATS_PATH
         {
-            let waiting = self.waits.views(MAX_LISTED_WAITS);
-            let mut response = Response::new(full(self.stats.to_json(&waiting)));
+            let mut response = Response::new(full(self.stats_json()));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

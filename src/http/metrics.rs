@@ -40,7 +40,7 @@ struct LatencyCounts {
 }
 
 /// A [`Latency`] at one moment.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LatencySnapshot {
     /// `(upper bound in seconds, answers in that bucket alone)`.
     pub buckets: Vec<(f64, u64)>,
