@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::UsageError;
+use super::admin::{AdminListener, accelerator_summary, shown};
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
@@ -244,13 +245,20 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         }
         return serve_one(stdio, accelerator, limits);
     }
+    let admin = AdminListener::bind(
+        settings.admin_address()?,
+        accelerator.shared_role(),
+        accelerator_summary(&settings),
+        accelerator.shared_authenticator(),
+    )?;
     serve_listener(
         settings.listen,
         accelerator,
         limits,
         tls.clone(),
         |address, accelerator| {
-            tracing::info!(listen = %address, sites = %settings.describe_sites(), tls = tls.is_some(), "accelerator ready");
+            let admin = admin.and_then(|admin| admin.spawn(address));
+            tracing::info!(listen = %address, admin = %shown(admin), sites = %settings.describe_sites(), tls = tls.is_some(), "accelerator ready");
             if let Some(slots) = accelerator.role().slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }

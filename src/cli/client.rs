@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::UsageError;
+use super::admin::{AdminListener, client_summary, shown};
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::serving::{serve_listener, serve_one, take_stdio};
@@ -245,8 +246,15 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     if let Some(stdio) = stdio {
         return serve_one(stdio, proxy, limits);
     }
+    let admin = AdminListener::bind(
+        settings.admin_address()?,
+        proxy.shared_role(),
+        client_summary(&settings),
+        proxy.shared_authenticator(),
+    )?;
     serve_listener(settings.listen, proxy, limits, None, |address, proxy| {
-        tracing::info!(listen = %address, routes = %settings.describe_routes(), cache = %settings.cache.display(), "client proxy ready");
+        let admin = admin.and_then(|admin| admin.spawn(address));
+        tracing::info!(listen = %address, admin = %shown(admin), routes = %settings.describe_routes(), cache = %settings.cache.display(), "client proxy ready");
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {
