@@ -68,7 +68,7 @@ pub use config::{
     AcceleratorConfig, ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
     TrustedForwarders,
 };
-pub use stats::{STATS_PATH, Stats, StatsSnapshot};
+pub use stats::{STATS_PATH, Stats, StatsSnapshot, Timings};
 
 use std::sync::Arc;
 

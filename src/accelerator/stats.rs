@@ -99,17 +99,27 @@ pub struct StatsSnapshot {
     /// `delivered_bytes - link_bytes`: what coding saved on the link.
     #[serde(default)]
     pub saved_bytes: i64,
-    /// Milliseconds encoders spent coding on blocking threads.
-    #[serde(default)]
-    pub encode_busy_ms: u64,
-    /// Milliseconds codings waited for an encoder's turn.
-    #[serde(default)]
-    pub encoder_wait_ms: u64,
     /// Response heads received from origins.
     #[serde(default)]
     pub upstream_responses: u64,
-    /// Milliseconds those took together, from sending the request.
-    #[serde(default)]
+    /// The times below: on the admin listener only (see [`Timings`]).
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+}
+
+/// What the accelerator's work took. Left out of the public
+/// `/.rproxy/stats` (D-B3): coding against a held basis takes another
+/// time than coding from scratch, and a counter anyone can read before
+/// and after a guess must not tell which it was; the admin listener, on
+/// loopback or behind the role's users, shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Timings {
+    /// Milliseconds encoders spent coding on blocking threads.
+    pub encode_busy_ms: u64,
+    /// Milliseconds codings waited for an encoder's turn.
+    pub encoder_wait_ms: u64,
+    /// Milliseconds origins took to answer, from sending the request to
+    /// the response head, together.
     pub upstream_response_ms: u64,
 }
 
@@ -151,10 +161,12 @@ impl Stats {
             link_bytes,
             delivered_bytes,
             saved_bytes: saved_bytes(delivered_bytes, link_bytes),
-            encode_busy_ms: get(&self.encode_busy_nanos) / 1_000_000,
-            encoder_wait_ms: get(&self.encoder_wait_nanos) / 1_000_000,
             upstream_responses: latency.count,
-            upstream_response_ms: millis(latency.sum),
+            timings: Some(Timings {
+                encode_busy_ms: get(&self.encode_busy_nanos) / 1_000_000,
+                encoder_wait_ms: get(&self.encoder_wait_nanos) / 1_000_000,
+                upstream_response_ms: millis(latency.sum),
+            }),
         }
     }
 
@@ -163,8 +175,18 @@ impl Stats {
         &self.origin_latency
     }
 
-    /// The counters as a JSON object.
+    /// The counters as a JSON object, as anyone who reaches the
+    /// accelerator may read them: without the [`Timings`].
     pub fn to_json(&self) -> String {
+        let public = StatsSnapshot {
+            timings: None,
+            ..self.snapshot()
+        };
+        serde_json::to_string(&public).expect("integers serialise") + "\n"
+    }
+
+    /// The counters with the [`Timings`], for the admin listener.
+    pub fn to_admin_json(&self) -> String {
         serde_json::to_string(&self.snapshot()).expect("integers serialise") + "\n"
     }
 }

@@ -246,6 +246,7 @@ impl Source for ClientProxy {
 impl Source for Accelerator {
     fn figures(&self) -> Figures {
         let stats = self.stats().snapshot();
+        let timings = stats.timings.unwrap_or_default();
         Figures {
             role: Role::Accelerator,
             requests: stats.requests,
@@ -270,9 +271,9 @@ impl Source for Accelerator {
             queue_answers: stats.queued,
             encoder_waits: Some((
                 stats.encoder_waits,
-                Duration::from_millis(stats.encoder_wait_ms),
+                Duration::from_millis(timings.encoder_wait_ms),
             )),
-            encoder_busy: Some(Duration::from_millis(stats.encode_busy_ms)),
+            encoder_busy: Some(Duration::from_millis(timings.encode_busy_ms)),
             decoder_busy: None,
             upstream_errors: None,
             upstream_latency: self.stats().origin_latency().snapshot(),
@@ -282,6 +283,6 @@ impl Source for Accelerator {
     }
 
     fn stats_json(&self) -> String {
-        self.stats().to_json()
+        self.stats().to_admin_json()
     }
 }

@@ -213,9 +213,15 @@ impl AdminListen {
         if inetd {
             return Ok(None);
         }
-        if address == listen && address.port() != 0 {
+        // The same port on the same address, or on every address (0.0.0.0
+        // takes the port on loopback too): the second bind would fail, and
+        // name the proxy's listener, since the admin listener binds first.
+        let overlaps = address.ip() == listen.ip()
+            || address.ip().is_unspecified()
+            || listen.ip().is_unspecified();
+        if address.port() == listen.port() && address.port() != 0 && overlaps {
             return Err(UsageError(format!(
-                "--admin-listen {address}: that is the proxy's --listen address, and one socket \
+                "--admin-listen {address}: that is the proxy's --listen {listen}, and one socket \
                  cannot serve both; give the admin listener another port, or \"{ADMIN_OFF}\""
             )));
         }
@@ -291,6 +297,13 @@ mod tests {
         );
         let same = at("127.0.0.1:8082").address(listen, &none, false);
         assert!(same.unwrap_err().0.contains("one socket"));
+        let everywhere: std::net::SocketAddr = "0.0.0.0:9082".parse().unwrap();
+        let under = at("127.0.0.1:9082").address(everywhere, &none, false);
+        assert!(
+            under.unwrap_err().0.contains("one socket"),
+            "0.0.0.0 has it too"
+        );
+        assert!(at("127.0.0.2:8082").address(listen, &none, false).is_ok());
         let public = at("0.0.0.0:9082").address(listen, &none, false);
         assert!(public.unwrap_err().0.contains("--auth-file"));
         let users = AuthSettings {
