@@ -254,16 +254,21 @@ fn requests(page: &mut String, figures: &Figures) {
         "<h2>Requests</h2><p><span class=\"big\">{}</span> received</p>",
         figures.requests
     );
-    // The split of what was served: hits, misses and passes do not
-    // overlap (deltas are misses, revalidations hits).
-    let served = [(0usize, "hit"), (1, "miss"), (4, "pass")];
-    let total: u64 = served.iter().map(|(i, _)| rows[*i].1).sum();
+    // The split of what was served, by outcomes that do not overlap:
+    // hits, misses and passes (deltas are misses, revalidations hits) at
+    // a client proxy; coded and passed at an accelerator, which has only
+    // those two.
+    let (served, shown): (&[usize], &[usize]) = match figures.role {
+        Role::Client => (&[0, 1, 4], &[0, 1, 2, 3, 4, 5]),
+        Role::Accelerator => (&[2, 4], &[2, 4]),
+    };
+    let total: u64 = served.iter().map(|i| rows[*i].1).sum();
     if total > 0 {
         let mut x = 0.0;
         page.push_str(
             "<svg width=\"720\" height=\"16\" role=\"img\" aria-label=\"hit, miss and pass split\">",
         );
-        for (i, _) in served {
+        for &i in served {
             let w = rows[i].1 as f64 / total as f64 * 720.0;
             let _ = write!(
                 page,
@@ -275,7 +280,8 @@ fn requests(page: &mut String, figures: &Figures) {
         page.push_str("</svg>");
     }
     page.push_str("<table><tr>");
-    for (i, (label, count)) in rows.iter().enumerate() {
+    for (n, &i) in shown.iter().enumerate() {
+        let (label, count) = &rows[i];
         let _ = write!(
             page,
             "<td class=\"key\"><span style=\"background:{}\"></span>{label}</td>\
@@ -283,7 +289,7 @@ fn requests(page: &mut String, figures: &Figures) {
             COLOURS[i],
             percent(*count, figures.requests),
         );
-        if i % 3 == 2 {
+        if n % 3 == 2 {
             page.push_str("</tr><tr>");
         }
     }
@@ -565,6 +571,39 @@ mod tests {
         assert!(page.contains("http://accel&lt;x&gt;"), "escaped: {page}");
         assert!(!page.contains("<script"), "no script");
         assert!(page.contains("<rect x="), "a bar for the one step: {page}");
+    }
+
+    #[test]
+    fn the_accelerators_page_shows_only_what_it_counts() {
+        let accelerator = Figures {
+            role: Role::Accelerator,
+            cache: None,
+            basis: None,
+            digest_failures: None,
+            decoder_busy: None,
+            upstream_errors: None,
+            encoder_waits: Some((2, Duration::from_millis(1500))),
+            encoder_busy: Some(Duration::from_secs(3)),
+            ..figures()
+        };
+        let summary = Summary {
+            role: Role::Accelerator,
+            ..summary()
+        };
+        let at = "127.0.0.1:9081".parse().unwrap();
+        let page = render(&summary, at, &accelerator, &History::default(), 5, 0);
+        assert!(page.contains("rproxy accelerator"), "{page}");
+        assert!(page.contains("id=\"outcome-delta\">1<"), "{page}");
+        assert!(
+            !page.contains("outcome-hit"),
+            "an accelerator has no hits: {page}"
+        );
+        assert!(!page.contains("<h2>Cache"), "nor a cache: {page}");
+        assert!(
+            page.contains("waited for an encoder: 2 (1.5 s together)"),
+            "{page}"
+        );
+        assert!(page.contains("<h2>Origins"), "{page}");
     }
 
     #[test]
