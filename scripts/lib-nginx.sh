@@ -241,7 +241,7 @@ lab_start_pair() {
     accel_port=$(lab_free_port)
     lab_accel_url=http://127.0.0.1:$accel_port
     RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" accelerator \
-        --listen "127.0.0.1:$accel_port" --origin "$lab_nginx_url" "${accel_args[@]}" \
+        --listen "127.0.0.1:$accel_port" --admin-listen 127.0.0.1:0 --origin "$lab_nginx_url" "${accel_args[@]}" \
         >"$lab_tmp/logs/accelerator.log" 2>&1 &
     lab_accel_pid=$!
     lab_pids+=("$lab_accel_pid")
@@ -253,7 +253,7 @@ lab_start_pair() {
     lab_proxy=$lab_client_url
     mkdir -p "$lab_tmp/cache"
     RUST_LOG=${RUST_LOG:-warn} "$@" "$lab_rproxy" client \
-        --listen "127.0.0.1:$client_port" --upstream "$lab_accel_url" \
+        --listen "127.0.0.1:$client_port" --admin-listen 127.0.0.1:0 --upstream "$lab_accel_url" \
         --cache "$lab_tmp/cache" --cache-size "${CACHE_SIZE:-2G}" \
         >"$lab_tmp/logs/client.log" 2>&1 &
     lab_client_pid=$!
@@ -266,7 +266,9 @@ lab_start_pair() {
 # answers. Sets lab_started_pid.
 lab_start_rproxy() {
     local name=$1 role=$2 config=$3 url=$4
-    RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" "$role" --config "$config" \
+    # The admin listener on a port of its own choosing: five proxies share
+    # this machine, and the default ports are one per role.
+    RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" "$role" --config "$config" --admin-listen 127.0.0.1:0 \
         >"$lab_tmp/logs/$name.log" 2>&1 &
     lab_started_pid=$!
     lab_pids+=("$lab_started_pid")

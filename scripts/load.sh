@@ -102,7 +102,7 @@ start_client() {
     c_port=$(lab_free_port)
     mkdir -p "$lab_tmp/cache-$name"
     RUST_LOG=${RUST_LOG:-warn} "${proxy_pin[@]}" "$lab_rproxy" client \
-        --listen "127.0.0.1:$c_port" --upstream "$lab_nginx_url" \
+        --listen "127.0.0.1:$c_port" --admin-listen 127.0.0.1:0 --upstream "$lab_nginx_url" \
         --cache "$lab_tmp/cache-$name" --header-read-timeout "$timeout" \
         >"$lab_tmp/logs/client-$name.log" 2>&1 &
     c_pid=$!

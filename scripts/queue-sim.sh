@@ -89,7 +89,7 @@ lab_wait_http "http://127.0.0.1:$origin_port/quick" "$origin_pid" "slow origin"
 
 accel_port=$(lab_free_port)
 RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" accelerator \
-    --listen "127.0.0.1:$accel_port" --origin "http://127.0.0.1:$origin_port" \
+    --listen "127.0.0.1:$accel_port" --admin-listen 127.0.0.1:0 --origin "http://127.0.0.1:$origin_port" \
     --slots 8 --queue-max 2000 \
     >"$lab_tmp/logs/accelerator.log" 2>&1 &
 accel_pid=$!

@@ -265,7 +265,7 @@ if ((run_h2)); then
     h2_accel_port=$(lab_free_port)
     read -r -a accel_args <<<"${ACCEL_ARGS:-}"
     RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" accelerator \
-        --listen "127.0.0.1:$h2_accel_port" --origin "$lab_nginx_url" \
+        --listen "127.0.0.1:$h2_accel_port" --admin-listen 127.0.0.1:0 --origin "$lab_nginx_url" \
         --tls-cert "$cert" --tls-key "$key" "${accel_args[@]}" \
         >"$lab_tmp/logs/accelerator-h2.log" 2>&1 &
     h2_accel_pid=$!

@@ -26,6 +26,7 @@
 //! - [`client_proxy`]: the role near users: serves from the cache, routes
 //!   each host upstream or direct, offers a basis, rebuilds, verifies and
 //!   stores; tunnels CONNECT; codes for client proxies behind it.
+//! - [`admin`]: the admin listener: Prometheus metrics, a status page.
 //! - [`config`]: each role's settings (TOML file and flags, one unit syntax).
 //! - [`cli`]: the `rproxy` subcommands over the above.
 //! - [`demo`]: `rproxy demo` and its static origin.
@@ -36,6 +37,7 @@
 #![warn(missing_docs)]
 
 pub mod accelerator;
+pub mod admin;
 pub mod cache;
 pub mod cli;
 pub mod client_proxy;

@@ -1097,10 +1097,24 @@ async fn d_b3_no_stats_counter_tells_a_held_basis() {
     assert_eq!((miss[5], hit[5]), (2, 3));
     let mut on_miss = moved(&before, &after_miss);
     let mut on_hit = moved(&after_miss, &after_hit);
-    let stream_bytes = |moved: &mut HashMap<String, i64>| moved.remove("coded_stream_bytes");
+    // The stream bytes, and what adds them up (the bytes on the link,
+    // and what was saved: the body's bytes less the stream's).
+    let stream_bytes = |moved: &mut HashMap<String, i64>| {
+        let stream = moved.remove("coded_stream_bytes");
+        assert_eq!(moved.remove("link_bytes"), stream);
+        let body = moved["coded_body_bytes"];
+        assert_eq!(moved.remove("saved_bytes"), stream.map(|s| body - s));
+        stream
+    };
     assert_eq!(stream_bytes(&mut on_miss), Some(miss.len() as i64));
     assert_eq!(stream_bytes(&mut on_hit), Some(hit.len() as i64));
     assert_eq!(on_hit, on_miss, "a counter moved with the held basis");
+    for timing in ["encode_busy_ms", "encoder_wait_ms", "upstream_response_ms"] {
+        assert!(
+            !after_hit.as_object().unwrap().contains_key(timing),
+            "{timing}"
+        );
+    }
 }
 
 /// D-B3: an operator who opts in (`--basis-store-private`) gets the old

@@ -572,7 +572,8 @@ async fn a_10_a_burst_of_1000_from_many_addresses_adds_at_most_128_mib_to_the_pr
     file.set("alice", "wonderland").unwrap();
     file.save(&users).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
-        .args(["client", "--listen", "127.0.0.1:0", "--auth-file"])
+        .args(["client", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .arg("--auth-file")
         .arg(&users)
         .arg("--cache")
         .arg(dir.path().join("cache"))

@@ -83,6 +83,7 @@ impl ClientProcess {
     fn start(upstream: SocketAddr, cache: &Path) -> ClientProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
             .args(["client", "--listen", "127.0.0.1:0", "--memory-cache", "0"])
+            .args(["--admin-listen", "off"])
             .arg("--upstream")
             .arg(format!("http://{upstream}"))
             .arg("--cache")

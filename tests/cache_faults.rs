@@ -349,7 +349,7 @@ impl ClientProcess {
         rust_log: &str,
     ) -> ClientProcess {
         command
-            .args(["client", "--listen", "127.0.0.1:0"])
+            .args(["client", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
             .arg("--upstream")
             .arg(format!("http://{upstream}"))
             .arg("--cache")

@@ -13,9 +13,9 @@ fn check(args: &[&str]) -> Output {
 
 #[test]
 fn each_example_file_checks_and_prints_its_settings() {
-    for (role, file) in [
-        ("accelerator", "examples/accelerator.toml"),
-        ("client", "examples/client.toml"),
+    for (role, file, admin) in [
+        ("accelerator", "examples/accelerator.toml", "127.0.0.1:9081"),
+        ("client", "examples/client.toml", "127.0.0.1:9082"),
     ] {
         let output = check(&["--config", file]);
         let stdout = String::from_utf8(output.stdout).unwrap();
@@ -30,6 +30,8 @@ fn each_example_file_checks_and_prints_its_settings() {
         );
         assert!(stdout.contains("max-signature = \"24K\"\n"), "{stdout}");
         assert!(stdout.contains("idle-timeout = \"1m\"\n"), "{stdout}");
+        let admin = format!("admin-listen = \"{admin}\"\n");
+        assert!(stdout.contains(&admin), "{stdout}");
     }
 }
 

@@ -74,6 +74,8 @@ fn start_accelerator_with(origin: SocketAddr, more: &[&str]) -> (Child, SocketAd
             "accelerator",
             "--listen",
             "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
             "--origin",
             &format!("http://{origin}"),
             "--drain-timeout",

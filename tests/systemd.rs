@@ -192,6 +192,8 @@ fn a_listening_socket_passed_by_systemd_is_served() {
             &address.to_string(),
             "--access-log",
             "off",
+            "--admin-listen",
+            "off",
         ])
         .stderr(Stdio::piped());
     // SAFETY: between fork and exec only dup2, which is async-signal-safe.

@@ -68,7 +68,7 @@ pub use config::{
     AcceleratorConfig, ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
     TrustedForwarders,
 };
-pub use stats::{STATS_PATH, Stats};
+pub use stats::{STATS_PATH, Stats, StatsSnapshot, Timings};
 
 use std::sync::Arc;
 
@@ -138,6 +138,11 @@ impl Accelerator {
             slots: self.slots.clone(),
             config,
         })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// The upload slots, when there are any.
@@ -261,7 +266,9 @@ impl Accelerator {
                 if let Some(note) = &note {
                     note.coding("identity", None);
                 }
+                let stats = self.stats.clone();
                 let body = counted(body, move |bytes, complete| {
+                    Stats::add(&stats.passed_bytes, bytes);
                     tracing::debug!(%method, %uri, status, mode = "pass", bytes, complete, "passed");
                     if let Some(note) = note {
                         note.from_upstream(bytes);

@@ -98,7 +98,12 @@ impl Accelerator {
         let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
         let connection = capture_connection(&mut outbound);
         let timeout = self.config.origin_timeout;
-        let response = match tokio::time::timeout(timeout, route.client.request(outbound)).await {
+        let asked = std::time::Instant::now();
+        let answered = tokio::time::timeout(timeout, route.client.request(outbound)).await;
+        if let Ok(Ok(_)) = &answered {
+            self.stats.origin_latency.observe(asked.elapsed());
+        }
+        let response = match answered {
             Err(_) => {
                 return Err(ProxyError::upstream_timeout(format!(
                     "origin sent no response head within {timeout:?}"

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::stats::Stats;
+use crate::http::metrics::nanos;
 
 /// Turns on the CPU for encoders (see
 /// [`AcceleratorConfig::max_encoders`](super::AcceleratorConfig::max_encoders)),
@@ -48,16 +49,23 @@ impl Encoders {
             Ok(turn) => Some(turn),
             Err(_) => {
                 Stats::add(&stats.encoder_waits, 1);
+                let waited = std::time::Instant::now();
                 // Never closed, so `None` only if that changes.
-                lane.clone().acquire_owned().await.ok()
+                let turn = lane.clone().acquire_owned().await.ok();
+                Stats::add(&stats.encoder_wait_nanos, nanos(waited.elapsed()));
+                turn
             }
         };
-        tokio::task::spawn_blocking(move || {
+        let (done, took) = tokio::task::spawn_blocking(move || {
+            let began = std::time::Instant::now();
             let done = work();
+            let took = began.elapsed();
             drop(turn);
-            done
+            (done, took)
         })
         .await
-        .ok()
+        .ok()?;
+        Stats::add(&stats.encode_busy_nanos, nanos(took));
+        Some(done)
     }
 }

@@ -10,13 +10,14 @@ use std::time::Duration;
 use clap::Args;
 
 use super::UsageError;
+use super::admin::{AdminListener, Following, accelerator_summary, shown};
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::log::LogArgs;
 use super::serving::{Listening, Reload, bound_address, quiet, serve_one, take_stdio};
 use crate::accelerator::Accelerator;
 use crate::config::units::{Size, parse_duration};
-use crate::config::{self, AcceleratorSettings, override_with_flags};
+use crate::config::{self, AcceleratorSettings, AdminListen, override_with_flags};
 use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
 use crate::http::tls::ServerCertificate;
@@ -32,6 +33,12 @@ pub struct AcceleratorArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Address of the admin listener: Prometheus metrics at /metrics and
+    /// a status page at /, aggregates only; "off" turns it off. Beyond
+    /// loopback it needs --auth-file (its users log in with Basic
+    /// authentication). Not started under --inetd.
+    #[arg(long, value_name = "ADDR|off")]
+    pub admin_listen: Option<AdminListen>,
     /// The origin web server, `http://host[:port]` or `https://host[:port]`,
     /// for requests naming any host (the one-site shorthand; `[[site]]`
     /// tables in the config file name several sites). Default:
@@ -197,7 +204,7 @@ impl AcceleratorArgs {
             None => AcceleratorSettings::default(),
         };
         override_with_flags!(settings, self;
-            plain: listen, max_encode_len, level, bulk_level, max_signature,
+            plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
                 max_stored_body, slots, queue_max, queue_hold_grace;
             optional: origin, via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key;
@@ -257,6 +264,11 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         }
         return serve_one(stdio, accelerator, limits);
     };
+    let admin = AdminListener::bind(
+        settings.admin_address()?,
+        accelerator_summary(&settings),
+        accelerator.role().shared_authenticator(),
+    )?;
     let describe = settings.describe_sites().to_string();
     let reload = reload(args, settings, address, certificate);
     listening.serve(
@@ -265,8 +277,9 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         tls.clone(),
         reload,
         |address, accelerator| {
-            tracing::info!(listen = %address, sites = %describe, tls = tls.is_some(), "accelerator ready");
-            if let Some(slots) = accelerator.role().role().slots() {
+            let admin = admin.and_then(|admin| admin.spawn(address, Arc::new(Following(accelerator.clone()))));
+            tracing::info!(listen = %address, admin = %shown(admin), sites = %describe, tls = tls.is_some(), "accelerator ready");
+            if let Some(slots) = accelerator.current().role().role().slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }
         },

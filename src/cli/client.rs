@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::UsageError;
+use super::admin::{AdminListener, Following, client_summary, shown};
 use super::auth::{AuthArgs, authenticator};
 use super::limits::LimitArgs;
 use super::log::LogArgs;
@@ -18,7 +19,7 @@ use super::serving::{Listening, Reload, bound_address, quiet, serve_one, take_st
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
-use crate::config::{self, ClientSettings, override_with_flags};
+use crate::config::{self, AdminListen, ClientSettings, override_with_flags};
 use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
 
@@ -36,6 +37,12 @@ pub struct ClientArgs {
     /// (`curl -x`, `http_proxy=`), or as the site itself (gateway).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Address of the admin listener: Prometheus metrics at /metrics and
+    /// a status page at /, aggregates only; "off" turns it off. Beyond
+    /// loopback it needs --auth-file (its users log in with Basic
+    /// authentication). Not started under --inetd.
+    #[arg(long, value_name = "ADDR|off")]
+    pub admin_listen: Option<AdminListen>,
     /// The upstream, `http://host[:port]` or `https://host[:port]`: the
     /// accelerator (any HTTP server works too; then this is an ordinary
     /// caching proxy). Over https, HTTP/2 when the upstream offers it.
@@ -197,7 +204,7 @@ impl ClientArgs {
             None => ClientSettings::default(),
         };
         override_with_flags!(settings, self;
-            plain: listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
+            plain: listen, admin_listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
                 signature_bytes,
                 max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
                 queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses;
@@ -255,11 +262,18 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     let (Some(listening), None) = (listening, &stdio) else {
         return serve_one(stdio.expect("no listener: --inetd"), proxy, limits);
     };
+    let admin = AdminListener::bind(
+        settings.admin_address()?,
+        client_summary(&settings),
+        proxy.role().shared_authenticator(),
+    )?;
     let describe = settings.describe_routes().to_string();
     let cache = settings.cache.display().to_string();
     let reload = reload(args, settings, address, queue_node);
     listening.serve(proxy, limits, None, reload, |address, proxy| {
-        tracing::info!(listen = %address, routes = %describe, cache = %cache, "client proxy ready");
+        let admin = admin.and_then(|admin| admin.spawn(address, Arc::new(Following(proxy.clone()))));
+        tracing::info!(listen = %address, admin = %shown(admin), routes = %describe, cache = %cache, "client proxy ready");
+        let proxy = proxy.current();
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {

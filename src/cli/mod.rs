@@ -1,6 +1,7 @@
 //! The command line: clap definitions, one module per subcommand.
 
 pub mod accelerator;
+mod admin;
 pub mod auth;
 pub mod cache;
 pub mod check;

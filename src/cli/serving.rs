@@ -132,8 +132,8 @@ impl Listening {
     /// then drains (`limits.drain_timeout`); on SIGHUP, `reload` rebuilds
     /// the handler for the requests that come next; on SIGUSR1 the access
     /// log is reopened. `ready` runs once the signals are handled, inside
-    /// the runtime, with the address (to log, or to start the role's own
-    /// tasks).
+    /// the runtime, with the address and the role as reloads replace it
+    /// (to log, or to start the role's own tasks).
     ///
     /// # Errors
     /// A signal handler cannot be installed.
@@ -143,7 +143,7 @@ impl Listening {
         limits: ConnectionLimits,
         tls: Option<Arc<rustls::ServerConfig>>,
         reload: Reload<H>,
-        ready: impl FnOnce(SocketAddr, &H),
+        ready: impl FnOnce(SocketAddr, &Arc<Reloadable<H>>),
     ) -> anyhow::Result<()> {
         let Listening {
             runtime,
@@ -157,7 +157,7 @@ impl Listening {
             let handler = Arc::new(Reloadable::new(handler));
             reload_on_hangup(handler.clone(), reload)?;
             reopen_logs_on_usr1(handler.clone())?;
-            ready(address, &handler.current());
+            ready(address, &handler);
             systemd::ready(&format!("serving on {address}"));
             match tls {
                 Some(tls) => serve_tls(listener, handler.clone(), limits, tls, stop).await,

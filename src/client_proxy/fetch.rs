@@ -38,6 +38,7 @@ use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
 };
+use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::upstream_guard::ExchangeCheck;
 
@@ -173,7 +174,12 @@ impl ClientProxy {
         attempt: Attempt,
     ) -> Response<ProxyBody> {
         let basis = match attempt {
-            Attempt::First => self.choose_basis(&target, &key, stale.as_ref()).await,
+            Attempt::First => {
+                let basis = self.choose_basis(&target, &key, stale.as_ref()).await;
+                let basis_key = basis.as_ref().map(|basis| &basis.key);
+                self.stats.basis.count(&key, basis_key);
+                basis
+            }
             Attempt::WithoutBasis => None,
         };
         let stale_complete =
@@ -450,6 +456,7 @@ impl ClientProxy {
             },
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {
+                ClientStats::add(&stats.decode_busy_nanos, nanos(report.busy));
                 record(&stats, &log, &report);
                 drop(leader);
             },

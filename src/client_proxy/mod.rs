@@ -200,6 +200,7 @@ impl ClientProxy {
         )?;
         let stats = Arc::new(ClientStats {
             cache_write_errors: store.write_errors(),
+            cache: Some(store.clone()),
             ..ClientStats::default()
         });
         let mut proxy = ClientProxy {
@@ -278,6 +279,12 @@ impl ClientProxy {
         &self.stats
     }
 
+    /// What `GET /.rproxy/stats` answers: the counters and the first
+    /// waits in the upstream's queue, as JSON.
+    pub fn stats_json(&self) -> String {
+        self.stats.to_json(&self.waits.views(MAX_LISTED_WAITS))
+    }
+
     /// The cache.
     pub fn store(&self) -> &CacheStore {
         &self.store
@@ -308,8 +315,7 @@ impl ClientProxy {
             && request.uri().authority().is_none()
             && request.uri().path() == STATS_PATH
         {
-            let waiting = self.waits.views(MAX_LISTED_WAITS);
-            let mut response = Response::new(full(self.stats.to_json(&waiting)));
+            let mut response = Response::new(full(self.stats_json()));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

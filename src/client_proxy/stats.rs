@@ -12,8 +12,10 @@ use http::StatusCode;
 use http::header::HeaderValue;
 
 use super::transfer::Report;
+use crate::cache::CacheStore;
 use crate::http::access_log::Note;
 use crate::http::error::{Fault, Refusals};
+use crate::http::metrics::{Latency, millis, saved_bytes};
 
 /// The path where the proxy answers with its counters as JSON.
 pub const STATS_PATH: &str = "/.rproxy/stats";
@@ -65,6 +67,44 @@ pub struct ClientStats {
     pub(super) refusals: Refusals,
     /// The cache store's own counter.
     pub(super) cache_write_errors: Arc<AtomicU64>,
+    /// The cache, for its entries, bytes and evictions (none in tests
+    /// that count without one).
+    pub(super) cache: Option<CacheStore>,
+    /// Which basis each fetch upstream offered.
+    pub(super) basis: BasisChoices,
+    /// Time relays spent on the bytes on blocking threads (decoding,
+    /// hashing, writing the cache), in nanoseconds.
+    pub(super) decode_busy_nanos: AtomicU64,
+    /// Time from a request sent upstream to its response head.
+    pub(super) upstream_latency: Latency,
+}
+
+/// What kind of basis a fetch upstream offered: the URL's own entry,
+/// another release of the same file (same name elsewhere), an entry
+/// sharing a prefix, or none.
+#[derive(Debug, Default)]
+pub(super) struct BasisChoices {
+    pub(super) same_url: AtomicU64,
+    pub(super) same_name: AtomicU64,
+    pub(super) prefix: AtomicU64,
+    pub(super) none: AtomicU64,
+}
+
+impl BasisChoices {
+    /// Counts the basis offered for `url`: `basis` names its entry, if any.
+    pub(super) fn count(
+        &self,
+        url: &crate::cache::CacheKey,
+        basis: Option<&crate::cache::CacheKey>,
+    ) {
+        let counter = match basis {
+            None => &self.none,
+            Some(basis) if basis == url => &self.same_url,
+            Some(basis) if basis.file_name() == url.file_name() => &self.same_name,
+            Some(_) => &self.prefix,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// The counters at one moment.
@@ -136,6 +176,51 @@ pub struct StatsSnapshot {
     /// File-system errors while storing (a full disk, say): those
     /// responses were served but not stored.
     pub cache_write_errors: u64,
+    /// Bytes on the hsync link: bodies from upstream as they came, and
+    /// basis signatures sent (`upstream_bytes + signature_bytes`).
+    #[serde(default)]
+    pub link_bytes: u64,
+    /// Bytes delivered to user agents (`downstream_bytes`).
+    #[serde(default)]
+    pub delivered_bytes: u64,
+    /// `delivered_bytes - link_bytes`: what the cache and the deltas
+    /// saved (negative while signatures cost more than they save).
+    #[serde(default)]
+    pub saved_bytes: i64,
+    /// Entries in the cache now.
+    #[serde(default)]
+    pub cache_entries: u64,
+    /// Bytes the cache takes now (whole 4 KiB blocks, as `du` counts).
+    #[serde(default)]
+    pub cache_bytes: u64,
+    /// The cache's budget (`--cache-size`).
+    #[serde(default)]
+    pub cache_budget: u64,
+    /// Entries evicted to make room.
+    #[serde(default)]
+    pub cache_evictions: u64,
+    /// Fetches that offered the URL's own entry as the basis.
+    #[serde(default)]
+    pub basis_same_url: u64,
+    /// Fetches that offered another release of the same file.
+    #[serde(default)]
+    pub basis_same_name: u64,
+    /// Fetches that offered an entry sharing the longest URL prefix.
+    #[serde(default)]
+    pub basis_prefix: u64,
+    /// Fetches that offered no basis.
+    #[serde(default)]
+    pub basis_none: u64,
+    /// Milliseconds relays spent on the bytes on blocking threads
+    /// (decoding, hashing, writing the cache).
+    #[serde(default)]
+    pub decode_busy_ms: u64,
+    /// Response heads received from upstream.
+    #[serde(default)]
+    pub upstream_responses: u64,
+    /// Milliseconds those took together, from sending the request.
+    #[serde(default)]
+    pub upstream_response_ms: u64,
 }
 
 impl ClientStats {
@@ -152,6 +237,10 @@ impl ClientStats {
     pub fn snapshot(&self) -> StatsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let refused = self.refusals.read();
+        let link_bytes = get(&self.upstream_bytes) + get(&self.signature_bytes);
+        let delivered_bytes = get(&self.downstream_bytes);
+        let cache = self.cache.as_ref();
+        let latency = self.upstream_latency.snapshot();
         StatsSnapshot {
             requests: get(&self.requests),
             hits: get(&self.hits),
@@ -178,7 +267,26 @@ impl ClientStats {
             refused_overload: refused.overload,
             refused_proxy: refused.proxy,
             cache_write_errors: get(&self.cache_write_errors),
+            link_bytes,
+            delivered_bytes,
+            saved_bytes: saved_bytes(delivered_bytes, link_bytes),
+            cache_entries: cache.map_or(0, |store| store.len() as u64),
+            cache_bytes: cache.map_or(0, CacheStore::used_bytes),
+            cache_budget: cache.map_or(0, CacheStore::budget),
+            cache_evictions: cache.map_or(0, CacheStore::evictions),
+            basis_same_url: get(&self.basis.same_url),
+            basis_same_name: get(&self.basis.same_name),
+            basis_prefix: get(&self.basis.prefix),
+            basis_none: get(&self.basis.none),
+            decode_busy_ms: get(&self.decode_busy_nanos) / 1_000_000,
+            upstream_responses: latency.count,
+            upstream_response_ms: millis(latency.sum),
         }
+    }
+
+    /// The histogram of upstream response-head latencies.
+    pub fn upstream_latency(&self) -> &Latency {
+        &self.upstream_latency
     }
 
     /// The counters and the requests waiting in the upstream's queue

@@ -639,7 +639,12 @@ impl ClientProxy {
         sent: impl Future<Output = Result<Response<Incoming>, E>>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let upstream = target.upstream.name(&target.url);
-        match tokio::time::timeout(self.config.upstream_timeout, sent).await {
+        let asked = Instant::now();
+        let answered = tokio::time::timeout(self.config.upstream_timeout, sent).await;
+        if let Ok(Ok(_)) = &answered {
+            self.stats.upstream_latency.observe(asked.elapsed());
+        }
+        match answered {
             // The upstream's challenge is for us, not for the user agent
             // (whose credentials never go upstream): a gateway error.
             Ok(Ok(response)) if response.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::shared::{LogSettings, saturating_usize, server_url};
 use super::units::{self, Size};
-use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
+use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::accelerator::{
     AcceleratorConfig, CoderConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
 };
@@ -119,6 +119,7 @@ pub struct AcceleratorSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
     pub listen: SocketAddr,
+    pub admin_listen: AdminListen,
     /// None: `DEFAULT_ORIGIN`, unless `[[site]]` tables say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
@@ -176,6 +177,8 @@ impl Default for AcceleratorSettings {
         AcceleratorSettings {
             role: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            // Beside the proxy's 8081, as the client proxy's is beside 8082.
+            admin_listen: AdminListen::On(SocketAddr::from(([127, 0, 0, 1], 9081))),
             origin: None,
             trusted_forwarders: Vec::new(),
             via_name: None,
@@ -214,6 +217,7 @@ impl Settings for AcceleratorSettings {
     const ROLE: Role = Role::Accelerator;
     const RESTART_KEYS: &'static [&'static str] = &[
         "listen",
+        "admin-listen",
         "inetd",
         "max-encoders",
         "max-spool-total",
@@ -242,6 +246,7 @@ impl AcceleratorSettings {
     /// A [`UsageError`] naming the key (flag) at fault.
     pub fn to_config(&self, address: SocketAddr) -> Result<AcceleratorConfig, UsageError> {
         let sites = self.site_configs()?;
+        self.admin_address()?;
         if sites
             .iter()
             .any(|site| matches!(site.origin, SiteOrigin::Parent(_)))
@@ -276,6 +281,16 @@ impl AcceleratorSettings {
         }
         let via_name = via_name(self.via_name.as_deref(), address)?;
         Ok(self.config_with(sites, via_name))
+    }
+
+    /// Where the admin listener listens; `None` when it is off or under
+    /// inetd.
+    ///
+    /// # Errors
+    /// As [`AdminListen::address`].
+    pub fn admin_address(&self) -> Result<Option<SocketAddr>, UsageError> {
+        self.admin_listen
+            .address(self.listen, &self.auth, self.inetd)
     }
 
     /// The sites: the `[[site]]` tables, or the one `--origin` names.

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::shared::{LogSettings, saturating_usize, server_url};
 use super::units::{self, Size};
-use super::{AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
+use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
 use crate::client_proxy::queue_wait::QueueWaitConfig;
 use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
@@ -100,6 +100,7 @@ pub struct ClientSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
     pub listen: SocketAddr,
+    pub admin_listen: AdminListen,
     /// None: `DEFAULT_UPSTREAM`, unless `[[route]]` tables say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
@@ -158,6 +159,8 @@ impl Default for ClientSettings {
         ClientSettings {
             role: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8082)),
+            // Beside the proxy's 8082, as the accelerator's is beside 8081.
+            admin_listen: AdminListen::On(SocketAddr::from(([127, 0, 0, 1], 9082))),
             upstream: None,
             cache: "cache/client".into(),
             cache_size: Size::gib(1),
@@ -198,6 +201,7 @@ impl Settings for ClientSettings {
     const ROLE: Role = Role::Client;
     const RESTART_KEYS: &'static [&'static str] = &[
         "listen",
+        "admin-listen",
         "inetd",
         "cache",
         "cache-size",
@@ -231,6 +235,7 @@ impl ClientSettings {
                  give --auth-file (see rproxy passwd), or --allow-open to run an open proxy there"
             )));
         }
+        self.admin_address()?;
         let held_max = self.held_max();
         if self.queue_page_after >= held_max && self.queue_page_after < self.queue_wait_max {
             return Err(UsageError(format!(
@@ -252,6 +257,16 @@ impl ClientSettings {
             },
             ..base
         })
+    }
+
+    /// Where the admin listener listens; `None` when it is off or under
+    /// inetd.
+    ///
+    /// # Errors
+    /// As [`AdminListen::address`].
+    pub fn admin_address(&self) -> Result<Option<SocketAddr>, UsageError> {
+        self.admin_listen
+            .address(self.listen, &self.auth, self.inetd)
     }
 
     /// The routes: the `[[route]]` tables, or the one `--upstream` names.

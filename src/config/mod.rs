@@ -19,7 +19,7 @@
 //! password is read from one).
 //!
 //! Main items: [`AcceleratorSettings`], [`ClientSettings`],
-//! [`LimitSettings`], [`AuthSettings`], [`Role`], [`load`],
+//! [`LimitSettings`], [`AuthSettings`], [`AdminListen`], [`Role`], [`load`],
 //! [`UsageError`].
 
 mod accelerator;
@@ -35,7 +35,7 @@ use serde::de::DeserializeOwned;
 
 pub use accelerator::AcceleratorSettings;
 pub use client::{ClientSettings, UPSTREAM_PASSWORD_ENV};
-pub use shared::{AuthSettings, LimitSettings, LogSettings};
+pub use shared::{AdminListen, AuthSettings, LimitSettings, LogSettings};
 pub use units::Size;
 
 /// A bad flag or configuration: the process exits with 64.

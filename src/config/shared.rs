@@ -221,3 +221,147 @@ pub(super) fn server_url(key: &str, text: &str, or: &str) -> Result<Uri, UsageEr
     }
     Ok(url)
 }
+
+/// `admin-listen`: where the admin listener (`/metrics`, the status page)
+/// listens, or `off`. Written `"127.0.0.1:9082"` or `"off"` in files and
+/// flags alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminListen {
+    /// No admin listener.
+    Off,
+    /// Listen on this address.
+    On(std::net::SocketAddr),
+}
+
+/// What `admin-listen` takes besides an address.
+const ADMIN_OFF: &str = "off";
+
+impl AdminListen {
+    /// The address to bind for a role listening on `listen`, with its
+    /// `[auth]` and `inetd`; `None` when off, or under inetd (one process
+    /// per connection has nothing to report for long).
+    ///
+    /// # Errors
+    /// The proxy's own address (one socket cannot be both), or a
+    /// non-loopback address while nobody has to authenticate.
+    pub fn address(
+        self,
+        listen: std::net::SocketAddr,
+        auth: &AuthSettings,
+        inetd: bool,
+    ) -> Result<Option<std::net::SocketAddr>, UsageError> {
+        let AdminListen::On(address) = self else {
+            return Ok(None);
+        };
+        if inetd {
+            return Ok(None);
+        }
+        // The same port on the same address, or on every address (0.0.0.0
+        // takes the port on loopback too): the second bind would fail, and
+        // name the proxy's listener, since the admin listener binds first.
+        let overlaps = address.ip() == listen.ip()
+            || address.ip().is_unspecified()
+            || listen.ip().is_unspecified();
+        if address.port() == listen.port() && address.port() != 0 && overlaps {
+            return Err(UsageError(format!(
+                "--admin-listen {address}: that is the proxy's --listen {listen}, and one socket \
+                 cannot serve both; give the admin listener another port, or \"{ADMIN_OFF}\""
+            )));
+        }
+        if !address.ip().is_loopback() && auth.auth_file.is_none() {
+            return Err(UsageError(format!(
+                "--admin-listen {address}: not a loopback address, and nobody has to \
+                 authenticate; give --auth-file (its users may then read the metrics), or \
+                 keep the admin listener on loopback"
+            )));
+        }
+        Ok(Some(address))
+    }
+}
+
+impl std::fmt::Display for AdminListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminListen::Off => f.write_str(ADMIN_OFF),
+            AdminListen::On(address) => address.fmt(f),
+        }
+    }
+}
+
+impl std::str::FromStr for AdminListen {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.eq_ignore_ascii_case(ADMIN_OFF) {
+            return Ok(AdminListen::Off);
+        }
+        text.parse().map(AdminListen::On).map_err(|_| {
+            format!("{text:?}: give an address and port (127.0.0.1:9082) or \"{ADMIN_OFF}\"")
+        })
+    }
+}
+
+impl Serialize for AdminListen {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for AdminListen {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_listen_reads_an_address_or_off_and_prints_back() {
+        for text in ["127.0.0.1:9082", "[::1]:9081", "off"] {
+            let parsed: AdminListen = text.parse().unwrap();
+            assert_eq!(parsed.to_string(), text);
+        }
+        assert_eq!("OFF".parse(), Ok(AdminListen::Off));
+        let bad = "9082".parse::<AdminListen>().unwrap_err();
+        assert!(bad.contains("\"off\""), "{bad}");
+    }
+
+    #[test]
+    fn the_admin_listener_is_never_the_proxy_socket_nor_open_beyond_loopback() {
+        let listen: std::net::SocketAddr = "127.0.0.1:8082".parse().unwrap();
+        let none = AuthSettings::default();
+        let at = |text: &str| AdminListen::On(text.parse().unwrap());
+        assert_eq!(
+            at("127.0.0.1:9082").address(listen, &none, false).unwrap(),
+            Some("127.0.0.1:9082".parse().unwrap())
+        );
+        let same = at("127.0.0.1:8082").address(listen, &none, false);
+        assert!(same.unwrap_err().0.contains("one socket"));
+        let everywhere: std::net::SocketAddr = "0.0.0.0:9082".parse().unwrap();
+        let under = at("127.0.0.1:9082").address(everywhere, &none, false);
+        assert!(
+            under.unwrap_err().0.contains("one socket"),
+            "0.0.0.0 has it too"
+        );
+        assert!(at("127.0.0.2:8082").address(listen, &none, false).is_ok());
+        let public = at("0.0.0.0:9082").address(listen, &none, false);
+        assert!(public.unwrap_err().0.contains("--auth-file"));
+        let users = AuthSettings {
+            auth_file: Some("users".into()),
+            ..AuthSettings::default()
+        };
+        assert!(at("0.0.0.0:9082").address(listen, &users, false).is_ok());
+        assert_eq!(
+            AdminListen::Off.address(listen, &none, false).unwrap(),
+            None
+        );
+        assert_eq!(
+            at("0.0.0.0:9082").address(listen, &none, true).unwrap(),
+            None,
+            "not started under inetd"
+        );
+    }
+}

@@ -458,7 +458,9 @@ pub fn parse_basic(value: &HeaderValue) -> Option<(String, String)> {
 /// one makes no upstream request and no cache lookup.
 pub struct AuthGate<H> {
     role: Arc<H>,
-    auth: Option<Authenticator>,
+    /// Shared with the admin listener, which asks the same users (and
+    /// counts their failures in the same budget).
+    auth: Option<Arc<Authenticator>>,
 }
 
 impl<H: Handler> AuthGate<H> {
@@ -466,7 +468,7 @@ impl<H: Handler> AuthGate<H> {
     pub fn new(role: H, auth: Option<Authenticator>) -> AuthGate<H> {
         AuthGate {
             role: Arc::new(role),
-            auth,
+            auth: auth.map(Arc::new),
         }
     }
 
@@ -475,9 +477,20 @@ impl<H: Handler> AuthGate<H> {
         &self.role
     }
 
+    /// The role behind the gate, to share with other listeners (the
+    /// admin listener reads its counters).
+    pub fn shared_role(&self) -> Arc<H> {
+        self.role.clone()
+    }
+
     /// The authenticator in front of the role, if any.
     pub fn authenticator(&self) -> Option<&Authenticator> {
-        self.auth.as_ref()
+        self.auth.as_deref()
+    }
+
+    /// The authenticator, to share with other listeners.
+    pub fn shared_authenticator(&self) -> Option<Arc<Authenticator>> {
+        self.auth.clone()
     }
 
     async fn admit(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {

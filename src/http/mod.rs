@@ -6,6 +6,7 @@
 //! - [`error`]: why a request was refused and who was at fault; the one
 //!   place a refusal's status and log reason are chosen.
 //! - [`inetd`]: the one connection on stdin/stdout.
+//! - [`metrics`]: what both roles count alike: upstream latency, saved bytes.
 //! - [`head_guard`], [`upstream_guard`]: HTTP/1.1 framing checked on the raw
 //!   bytes, of requests and of upstream responses.
 //! - [`headers`]: pure functions over header maps (hsync names, hop-by-hop,
@@ -35,6 +36,7 @@ pub mod head_guard;
 pub mod headers;
 pub mod host_pattern;
 pub mod inetd;
+pub mod metrics;
 pub mod server;
 pub mod spool;
 pub mod tls;

@@ -18,9 +18,12 @@ pub struct Running {
 
 impl Running {
     /// Starts `rproxy ARGS`, waiting for the line that names its address.
+    /// Its admin listener is off, so that tests running at once do not
+    /// contend for the default port.
     pub fn start(args: &[&str]) -> Running {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
             .args(args)
+            .args(["--admin-listen", "off"])
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()

@@ -36,6 +36,9 @@ pub(super) struct State {
     pub(super) reserved: u64,
     /// Bytes in quarantine/ (also part of `reserved`).
     pub(super) quarantined: u64,
+    /// Entries evicted to make room since the store was opened (not
+    /// removals for other reasons: replaced, invalidated, quarantined).
+    pub(super) evictions: u64,
 }
 
 pub(super) struct Slot {
@@ -141,6 +144,7 @@ impl Inner {
                 return Err(over());
             };
             self.evict_locked(&mut st, &victim);
+            st.evictions += 1;
         }
         st.reserved += bytes;
         Ok(())

@@ -169,6 +169,16 @@ struct Inner {
     disk: DiskHealth,
 }
 
+/// Names the store by its root; the index is too large to print.
+impl std::fmt::Debug for CacheStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStore")
+            .field("root", &self.inner.root)
+            .field("budget", &self.inner.budget)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CacheStore {
     /// The index summary of `key`'s entry, without touching the disk or the
     /// LRU order.
@@ -318,6 +328,11 @@ impl CacheStore {
         st.committed + st.reserved
     }
 
+    /// Entries evicted to make room since the store was opened.
+    pub fn evictions(&self) -> u64 {
+        self.inner.lock().evictions
+    }
+
     /// The size budget in bytes.
     pub fn budget(&self) -> u64 {
         self.inner.budget
@@ -364,7 +379,9 @@ mod tests {
         let first = CacheStore::open(dir.path(), 1 << 20).unwrap();
         let clone = first.clone();
         drop(first);
-        let refused = CacheStore::open(dir.path(), 1 << 20).err().expect("locked");
+        let Err(refused) = CacheStore::open(dir.path(), 1 << 20) else {
+            panic!("a second open while a clone holds the lock");
+        };
         let message = refused.to_string();
         assert!(matches!(refused, CacheError::Locked { .. }), "{message}");
         assert!(message.contains("another rproxy process"), "{message}");

@@ -49,6 +49,8 @@ pub(super) struct Driver {
     pub(super) to_agent: Option<Downstream>,
     /// This relay's share of the transfer memory.
     pub(super) memory: ShareHolder,
+    /// Time the worker's steps took on the blocking pool so far.
+    pub(super) busy: std::time::Duration,
 }
 
 impl Driver {
@@ -106,6 +108,7 @@ impl Driver {
             outcome,
             upstream_bytes: self.worker.upstream_bytes,
             body_bytes: self.worker.body_bytes,
+            busy: self.busy,
         }
     }
 
@@ -116,13 +119,15 @@ impl Driver {
         work: impl FnOnce(&mut Worker) -> T + Send + 'static,
     ) -> Option<T> {
         let mut worker = std::mem::replace(&mut self.worker, Box::new(Worker::idle()));
-        let (worker, result) = tokio::task::spawn_blocking(move || {
+        let (worker, result, took) = tokio::task::spawn_blocking(move || {
+            let began = std::time::Instant::now();
             let result = work(&mut worker);
-            (worker, result)
+            (worker, result, began.elapsed())
         })
         .await
         .ok()?;
         self.worker = worker;
+        self.busy += took;
         Some(result)
     }
 
@@ -144,6 +149,7 @@ impl Driver {
             },
             upstream_bytes: 0,
             body_bytes: 0,
+            busy: self.busy,
         }
     }
 

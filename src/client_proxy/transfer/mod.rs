@@ -196,6 +196,9 @@ pub struct Report {
     pub upstream_bytes: u64,
     /// Bytes of body handed to the user agent.
     pub body_bytes: u64,
+    /// Time the work on the bytes took on blocking threads (decoding,
+    /// hashing, writing the cache).
+    pub busy: std::time::Duration,
 }
 
 /// A relayed body, as the user agent gets it.
@@ -261,6 +264,7 @@ pub async fn relay(
             memory: holder,
             worker: Box::new(Worker::new(relay)),
             to_agent: Some(to_agent),
+            busy: std::time::Duration::ZERO,
         };
         let report = driver.run(from_upstream).await;
         let _ = corrupt_tx.send(matches!(report.outcome, Outcome::Corrupt { .. }));
