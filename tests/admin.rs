@@ -480,3 +480,84 @@ async fn beyond_loopback_the_admin_listener_asks_for_the_roles_users() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// `METHOD target` on `addr` on a connection of its own: (status, body).
+async fn http_request(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!("{method} {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    (head[9..12].parse().unwrap(), body.to_owned())
+}
+
+#[tokio::test]
+async fn purge_on_the_admin_listener_removes_a_url_prefix_from_a_running_cache() {
+    let origin = site().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, proxy, admin) = start_binary(&[
+        "client",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &format!("http://{}", origin.addr),
+        "--cache",
+        dir.path().join("cache").to_str().unwrap(),
+        "--access-log",
+        "off",
+    ]);
+    let admin = admin.unwrap();
+    let (a, b) = (origin.url("/a/app.js"), origin.url("/b/app.js"));
+    for url in [&a, &b, &a, &b] {
+        assert_eq!(http_request(proxy, "GET", url).await.0, 200, "{url}");
+    }
+    assert_eq!(origin.requests(), 2, "the second of each was a hit");
+
+    let prefix = format!("/http://{}/a/", origin.addr);
+    let (status, body) = http_request(admin, "PURGE", &prefix).await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["entries"], 1, "{body}");
+    assert!(report["bytes"].as_u64().unwrap() > 0, "{body}");
+    for url in [&a, &b] {
+        assert_eq!(http_request(proxy, "GET", url).await.0, 200, "{url}");
+    }
+    assert_eq!(origin.requests_to("/a/app.js"), 2, "purged: fetched again");
+    assert_eq!(
+        origin.requests_to("/b/app.js"),
+        1,
+        "outside the prefix: a hit"
+    );
+
+    let (status, body) = http_request(admin, "PURGE", "/").await;
+    assert_eq!(status, 400, "an empty prefix is not everything: {body}");
+    let (status, body) = http_request(admin, "PURGE", "/*").await;
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, &report["entries"]), (200, &2.into()), "{body}");
+
+    // The accelerator keeps no cache to purge.
+    let (mut accelerator, _, accelerator_admin) = start_binary(&[
+        "accelerator",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--origin",
+        "http://127.0.0.1:9",
+        "--access-log",
+        "off",
+    ]);
+    let (status, _) = http_request(accelerator_admin.unwrap(), "PURGE", "/*").await;
+    assert_eq!(status, 501);
+    accelerator.kill().unwrap();
+    accelerator.wait().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

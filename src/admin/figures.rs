@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use crate::accelerator::Accelerator;
+use crate::cache::PurgeReport;
 use crate::client_proxy::ClientProxy;
 use crate::config::Role;
 use crate::http::metrics::LatencySnapshot;
@@ -24,6 +25,14 @@ pub trait Source: Send + Sync + 'static {
 
     /// The counters as `/.rproxy/stats` answers with them (JSON).
     fn stats_json(&self) -> String;
+
+    /// Removes every cached entry whose URL starts with `url_prefix` (all
+    /// of them for an empty one), safe while requests run; `None` for a
+    /// role without a cache. Blocking: unlinks and fsyncs.
+    fn purge(&self, url_prefix: &str) -> Option<PurgeReport> {
+        let _ = url_prefix;
+        None
+    }
 }
 
 /// How requests ended, by outcome (a request may count under more than
@@ -189,6 +198,10 @@ impl Figures {
 }
 
 impl Source for ClientProxy {
+    fn purge(&self, url_prefix: &str) -> Option<PurgeReport> {
+        Some(self.store().purge_prefix(url_prefix))
+    }
+
     fn figures(&self) -> Figures {
         let stats = self.stats().snapshot();
         Figures {

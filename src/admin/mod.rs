@@ -1,6 +1,7 @@
 //! The admin listener (`admin-listen`, loopback by default, never the
 //! proxy's own socket): Prometheus metrics at `/metrics`, a status page at
-//! `/`, and the same JSON counters as the proxy's `/.rproxy/stats`. It
+//! `/`, the same JSON counters as the proxy's `/.rproxy/stats`, and
+//! `PURGE /URL-PREFIX` to remove cached entries. It
 //! serves an [`Admin`] with the same accept loop and connection checks as
 //! the proxies ([`crate::http::server`]), and a task samples the counters
 //! every 10 s for the page's charts.
@@ -47,6 +48,10 @@ pub use page::{Health, Summary, UpstreamView};
 
 /// Where the metrics are.
 pub const METRICS_PATH: &str = "/metrics";
+
+/// The method that removes cached entries by URL prefix, as Varnish and
+/// Squid name it.
+const PURGE: &str = "PURGE";
 
 /// Connections the admin listener serves at once: a scraper and a few
 /// browsers, not the proxy's thousands.
@@ -129,14 +134,17 @@ impl Admin {
                 return refused(refusal, auth);
             }
         }
+        if request.method().as_str() == PURGE {
+            return self.purge(request.uri()).await;
+        }
         if request.method() != Method::GET && request.method() != Method::HEAD {
             let mut response = text_response(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "the admin listener answers GET and HEAD".into(),
+                "the admin listener answers GET, HEAD and PURGE".into(),
             );
             response
                 .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PURGE"));
             return response;
         }
         let (body, content_type) = match request.uri().path() {
@@ -162,6 +170,64 @@ impl Admin {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response
+    }
+}
+
+impl Admin {
+    /// `PURGE /URL-PREFIX`: removes the cached entries whose URL starts
+    /// with the prefix (as stored: lower-case scheme and host, no default
+    /// port); `PURGE /*` removes them all. Safe while requests run: one
+    /// being served keeps reading its open file.
+    async fn purge(&self, target: &http::Uri) -> Response<ProxyBody> {
+        let asked = target
+            .path_and_query()
+            .map_or("", |p| p.as_str())
+            .trim_start_matches('/');
+        let prefix = match asked {
+            "" => {
+                return text_response(
+                    StatusCode::BAD_REQUEST,
+                    "PURGE /URL-PREFIX, e.g. PURGE /http://www.example.com/static/; \
+                     PURGE /* removes every entry"
+                        .into(),
+                );
+            }
+            "*" => String::new(),
+            prefix => prefix.to_owned(),
+        };
+        let source = self.source.clone();
+        let purged = tokio::task::spawn_blocking(move || source.purge(&prefix)).await;
+        match purged {
+            Ok(Some(report)) => {
+                tracing::info!(
+                    prefix = asked,
+                    entries = report.entries,
+                    bytes = report.bytes,
+                    "purged"
+                );
+                let mut response = Response::new(
+                    Full::new(Bytes::from(format!(
+                        "{{\"entries\":{},\"bytes\":{}}}\n",
+                        report.entries, report.bytes
+                    )))
+                    .map_err(|never| match never {})
+                    .boxed(),
+                );
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+            Ok(None) => text_response(
+                StatusCode::NOT_IMPLEMENTED,
+                "this role keeps no cache to purge".into(),
+            ),
+            Err(error) => text_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the purge failed: {error}"),
+            ),
+        }
     }
 }
 

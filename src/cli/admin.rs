@@ -181,4 +181,8 @@ impl<R: Handler + Source> Source for Following<R> {
     fn stats_json(&self) -> String {
         self.0.current().role().role().stats_json()
     }
+
+    fn purge(&self, url_prefix: &str) -> Option<crate::cache::PurgeReport> {
+        self.0.current().role().role().purge(url_prefix)
+    }
 }
