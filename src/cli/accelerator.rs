@@ -11,10 +11,12 @@ use clap::Args;
 
 use super::UsageError;
 use super::admin::{AdminListener, Following, accelerator_summary, shown};
-use super::auth::{AuthArgs, authenticator};
+use super::auth::AuthArgs;
 use super::limits::LimitArgs;
 use super::log::LogArgs;
-use super::serving::{Listening, Reload, bound_address, quiet, serve_one, take_stdio};
+use super::serving::{
+    Layers, Listening, Reload, bound_address, serve_one, take_stdio, warn_restart_needed,
+};
 use crate::accelerator::Accelerator;
 use crate::config::units::{Size, parse_duration};
 use crate::config::{self, AcceleratorSettings, AdminListen, override_with_flags};
@@ -231,12 +233,8 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
     let address = bound_address(listening.as_ref(), stdio.as_ref(), settings.listen);
     let config = settings.to_config(address)?;
     let accelerator = Accelerator::new(config).map_err(|e| UsageError(e.to_string()))?;
-    let log = settings.log.open(quiet())?;
-    crate::logging::set_level(&settings.log.log_level)?;
-    let accelerator = Logged::new(
-        AuthGate::new(accelerator, authenticator(&settings.auth)?),
-        Arc::new(log),
-    );
+    let accelerator =
+        Layers::open(&settings.log, &settings.auth)?.around(accelerator, &settings.log)?;
     let certificate = match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => Some(Arc::new(
             ServerCertificate::load(cert, key)
@@ -297,13 +295,10 @@ fn reload(
 ) -> Reload<Logged<AuthGate<Accelerator>>> {
     Box::new(move |current| {
         let settings = args.settings()?;
-        for key in config::restart_needed(&running, &settings) {
-            tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
-        }
+        warn_restart_needed(&running, &settings);
         settings.limits.to_limits()?;
-        let log = settings.log.open(quiet())?;
+        let layers = Layers::open(&settings.log, &settings.auth)?;
         let config = settings.to_config(address)?;
-        let auth = authenticator(&settings.auth)?;
         let accelerator = current
             .role()
             .role()
@@ -323,8 +318,7 @@ fn reload(
             ),
         }
         tracing::info!(sites = %settings.describe_sites(), "accelerator reconfigured");
-        crate::logging::set_level(&settings.log.log_level)?;
-        Ok(Logged::new(AuthGate::new(accelerator, auth), Arc::new(log)))
+        layers.around(accelerator, &settings.log)
     })
 }
 

@@ -82,6 +82,7 @@ fn effective_config(args: &CheckArgs) -> Result<String, UsageError> {
             settings.to_config(settings.listen)?;
             settings.limits.to_limits()?;
             authenticator(&settings.auth)?;
+            crate::logging::parse_level(&settings.log.log_level)?;
             if let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) {
                 crate::http::tls::server_config(cert, key)
                     .map_err(|e| UsageError(format!("--tls-cert/--tls-key: {e}")))?;
@@ -104,6 +105,7 @@ fn effective_config(args: &CheckArgs) -> Result<String, UsageError> {
             settings.to_config(settings.listen)?;
             settings.limits.to_limits()?;
             authenticator(&settings.auth)?;
+            crate::logging::parse_level(&settings.log.log_level)?;
             settings.role = Some(role);
             Ok(config::to_toml(&settings))
         }

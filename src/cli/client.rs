@@ -12,10 +12,12 @@ use clap::Args;
 
 use super::UsageError;
 use super::admin::{AdminListener, Following, client_summary, shown};
-use super::auth::{AuthArgs, authenticator};
+use super::auth::AuthArgs;
 use super::limits::LimitArgs;
 use super::log::LogArgs;
-use super::serving::{Listening, Reload, bound_address, quiet, serve_one, take_stdio};
+use super::serving::{
+    Layers, Listening, Reload, bound_address, serve_one, take_stdio, warn_restart_needed,
+};
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
@@ -245,7 +247,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let auth = authenticator(&settings.auth)?;
+    let layers = Layers::open(&settings.log, &settings.auth)?;
     // inetd processes, one per connection, share the cache with each other.
     let open = if settings.inetd {
         CacheStore::open_shared
@@ -256,9 +258,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the cache in {}", settings.cache.display()))?;
     let queue_node = config.queue.node;
     let proxy = ClientProxy::new(config, store).map_err(|e| UsageError(e.to_string()))?;
-    let log = settings.log.open(quiet())?;
-    crate::logging::set_level(&settings.log.log_level)?;
-    let proxy = Logged::new(AuthGate::new(proxy, auth), Arc::new(log));
+    let proxy = layers.around(proxy, &settings.log)?;
     let (Some(listening), None) = (listening, &stdio) else {
         return serve_one(stdio.expect("no listener: --inetd"), proxy, limits);
     };
@@ -297,22 +297,18 @@ fn reload(
 ) -> Reload<Logged<AuthGate<ClientProxy>>> {
     Box::new(move |current| {
         let settings = args.settings()?;
-        for key in config::restart_needed(&running, &settings) {
-            tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
-        }
+        warn_restart_needed(&running, &settings);
         settings.limits.to_limits()?;
-        let log = settings.log.open(quiet())?;
+        let layers = Layers::open(&settings.log, &settings.auth)?;
         let mut config = settings.to_config(address)?;
         config.queue.node = queue_node;
-        let auth = authenticator(&settings.auth)?;
         let proxy = current
             .role()
             .role()
             .reconfigured(config)
             .map_err(|e| UsageError(e.to_string()))?;
         tracing::info!(routes = %settings.describe_routes(), "client proxy reconfigured");
-        crate::logging::set_level(&settings.log.log_level)?;
-        Ok(Logged::new(AuthGate::new(proxy, auth), Arc::new(log)))
+        layers.around(proxy, &settings.log)
     })
 }
 

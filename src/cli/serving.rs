@@ -9,7 +9,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use super::auth::authenticator;
 use super::systemd;
+use crate::config::{self, AuthSettings, LogSettings, Settings};
+use crate::http::access_log::{AccessLog, Logged};
+use crate::http::auth::{AuthGate, Authenticator};
 use crate::http::inetd::{Stdio, serve_stdio};
 use crate::http::server::{
     ConnectionLimits, Handler, Reloadable, bind, raise_open_file_limit, serve, serve_tls,
@@ -19,6 +23,49 @@ use crate::http::server::{
 /// the configuration file read again, or an error saying why the file
 /// was refused (the running configuration then stays).
 pub(super) type Reload<H> = Box<dyn Fn(&H) -> anyhow::Result<H> + Send + Sync>;
+
+/// The layers a role is served in, read from its settings at start and
+/// at each reload: the access log outside, the users check inside.
+pub(super) struct Layers {
+    log: AccessLog,
+    auth: Option<Authenticator>,
+}
+
+impl Layers {
+    /// Opens the access log and reads the users file.
+    ///
+    /// # Errors
+    /// A log file that cannot be opened, a bad level, a bad users file.
+    pub(super) fn open(log: &LogSettings, auth: &AuthSettings) -> anyhow::Result<Layers> {
+        Ok(Layers {
+            log: log.open(quiet())?,
+            auth: authenticator(auth)?,
+        })
+    }
+
+    /// `role` in its layers, with the diagnostic level of `log` set.
+    ///
+    /// # Errors
+    /// A bad level.
+    pub(super) fn around<R: Handler>(
+        self,
+        role: R,
+        log: &LogSettings,
+    ) -> anyhow::Result<Logged<AuthGate<R>>> {
+        crate::logging::set_level(&log.log_level)?;
+        Ok(Logged::new(
+            AuthGate::new(role, self.auth),
+            Arc::new(self.log),
+        ))
+    }
+}
+
+/// Names in the log each key whose change a reload cannot apply.
+pub(super) fn warn_restart_needed<S: Settings>(running: &S, reloaded: &S) {
+    for key in config::restart_needed(running, reloaded) {
+        tracing::warn!(key, "SIGHUP: changed, but applies only at the next start");
+    }
+}
 
 /// Whether nothing may be written to stderr: under inetd it may be the
 /// connection itself.
