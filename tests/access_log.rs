@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
 use serde_json::Value;
-use support::process::Running;
+use support::process::{Running, exchange};
 use support::topology::origin;
 
 /// The keys of every line (in this order in logfmt).
@@ -42,21 +42,9 @@ const KEYS: [&str; 17] = [
     "complete",
 ];
 
-/// Sends `head` (the request line and headers, without the blank line)
-/// to `proxy`, and an empty body; the status code of the answer.
+/// The status code of `head`'s answer from `proxy`.
 fn request(proxy: SocketAddr, head: &str) -> u16 {
-    let mut stream = TcpStream::connect(proxy).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "{head}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    String::from_utf8_lossy(&answer[..12.min(answer.len())])
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0)
+    exchange(proxy, head).0
 }
 
 /// The JSON lines of `path`, once there are at least `count`.

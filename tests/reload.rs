@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
-use support::process::Running;
+use support::process::{Running, exchange, split_answer};
 use support::topology::{Origin, origin};
 
 /// The size of the transfer under way at the reload.
@@ -39,32 +39,9 @@ async fn named_origin(name: &'static str, big: Bytes) -> Origin {
     .await
 }
 
-/// `GET target` through `proxy` on a connection of its own: the answer's
-/// status line and body.
-fn get(proxy: SocketAddr, target: &str) -> (String, Vec<u8>) {
-    let mut stream = TcpStream::connect(proxy).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {target} HTTP/1.1\r\nHost: site\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).unwrap();
-    split(&answer)
-}
-
-fn split(answer: &[u8]) -> (String, Vec<u8>) {
-    let head_end = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a whole head")
-        + 4;
-    let head = String::from_utf8_lossy(&answer[..head_end]);
-    let status = head.lines().next().unwrap().to_owned();
-    (status, answer[head_end..].to_vec())
+/// `GET target` through `proxy` on a connection of its own.
+fn get(proxy: SocketAddr, target: &str) -> (u16, Vec<u8>) {
+    exchange(proxy, &format!("GET {target} HTTP/1.1\r\nHost: site"))
 }
 
 fn write_config(path: &Path, text: &str) {
@@ -119,8 +96,8 @@ async fn a_client_proxy_reloads_its_routes_without_cutting_a_transfer() {
 
     // The transfer goes on with the route it started with, to its end.
     download.read_to_end(&mut received).unwrap();
-    let (status, body) = split(&received);
-    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let (status, body) = split_answer(&received);
+    assert_eq!(status, 200);
     assert_eq!(body.len(), BIG, "the transfer was cut");
     assert!(body == big, "the transfer's bytes changed");
 
@@ -163,8 +140,7 @@ async fn an_accelerator_reloads_its_sites() {
     accelerator.hangup();
     accelerator.wait_for_line("configuration refused");
     assert_eq!(get(address, "/which").1, b"second");
-    let (status, _) = get(address, "/which");
-    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(get(address, "/which").0, 200);
 }
 
 /// Whether a TLS handshake with `address` succeeds for a client that

@@ -1,8 +1,9 @@
 //! The real `rproxy` binary as a child process: started, its log lines
-//! collected, signalled, killed when dropped.
+//! collected, signalled, killed when dropped; and raw HTTP/1.1 exchanges
+//! with it.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -94,4 +95,33 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends `head` (request line and headers, without the blank line that
+/// ends them) and `Connection: close` to `address` on a connection of its
+/// own, with no body: the answer's status code and body.
+pub fn exchange(address: SocketAddr, head: &str) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "{head}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    split_answer(&answer)
+}
+
+/// A whole HTTP/1.1 answer's status code and body.
+pub fn split_answer(answer: &[u8]) -> (u16, Vec<u8>) {
+    let head_end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a whole head")
+        + 4;
+    let status = String::from_utf8_lossy(&answer[..head_end])
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status code");
+    (status, answer[head_end..].to_vec())
 }
