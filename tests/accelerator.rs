@@ -83,6 +83,7 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
                 .insert("etag", HeaderValue::from_static("\"v2\""));
         }
         "/v3.js" => *response.body_mut() = Full::new(Bytes::from(body_v3())),
+        "/small.js" => *response.body_mut() = Full::new(Bytes::from(pseudo_text(1, 20_000))),
         "/random.txt" => *response.body_mut() = Full::new(random_text()),
         "/random8.txt" => *response.body_mut() = Full::new(random_text().slice(..EIGHT_MIB)),
         path if path.starts_with("/random2/") => {
@@ -828,8 +829,7 @@ async fn start_short_origin(declared: usize, close: bool) -> SocketAddr {
 async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
     let origin = start_origin().await;
     let accel = Accelerator::start(config(origin.addr)).await;
-    // /echo answers a few hundred bytes.
-    let (status, headers, stream) = fetch(accel.addr, get("/echo", &offer(&body_v1()))).await;
+    let (status, headers, stream) = fetch(accel.addr, get("/small.js", &offer(&body_v1()))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-encoding"], "hsync");
     assert_eq!(
@@ -837,11 +837,37 @@ async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
         stream.len().to_string()
     );
     assert!(headers.get("transfer-encoding").is_none());
-    let body = decode_stream(&body_v1(), &stream);
+    assert_eq!(decode_stream(&body_v1(), &stream), pseudo_text(1, 20_000));
+}
+
+/// Issue 20, "never worse than plain": a body whose hsync stream would be
+/// larger than itself (a few hundred bytes of headers, here) goes as the
+/// origin sent it, marked as depending on the offer.
+#[tokio::test]
+async fn a_body_its_stream_would_outgrow_goes_plain_and_varies_on_the_offer() {
+    let origin = start_origin().await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    // /echo answers a few hundred bytes: the request's headers.
+    let (status, headers, body) = fetch(accel.addr, get("/echo", &offer(&body_v1()))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("content-encoding").is_none(), "{headers:?}");
+    let vary: Vec<_> = headers.get_all("vary").iter().collect();
     assert!(
-        String::from_utf8(body)
-            .unwrap()
-            .contains("accept-encoding: identity")
+        vary.iter()
+            .any(|v| v.to_str().unwrap().contains("Accept-Encoding")),
+        "{vary:?}"
+    );
+    assert_eq!(
+        headers["content-length"].to_str().unwrap(),
+        body.len().to_string()
+    );
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.contains("accept-encoding: identity"), "{text}");
+    let stats = accel.stats().await;
+    assert_eq!(
+        (&stats["coded"], &stats["passed"]),
+        (&0.into(), &1.into()),
+        "{stats}"
     );
 }
 

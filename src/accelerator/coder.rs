@@ -41,7 +41,7 @@ use super::pace::Pacer;
 use super::stats::Stats;
 use super::stream::encode_body;
 use super::turns::Encoders;
-use super::whole::{OriginBody, SMALL_BODY, encode_whole};
+use super::whole::{OriginBody, SMALL_BODY, Whole, encode_whole};
 
 /// How answers are coded: the accelerator's settings of the same names.
 #[derive(Debug, Clone)]
@@ -260,6 +260,9 @@ impl Coder {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let content_length = content_length(&parts.headers);
         let note = parts.extensions.get::<Note>().cloned();
+        // A small body may yet go plain, with the head the origin sent.
+        let small = content_length.is_some_and(|len| len <= SMALL_BODY);
+        let plain_headers = small.then(|| parts.headers.clone());
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.insert(
             header::CONTENT_ENCODING,
@@ -298,8 +301,7 @@ impl Coder {
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
             && self.may_keep(request, &parts.headers);
         let store = keep.then(|| self.bodies.clone());
-        Stats::add(&self.stats.coded, 1);
-        if content_length.is_some_and(|len| len <= SMALL_BODY) {
+        if let Some(mut plain_headers) = plain_headers {
             let origin = OriginBody {
                 body,
                 framing,
@@ -314,12 +316,24 @@ impl Coder {
                 parking: None,
                 note,
             };
-            let stream = encode_whole(origin, coding, method, uri).await?;
+            let body = match encode_whole(origin, coding, method, uri).await? {
+                Whole::Coded(stream) => stream,
+                Whole::Plain(body) => {
+                    // The answer depends on the offer all the same: an
+                    // unaware cache between the proxies must not serve
+                    // this copy to a request that offers a basis.
+                    plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+                    plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    parts.headers = plain_headers;
+                    body
+                }
+            };
             return Ok(Response::from_parts(
                 parts,
-                Full::new(stream).map_err(|never| match never {}).boxed(),
+                Full::new(body).map_err(|never| match never {}).boxed(),
             ));
         }
+        Stats::add(&self.stats.coded, 1);
         let pacer = self.config.adapt_entropy_coding.then(Pacer::new);
         let coding = Coding {
             encoder,

@@ -44,7 +44,7 @@ pub(super) async fn encode_whole(
     coding: Coding,
     method: Method,
     uri: Uri,
-) -> Result<Bytes, ProxyError> {
+) -> Result<Whole, ProxyError> {
     let Coding {
         mut encoder,
         encoders,
@@ -77,12 +77,9 @@ pub(super) async fn encode_whole(
     let task_stats = stats.clone();
     let coded = encoders
         .run(&stats, false, move || {
-            let stats = task_stats;
             let mut out = Vec::with_capacity(body.len() / 2 + 4096);
             encoder.push(&body, &mut out)?;
             let summary = encoder.finish(&mut out)?;
-            Stats::add(&stats.body_bytes, summary.body_len);
-            Stats::add(&stats.stream_bytes, summary.stream_bytes);
             if let Some(store) = &store {
                 store.insert(summary.digest, body.to_vec().into());
             }
@@ -92,16 +89,42 @@ pub(super) async fn encode_whole(
                 copied = summary.copied_bytes, uncoded_windows = summary.uncoded_windows,
                 "coded"
             );
-            if let Some(note) = &note {
-                note.from_upstream(summary.body_len);
-                note.coded(summary.body_len, summary.stream_bytes);
-            }
-            Ok::<_, EncodeError>(Bytes::from(out))
+            // Never more than the body as the origin sent it: a tiny or
+            // incompressible body goes plain (the client proxy signs what
+            // it stores itself).
+            let whole = if out.len() > body.len() {
+                Stats::add(&task_stats.passed, 1);
+                Stats::add(&task_stats.passed_bytes, summary.body_len);
+                if let Some(note) = &note {
+                    note.coding("identity", None);
+                    note.from_upstream(summary.body_len);
+                }
+                Whole::Plain(body)
+            } else {
+                Stats::add(&task_stats.coded, 1);
+                Stats::add(&task_stats.body_bytes, summary.body_len);
+                Stats::add(&task_stats.stream_bytes, summary.stream_bytes);
+                if let Some(note) = &note {
+                    note.from_upstream(summary.body_len);
+                    note.coded(summary.body_len, summary.stream_bytes);
+                }
+                Whole::Coded(Bytes::from(out))
+            };
+            Ok::<_, EncodeError>(whole)
         })
         .await;
     match coded {
-        Some(Ok(stream)) => Ok(stream),
+        Some(Ok(whole)) => Ok(whole),
         Some(Err(error)) => Err(ProxyError::internal(format!("hsync: {error}"))),
         None => Err(ProxyError::internal("the encoder panicked")),
     }
+}
+
+/// What a small body goes to the client as.
+pub(super) enum Whole {
+    /// Its hsync stream.
+    Coded(Bytes),
+    /// The body itself, as the origin sent it: its stream would have been
+    /// larger.
+    Plain(Bytes),
 }
