@@ -224,6 +224,7 @@ async fn a_site_that_is_not_a_parent_refuses_connect_with_400() {
             origin: SiteOrigin::Server {
                 url: format!("http://{}", echo.addr).parse().unwrap(),
                 ca_file: None,
+                health_path: None,
             },
         },
         parent_site(&["*"], vec![port], LOOPBACK),

@@ -31,6 +31,7 @@ pub fn site(names: &[&str], origin: SocketAddr) -> SiteConfig {
         origin: SiteOrigin::Server {
             url: format!("http://{origin}").parse().unwrap(),
             ca_file: None,
+            health_path: None,
         },
     }
 }
