@@ -1,8 +1,12 @@
-//! Origin health (issue 19): an accelerator whose origin stopped answers
-//! 503 at once after N failures, without a connection, lets one request
-//! probe once the down time has passed and serves again when it
-//! succeeds; an active `health-path` check marks a site down and up; a
-//! 5xx answer marks nothing.
+//! Origin and upstream health (issue 19): an accelerator whose origin
+//! stopped answers 503 at once after N failures, without a connection,
+//! lets one request probe once the down time has passed and serves again
+//! when it succeeds; an active `health-path` check marks a site down and
+//! up; a 5xx answer marks nothing. A client proxy passes a GET whose
+//! upstream cannot be reached to the route's fallback, never a POST unless
+//! the upstream is already marked down; a direct fallback gets neither our
+//! credentials, nor our queue callback address, nor a signature its host
+//! did not ask for.
 
 mod support;
 
@@ -12,13 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use rproxy::accelerator::{AcceleratorConfig, SiteConfig, SiteNames, SiteOrigin};
+use rproxy::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo};
 use rproxy::http::health::{HealthPolicy, HealthState};
-use support::proxy::eventually;
-use support::routing::{parent_site, patterns, with_sites};
-use support::topology::{Accelerator, accelerator_config, origin, origin_on};
+use support::proxy::{client_config, eventually};
+use support::routing::{allowing, parent_site, patterns, with_sites};
+use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin, origin_on};
+use support::user_agent::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -69,6 +75,11 @@ async fn ask(to: SocketAddr, path: &str) -> Answer {
         &format!("GET {path} HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n"),
     )
     .await
+}
+
+/// An origin answering `body` to everything.
+async fn saying(body: &'static str) -> Origin {
+    origin(move |_, _| async move { Response::new(Full::new(Bytes::from(body))) }).await
 }
 
 #[tokio::test]
@@ -243,4 +254,160 @@ async fn parent_mode_sites_have_no_health_and_reloads_keep_what_was_known() {
         "{views:?}"
     );
     assert_eq!(views[0].times_down, 1);
+}
+
+/// A page that changes with every request and is revalidated each time.
+async fn versioned() -> Origin {
+    origin(|_, earlier| async move {
+        let text = format!("version {earlier}\n").repeat(2000);
+        let mut response = Response::new(Full::new(Bytes::from(text)));
+        let headers = response.headers_mut();
+        headers.insert("cache-control", HeaderValue::from_static("max-age=0"));
+        headers.insert(
+            "etag",
+            HeaderValue::from_str(&format!("\"v{earlier}\"")).unwrap(),
+        );
+        response
+    })
+    .await
+}
+
+fn version(n: usize) -> Vec<u8> {
+    format!("version {n}\n").repeat(2000).into_bytes()
+}
+
+/// Every host to the upstream at `primary`, else to `fallback`.
+fn failing_over(primary: SocketAddr, fallback: Vec<RouteTo>) -> RouteConfig {
+    RouteConfig {
+        hosts: RouteHosts::Listed(patterns(&["*"])),
+        to: RouteTo::Upstream(format!("http://{primary}").parse().unwrap()),
+        fallback,
+    }
+}
+
+fn upstream(addr: SocketAddr) -> RouteTo {
+    RouteTo::Upstream(format!("http://{addr}").parse().unwrap())
+}
+
+async fn client(route: RouteConfig, health: HealthPolicy) -> ClientProxy {
+    ClientProxy::start(ClientConfig {
+        routes: vec![route],
+        health,
+        ..client_config("http://127.0.0.1:1")
+    })
+    .await
+}
+
+/// `POST url` through the proxy at `proxy`.
+async fn post(proxy: SocketAddr, url: &str) -> Answer {
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    exchange(
+        proxy,
+        &format!(
+            "POST {url} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 4\r\nConnection: close\r\n\r\nform"
+        ),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_get_goes_to_the_fallback_when_the_upstream_cannot_be_reached_but_a_post_does_not() {
+    let site = saying("from the site").await;
+    let accel = Accelerator::start(accelerator_config(site.addr)).await;
+    let dead = closed_port().await;
+    // Never marked down: every request tries the first upstream.
+    let proxy = client(
+        failing_over(dead, vec![upstream(accel.addr)]),
+        policy(0, Duration::from_secs(10)),
+    )
+    .await;
+    let url = site.url("/page");
+
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/page", b"from the site");
+    let via: Vec<_> = site.seen()[0]
+        .headers
+        .get_all("via")
+        .iter()
+        .cloned()
+        .collect();
+    assert!(
+        via.iter()
+            .any(|hop| hop.to_str().unwrap().contains("accel-test")),
+        "through the fallback: {via:?}"
+    );
+    let answer = post(proxy.addr, &url).await;
+    assert_eq!(answer.status, 502, "{}", answer.body);
+    assert!(answer.body.contains(&dead.to_string()), "{}", answer.body);
+    assert_eq!(
+        accel.stats().await["requests"],
+        1,
+        "the POST was not repeated"
+    );
+    assert_eq!(site.requests(), 1);
+}
+
+#[tokio::test]
+async fn while_the_upstream_is_marked_down_even_a_post_goes_to_the_fallback() {
+    let site = saying("from the site").await;
+    let accel = Accelerator::start(accelerator_config(site.addr)).await;
+    let dead = closed_port().await;
+    let proxy = client(
+        failing_over(dead, vec![upstream(accel.addr)]),
+        policy(1, Duration::from_secs(600)),
+    )
+    .await;
+    let url = site.url("/form");
+
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/form", b"from the site");
+    let views = proxy.health_views();
+    assert_eq!(views.len(), 2, "{views:?}");
+    assert_eq!(views[0].name, format!("http://{dead}"));
+    assert!(matches!(views[0].state, HealthState::Down { .. }));
+    assert!(views[1].is_up());
+
+    let answer = post(proxy.addr, &url).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(site.seen()[1].method, http::Method::POST);
+}
+
+#[tokio::test]
+async fn a_direct_fallback_gets_no_credentials_no_queue_node_and_no_unasked_signature() {
+    let plain = versioned().await;
+    let dead = closed_port().await;
+    let mut config = ClientConfig {
+        routes: vec![failing_over(
+            dead,
+            vec![RouteTo::Direct(allowing(&["127.0.0.0/8"]))],
+        )],
+        // Never marked down: each GET is offered to the upstream first,
+        // the second with a basis signature.
+        health: policy(0, Duration::from_secs(10)),
+        upstream_credentials: Some(HeaderValue::from_static("Basic dXNlcjpwYXNz")),
+        ..client_config("http://127.0.0.1:1")
+    };
+    config.queue.node = Some("192.0.2.1:9".parse().unwrap());
+    let proxy = ClientProxy::start(config).await;
+    let url = plain.url("/page");
+
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/page", &version(0));
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/page", &version(1));
+    let seen = plain.seen();
+    assert_eq!(seen.len(), 2);
+    // The second one revalidated the stored entry, by the direct way.
+    assert_eq!(seen[1].header("if-none-match"), Some("\"v0\""));
+    for request in &seen {
+        assert_eq!(request.header("proxy-authorization"), None);
+        assert_eq!(request.header("x-node"), None);
+        assert_eq!(request.header("hsync-signature"), None);
+    }
+    // A direct way has no health of its own.
+    assert_eq!(proxy.health_views().len(), 1);
 }

@@ -43,6 +43,7 @@ fn direct_elsewhere() -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(&["*"])),
         to: RouteTo::Direct(allowing(LOOPBACK)),
+        fallback: Vec::new(),
     }
 }
 
@@ -381,6 +382,7 @@ async fn a_connect_goes_to_an_https_upstream_over_tls() {
             vec![RouteConfig {
                 hosts: RouteHosts::Listed(patterns(&["*"])),
                 to: RouteTo::Upstream(format!("https://{}", parent.addr).parse().unwrap()),
+                fallback: Vec::new(),
             }],
             vec![port],
         )

@@ -63,6 +63,7 @@ pub fn upstream_route(hosts: &[&str], upstream: SocketAddr) -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(hosts)),
         to: RouteTo::Upstream(format!("http://{upstream}").parse().unwrap()),
+        fallback: Vec::new(),
     }
 }
 
@@ -71,5 +72,6 @@ pub fn direct_route(hosts: &[&str], allowed: &[&str]) -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(hosts)),
         to: RouteTo::Direct(allowing(allowed)),
+        fallback: Vec::new(),
     }
 }
