@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 use http_body_util::Full;
 use prometheus_parse::{Scrape, Value};
-use rproxy::admin::{self, Admin, Health, Source, Summary, UpstreamView};
+use rproxy::admin::{self, Admin, Source, Summary, UpstreamView};
 use rproxy::config::Role;
 use rproxy::http::auth::{AuthFile, basic_credentials};
 use support::proxy::eventually;
@@ -97,7 +97,6 @@ fn admin_of(source: Arc<dyn Source>, role: Role, listen: SocketAddr) -> Arc<Admi
         settings: vec![("cache-size".into(), "64M".into())],
         upstreams: vec![UpstreamView {
             name: "* -> the test's accelerator".into(),
-            health: Health::Unchecked,
         }],
     };
     Arc::new(Admin::new(source, summary, None))

@@ -43,6 +43,7 @@ fn direct_elsewhere() -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(&["*"])),
         to: RouteTo::Direct(allowing(LOOPBACK)),
+        fallback: Vec::new(),
     }
 }
 
@@ -224,6 +225,7 @@ async fn a_site_that_is_not_a_parent_refuses_connect_with_400() {
             origin: SiteOrigin::Server {
                 url: format!("http://{}", echo.addr).parse().unwrap(),
                 ca_file: None,
+                health_path: None,
             },
         },
         parent_site(&["*"], vec![port], LOOPBACK),
@@ -380,6 +382,7 @@ async fn a_connect_goes_to_an_https_upstream_over_tls() {
             vec![RouteConfig {
                 hosts: RouteHosts::Listed(patterns(&["*"])),
                 to: RouteTo::Upstream(format!("https://{}", parent.addr).parse().unwrap()),
+                fallback: Vec::new(),
             }],
             vec![port],
         )

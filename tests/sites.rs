@@ -228,6 +228,7 @@ async fn https_origins_are_fetched_over_tls_with_the_configured_ca() {
         origin: SiteOrigin::Server {
             url: format!("https://localhost:{port}").parse().unwrap(),
             ca_file: Some(cert.clone()),
+            health_path: None,
         },
     };
     let mut parent_site = parent_site(&["localhost"], vec![port], &["127.0.0.0/8", "::1/128"]);
@@ -249,6 +250,7 @@ async fn https_origins_are_fetched_over_tls_with_the_configured_ca() {
         origin: SiteOrigin::Server {
             url: format!("https://localhost:{port}").parse().unwrap(),
             ca_file: None,
+            health_path: None,
         },
     }]))
     .await;

@@ -33,6 +33,7 @@ fn config(ports: &[u16], loopback: bool, idle_timeout: Duration) -> ClientConfig
         routes: vec![RouteConfig {
             hosts: RouteHosts::Listed(vec![HostPattern::parse("*").unwrap()]),
             to: RouteTo::Direct(AddressPolicy::default()),
+            fallback: Vec::new(),
         }],
         tunnel: TunnelConfig {
             ports: ports.to_vec(),

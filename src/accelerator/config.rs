@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use http::Uri;
 use http::header::HeaderValue;
+use http::uri::PathAndQuery;
 use ipnet::IpNet;
 
 use crate::hsync::EncoderOptions;
 use crate::http::address_policy::AddressPolicy;
+use crate::http::health::HealthPolicy;
 use crate::http::host_pattern::HostPattern;
 use crate::queue::QueueConfig;
 
@@ -46,9 +48,13 @@ pub enum SiteOrigin {
         url: Uri,
         /// Trust these (PEM) instead of the system's roots for `https://`.
         ca_file: Option<PathBuf>,
+        /// Checked every `health_interval` when given (the active health
+        /// check); requests alone tell otherwise.
+        health_path: Option<PathAndQuery>,
     },
     /// Parent mode: the URL's own host, for authenticated client proxies
-    /// (the far-side proxy of the 1999 set-up).
+    /// (the far-side proxy of the 1999 set-up). Not health-checked: its
+    /// hosts are whoever the URLs name.
     Parent(ParentPolicy),
 }
 
@@ -71,7 +77,11 @@ impl SiteConfig {
     pub fn any_host(url: Uri) -> SiteConfig {
         SiteConfig {
             names: SiteNames::AnyHost,
-            origin: SiteOrigin::Server { url, ca_file: None },
+            origin: SiteOrigin::Server {
+                url,
+                ca_file: None,
+                health_path: None,
+            },
         }
     }
 }
@@ -103,6 +113,11 @@ pub struct AcceleratorConfig {
     pub connect_timeout: Duration,
     /// Time for the origin's response head.
     pub origin_timeout: Duration,
+    /// When an origin that fails is marked down, and for how long
+    /// ([`crate::http::health`]).
+    pub health: HealthPolicy,
+    /// Time between two checks of a site's `health_path`.
+    pub health_interval: Duration,
     /// Time without a byte moving either way before a parent-mode site's
     /// CONNECT tunnel is closed: the listener's `idle-timeout`.
     pub tunnel_idle_timeout: Duration,

@@ -29,8 +29,10 @@
 //! loops, `Max-Forwards`, upload slots) and the decision to code or pass
 //! through. The rest, one reason to change per file:
 //! - `config.rs`: the validated settings; `stats.rs`: the counters;
-//! - `sites.rs`: which site and origin a request (or a CONNECT) is for;
-//!   `origin.rs`: the request as it goes and the trip to the origin;
+//! - `sites.rs`: which site and origin a request (or a CONNECT) is for,
+//!   and each origin's health; `origin.rs`: the request as it goes and
+//!   the trip to the origin (refused at once, 503, while the origin is
+//!   marked down); `checks.rs`: the active checks of a `health-path`;
 //!   `tunnel.rs`: a parent-mode site's CONNECT tunnels;
 //! - [`coder`]: whether and how an answer is coded (the head, the
 //!   encoder, whole or streamed), shared with a client proxy that serves
@@ -49,6 +51,7 @@
 //! Main types: [`Accelerator`], [`AcceleratorConfig`].
 
 pub mod basis_store;
+mod checks;
 pub mod coder;
 mod coding;
 mod config;
@@ -71,6 +74,7 @@ pub use config::{
 pub use stats::{STATS_PATH, Stats, StatsSnapshot, Timings};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -81,6 +85,7 @@ use hyper::body::Incoming;
 use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{Hop, answer_at_this_hop, max_forwards, via_names_hop};
+use crate::http::health::HealthView;
 use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
 use crate::http::upstream_guard;
 
@@ -109,7 +114,7 @@ impl Accelerator {
     /// A [`ConfigError`]: no site, a bad origin URL, origin TLS that
     /// cannot be set up.
     pub fn new(config: AcceleratorConfig) -> Result<Self, ConfigError> {
-        let sites = Sites::new(&config.sites, config.connect_timeout)?;
+        let sites = Sites::new(&config.sites, config.connect_timeout, config.health, None)?;
         let slots = config
             .queue
             .clone()
@@ -126,13 +131,21 @@ impl Accelerator {
 
     /// This accelerator with a new configuration (a reload): new sites
     /// and coding settings, the same counters, upload slots and queue,
-    /// and kept bodies. Requests under way finish with this one.
+    /// and kept bodies; what was known of each origin's health carries
+    /// over by its URL. Requests under way finish with this one. Its
+    /// health checks are the caller's to start
+    /// ([`Accelerator::health_checks`]); this one's end with it.
     ///
     /// # Errors
     /// As [`Accelerator::new`].
     pub fn reconfigured(&self, config: AcceleratorConfig) -> Result<Self, ConfigError> {
         Ok(Accelerator {
-            sites: Sites::new(&config.sites, config.connect_timeout)?,
+            sites: Sites::new(
+                &config.sites,
+                config.connect_timeout,
+                config.health,
+                Some(&self.sites),
+            )?,
             coder: self.coder.reconfigured(CoderConfig::from(&config)),
             stats: self.stats.clone(),
             slots: self.slots.clone(),
@@ -148,6 +161,27 @@ impl Accelerator {
     /// The upload slots, when there are any.
     pub fn slots(&self) -> Option<&Arc<Slots>> {
         self.slots.as_ref()
+    }
+
+    /// The health of each site's origin server, once per origin (parent-
+    /// mode sites have none), for the status page and metrics.
+    pub fn health_views(&self) -> Vec<HealthView> {
+        self.sites.health_views(tokio::time::Instant::now())
+    }
+
+    /// The active health checks of the origins with a `health-path`, for
+    /// the caller to spawn once the accelerator serves (and again for the
+    /// one a reload builds): they run every `health_interval` and end
+    /// once this accelerator is dropped. Nothing to do without a
+    /// `health-path`.
+    pub fn health_checks(&self) -> impl Future<Output = ()> + Send + 'static {
+        // Settings refuse 0, which `tokio::time::interval` would panic on.
+        let interval = self.config.health_interval.max(Duration::from_millis(1));
+        checks::run(
+            self.sites.checks(),
+            interval,
+            interval.min(self.config.origin_timeout),
+        )
     }
 
     /// Refuses a request: counted under its fault, logged, answered.

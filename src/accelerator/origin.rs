@@ -4,6 +4,12 @@
 //! timeout, and the response head checked and made ours (no hop-by-hop
 //! fields, our `Via`, our reason phrase and version).
 //!
+//! The trip feeds the origin's health: an answer is a success, a
+//! connection that could not be opened or no head in time a failure
+//! ([`crate::http::health`] says why those), and while the origin is
+//! marked down a request is refused at once (503, `Retry-After`) instead
+//! of waiting for its own connect timeout, but for the one that probes.
+//!
 //! Leaves out which origin (`sites.rs`) and what is done with the body
 //! (`mod.rs` decides to code or pass).
 //!
@@ -16,6 +22,7 @@ use http::request::Parts;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::capture_connection;
+use tokio::time::Instant;
 
 use super::Accelerator;
 use super::sites::Route;
@@ -26,6 +33,7 @@ use crate::http::headers::{
     HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
     strip_hop_by_hop,
 };
+use crate::http::health::Admission;
 use crate::http::server::{BodyError, Peer, malformed_request_body};
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck};
@@ -86,15 +94,34 @@ impl Accelerator {
     /// Sends the rewritten request and waits for the origin's head.
     ///
     /// # Errors
-    /// No head within the origin timeout (504), the origin unreachable or
-    /// not permitted (502, 403), the client's body malformed (400), a head
-    /// that cannot be relayed (502).
+    /// The origin marked down (503), no head within the origin timeout
+    /// (504), the origin unreachable or not permitted (502, 403), the
+    /// client's body malformed (400), a head that cannot be relayed (502).
     pub(super) async fn fetch(
         &self,
         parts: Parts,
         body: Incoming,
         route: &Route,
     ) -> Result<FromOrigin, ProxyError> {
+        let health = route.health.as_deref();
+        if let Some(health) = health
+            && let Admission::Refused { retry_in } = health.admit(Instant::now())
+        {
+            let last = health.view(Instant::now()).last_error.unwrap_or_default();
+            return Err(ProxyError::upstream_down(
+                format!(
+                    "origin {} is down ({last}); it is tried again in {} s",
+                    health.name(),
+                    retry_in.as_secs_f64().ceil()
+                ),
+                retry_in,
+            ));
+        }
+        let failed = |error: &str| {
+            if let Some(health) = health {
+                health.record_failure(error, Instant::now());
+            }
+        };
         let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
         let connection = capture_connection(&mut outbound);
         let timeout = self.config.origin_timeout;
@@ -105,9 +132,9 @@ impl Accelerator {
         }
         let response = match answered {
             Err(_) => {
-                return Err(ProxyError::upstream_timeout(format!(
-                    "origin sent no response head within {timeout:?}"
-                )));
+                let message = format!("origin sent no response head within {timeout:?}");
+                failed(&message);
+                return Err(ProxyError::upstream_timeout(message));
             }
             // The exchange failed on the client's body, not the origin.
             Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
@@ -117,14 +144,23 @@ impl Accelerator {
                 if let Some(refused) = AddressRefused::in_chain(&error) {
                     return Err(ProxyError::forbidden(refused.to_string()));
                 }
-                return Err(ProxyError::upstream_unreachable(format!(
+                let message = format!(
                     "origin unreachable: {}: {}",
                     route.url.authority().map_or("", |a| a.as_str()),
                     error_chain(&error)
-                )));
+                );
+                // Only a connection that could not be opened says the
+                // origin is gone; a pooled one it closed under us does not.
+                if error.is_connect() {
+                    failed(&message);
+                }
+                return Err(ProxyError::upstream_unreachable(message));
             }
             Ok(Ok(response)) => response,
         };
+        if let Some(health) = health {
+            health.record_success(Instant::now());
+        }
         if let Err(message) = check_response_head(response.headers()) {
             // Whatever hyper made of it, the connection is not used again.
             if let Some(connected) = connection.connection_metadata().as_ref() {

@@ -8,6 +8,12 @@
 //! is made (P-12, A-7): an absolute-form target with 400, an unknown
 //! `Host` with 421, a destination outside a parent's allow-list with 403.
 //!
+//! Each origin server has a [`Health`] (sites with the same origin share
+//! one) that the trip there feeds, and that the active checks of a
+//! `health-path` feed too ([`Sites::checks`]); a reload carries it over
+//! by the origin's URL. A parent-mode site has none: its hosts are
+//! whoever the URLs name, and one failing says nothing of the others.
+//!
 //! Leaves out what is sent (the rewrite is `origin.rs`'s) and the check of
 //! the addresses a name resolves to, which happens where the connection
 //! is made ([`crate::http::dial`]), so that what was checked is what is
@@ -15,6 +21,7 @@
 //!
 //! Main types: [`Sites`], [`Route`], [`Tunnel`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::header::{self, HeaderValue};
@@ -22,9 +29,11 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri};
 use hyper_util::client::legacy::Client;
 
+use super::checks::Check;
 use super::config::{ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin};
 use crate::http::dial::{Dialer, OriginConnector};
 use crate::http::error::ProxyError;
+use crate::http::health::{Health, HealthPolicy, HealthView};
 use crate::http::host_pattern::HostPattern;
 use crate::http::server::ProxyBody;
 use crate::http::tls::{TlsSession, origin_client_config};
@@ -44,12 +53,15 @@ struct Site {
     client: OriginClient,
     /// How the site's connections are opened (a parent's tunnels too).
     dialer: Dialer,
+    /// The origin server's; `None` for a parent.
+    health: Option<Arc<Health>>,
 }
 
 enum Origin {
     Server {
         scheme: Scheme,
         authority: Authority,
+        health_path: Option<PathAndQuery>,
     },
     Parent(ParentPolicy),
 }
@@ -64,6 +76,8 @@ pub(super) struct Route {
     pub asked: Option<String>,
     /// The pool the request goes through.
     pub client: OriginClient,
+    /// The origin server's health; `None` for a parent-mode site.
+    pub health: Option<Arc<Health>>,
 }
 
 /// Where one CONNECT goes: a parent-mode site's tunnel.
@@ -85,21 +99,30 @@ struct Asked {
 }
 
 impl Sites {
-    /// Connects nothing yet; builds a pool per site.
+    /// Connects nothing yet; builds a pool per site, and a [`Health`] per
+    /// origin server under `policy`, carrying over what `previous` (the
+    /// sites a reload replaces) knew of the same origin.
     ///
     /// # Errors
     /// A bad origin URL, no site, or TLS settings that cannot be loaded.
     pub fn new(
         configs: &[SiteConfig],
         connect_timeout: std::time::Duration,
+        policy: HealthPolicy,
+        previous: Option<&Sites>,
     ) -> Result<Sites, ConfigError> {
         if configs.is_empty() {
             return Err(ConfigError::NoSite);
         }
         let mut sites = Vec::with_capacity(configs.len());
+        let mut healths: HashMap<String, Arc<Health>> = HashMap::new();
         for config in configs {
             let (origin, dialer) = match &config.origin {
-                SiteOrigin::Server { url, ca_file } => {
+                SiteOrigin::Server {
+                    url,
+                    ca_file,
+                    health_path,
+                } => {
                     let bad = || ConfigError::BadOrigin {
                         origin: url.to_string(),
                     };
@@ -118,7 +141,12 @@ impl Sites {
                         policy: None,
                         tls,
                     };
-                    (Origin::Server { scheme, authority }, dialer)
+                    let origin = Origin::Server {
+                        scheme,
+                        authority,
+                        health_path: health_path.clone(),
+                    };
+                    (origin, dialer)
                 }
                 SiteOrigin::Parent(policy) => {
                     // Without roots, `https://` URLs fail one by one;
@@ -144,14 +172,86 @@ impl Sites {
                 Origin::Parent(_) => crate::http::server::web_client_builder(),
             };
             let client = builder.build(OriginConnector(dialer.clone()));
+            let health = origin.name().map(|name| {
+                healths
+                    .entry(name.clone())
+                    .or_insert_with(|| {
+                        Arc::new(match previous.and_then(|sites| sites.health_of(&name)) {
+                            Some(known) => Health::continuing(known, policy),
+                            None => Health::new(name, policy),
+                        })
+                    })
+                    .clone()
+            });
             sites.push(Site {
                 names: config.names.clone(),
                 origin,
                 client,
                 dialer,
+                health,
             });
         }
         Ok(Sites { sites })
+    }
+
+    /// The health of the origin server named `name`, if one is ours.
+    fn health_of(&self, name: &str) -> Option<&Health> {
+        self.sites
+            .iter()
+            .filter_map(|site| site.health.as_deref())
+            .find(|health| health.name() == name)
+    }
+
+    /// Each origin server's health now, once per origin, in the order of
+    /// the sites.
+    pub fn health_views(&self, now: tokio::time::Instant) -> Vec<HealthView> {
+        let mut views: Vec<HealthView> = Vec::new();
+        for health in self.sites.iter().filter_map(|site| site.health.as_deref()) {
+            if !views.iter().any(|view| view.name == health.name()) {
+                views.push(health.view(now));
+            }
+        }
+        views
+    }
+
+    /// The active checks: one per site whose origin has a `health-path`,
+    /// through the site's own pool, with the site's first exact name as
+    /// `Host` (a virtual host answers to it), else the origin's own.
+    pub fn checks(&self) -> Vec<Check> {
+        self.sites
+            .iter()
+            .filter_map(|site| {
+                let Origin::Server {
+                    scheme,
+                    authority,
+                    health_path: Some(path),
+                } = &site.origin
+                else {
+                    return None;
+                };
+                let url = Uri::builder()
+                    .scheme(scheme.clone())
+                    .authority(authority.clone())
+                    .path_and_query(path.clone())
+                    .build()
+                    .expect("a scheme, an authority and a path make a URL");
+                let name = match &site.names {
+                    SiteNames::Listed(names) => names.iter().find_map(|name| match name {
+                        HostPattern::Exactly(name) => Some(name.as_str()),
+                        _ => None,
+                    }),
+                    SiteNames::AnyHost => None,
+                };
+                let host = HeaderValue::from_str(name.unwrap_or(authority.as_str()))
+                    .expect("a host name or an authority is a valid header value");
+                Some(Check {
+                    url,
+                    host,
+                    client: site.client.clone(),
+                    health: Arc::downgrade(site.health.as_ref()?),
+                })
+            })
+            .collect()
     }
 
     /// The route of `request` whose target (origin-form, or `*` for
@@ -293,6 +393,19 @@ fn default_port(scheme: &Scheme) -> u16 {
     if *scheme == Scheme::HTTPS { 443 } else { 80 }
 }
 
+impl Origin {
+    /// An origin server's URL, `scheme://authority`, as its health is
+    /// named; `None` for a parent.
+    fn name(&self) -> Option<String> {
+        match self {
+            Origin::Server {
+                scheme, authority, ..
+            } => Some(format!("{scheme}://{authority}")),
+            Origin::Parent(_) => None,
+        }
+    }
+}
+
 impl Site {
     /// Whether this site serves what the request asked for.
     fn answers(&self, asked: Option<&Asked>) -> bool {
@@ -300,7 +413,10 @@ impl Site {
             (SiteNames::AnyHost, Some(asked)) if asked.absolute => {
                 // The shorthand serves its origin's bytes under its origin's
                 // URL only (P-12).
-                let Origin::Server { scheme, authority } = &self.origin else {
+                let Origin::Server {
+                    scheme, authority, ..
+                } = &self.origin
+                else {
                     return true;
                 };
                 asked
@@ -323,7 +439,9 @@ impl Site {
 
     fn route(&self, asked: Option<&Asked>, target: PathAndQuery) -> Result<Route, ProxyError> {
         let (scheme, authority, host) = match &self.origin {
-            Origin::Server { scheme, authority } => {
+            Origin::Server {
+                scheme, authority, ..
+            } => {
                 let host = match (&self.names, asked) {
                     (SiteNames::Listed(_), Some(asked)) => asked.authority.clone(),
                     _ => authority.clone(),
@@ -356,6 +474,7 @@ impl Site {
                 .expect("an authority is a valid header value"),
             asked: asked.map(|a| a.authority.to_string()),
             client: self.client.clone(),
+            health: self.health.clone(),
         })
     }
 }

@@ -16,6 +16,7 @@ use crate::accelerator::Accelerator;
 use crate::cache::PurgeReport;
 use crate::client_proxy::ClientProxy;
 use crate::config::Role;
+use crate::http::health::HealthView;
 use crate::http::metrics::LatencySnapshot;
 
 /// A role whose counters the admin listener reads.
@@ -188,6 +189,9 @@ pub struct Figures {
     pub tunnels: u64,
     /// Bytes relayed by tunnels that ended.
     pub tunnel_bytes: u64,
+    /// The health of each checked origin (accelerator) or upstream proxy
+    /// (client proxy), now.
+    pub health: Vec<HealthView>,
 }
 
 impl Figures {
@@ -248,6 +252,7 @@ impl Source for ClientProxy {
             upstream_latency: self.stats().upstream_latency().snapshot(),
             tunnels: stats.tunnels,
             tunnel_bytes: stats.tunnel_bytes,
+            health: self.health_views(),
         }
     }
 
@@ -292,6 +297,7 @@ impl Source for Accelerator {
             upstream_latency: self.stats().origin_latency().snapshot(),
             tunnels: stats.tunnels,
             tunnel_bytes: stats.tunnel_bytes,
+            health: self.health_views(),
         }
     }
 

@@ -100,6 +100,42 @@ fn gauge(value: u64) -> ConstGauge<i64> {
     ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
 }
 
+/// Each checked upstream's state, labelled with its URL (an origin or
+/// upstream proxy the operator configured: not a user's URL).
+fn health(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut up = e.encode_descriptor(
+        "upstream_up",
+        "Whether requests go to this origin or upstream proxy (1) or it is marked down (0).",
+        None,
+        MetricType::Gauge,
+    )?;
+    for view in &f.health {
+        let labels = [("upstream", view.name.as_str())];
+        ConstGauge::new(i64::from(view.is_up())).encode(up.encode_family(&labels)?)?;
+    }
+    let mut failures = e.encode_descriptor(
+        "upstream_failures",
+        "Failures in a row (no connection, no head in time) since its last success.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for view in &f.health {
+        let labels = [("upstream", view.name.as_str())];
+        ConstGauge::new(i64::from(view.failures)).encode(failures.encode_family(&labels)?)?;
+    }
+    let mut downs = e.encode_descriptor(
+        "upstream_marked_down",
+        "Times it was marked down.",
+        None,
+        MetricType::Counter,
+    )?;
+    for view in &f.health {
+        let labels = [("upstream", view.name.as_str())];
+        ConstCounter::new(view.times_down).encode(downs.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let bytes = Some(&Unit::Bytes);
     let secs = Some(&Unit::Seconds);
@@ -294,6 +330,7 @@ fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt
             None,
         )?;
     }
+    health(f, e)?;
     one(
         e,
         "tunnels",

@@ -44,7 +44,7 @@ use crate::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, text_respo
 pub use figures::{BasisFigures, CacheFigures, Faults, Figures, Outcomes, Source};
 pub use history::{History, SAMPLE_EVERY};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
-pub use page::{Health, Summary, UpstreamView};
+pub use page::{Summary, UpstreamView};
 
 /// Where the metrics are.
 pub const METRICS_PATH: &str = "/metrics";

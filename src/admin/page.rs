@@ -10,7 +10,7 @@
 //!
 //! Leaves out where the figures come from (`figures.rs`, `history.rs`).
 //!
-//! Main items: [`render`], [`Summary`], [`UpstreamView`], [`Health`].
+//! Main items: [`render`], [`Summary`], [`UpstreamView`].
 
 use std::fmt::Write;
 use std::net::SocketAddr;
@@ -21,6 +21,7 @@ use html_escape::encode_text;
 use super::Figures;
 use super::history::{History, Point, SAMPLE_EVERY, Step};
 use crate::config::Role;
+use crate::http::health::{HealthState, HealthView};
 
 /// What the page says about the configuration, given once at start-up.
 #[derive(Debug, Clone)]
@@ -42,24 +43,6 @@ pub struct Summary {
 pub struct UpstreamView {
     /// As configured: `hosts -> upstream`, `names -> origin`.
     pub name: String,
-    /// Its state, once health checks exist (issue 19, "upstream health").
-    pub health: Health,
-}
-
-/// An upstream's health as the page shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Health {
-    /// Not checked: there are no health checks yet; the error counts
-    /// beside it tell what requests met.
-    Unchecked,
-}
-
-impl Health {
-    fn as_str(self) -> &'static str {
-        match self {
-            Health::Unchecked => "not checked (no health checks yet)",
-        }
-    }
 }
 
 /// The page for `figures` (now, at `now`), with `history` for the charts;
@@ -401,7 +384,31 @@ fn upstreams(page: &mut String, summary: &Summary, figures: &Figures) {
             page,
             "<tr><td>{}</td><td>{}</td></tr>",
             encode_text(&upstream.name),
-            upstream.health.as_str()
+            health_of(&upstream.name, &figures.health)
+        );
+    }
+    page.push_str("</table><table><tr><th>checked</th><th>state</th><th>failures in a row</th><th>times down</th><th>last error</th></tr>");
+    if figures.health.is_empty() {
+        page.push_str(
+            "<tr><td colspan=5>none (parent mode and direct ways are not checked)</td></tr>",
+        );
+    }
+    for view in &figures.health {
+        let state = match view.state {
+            HealthState::Up => "up".to_owned(),
+            HealthState::Down { down_for, retry_in } => format!(
+                "DOWN for {} s, retried in {} s",
+                down_for.as_secs(),
+                retry_in.as_secs()
+            ),
+        };
+        let _ = write!(
+            page,
+            "<tr><td>{}</td><td>{state}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            encode_text(&view.name),
+            view.failures,
+            view.times_down,
+            encode_text(view.last_error.as_deref().unwrap_or("-"))
         );
     }
     let latency = &figures.upstream_latency;
@@ -422,6 +429,20 @@ fn upstreams(page: &mut String, summary: &Summary, figures: &Figures) {
         let _ = write!(page, " · errors {errors}");
     }
     page.push_str("</p>");
+}
+
+/// The state of the checked upstreams a configured route or site names:
+/// "up", "DOWN", or, for one that names none of them, "not checked".
+fn health_of(configured: &str, health: &[HealthView]) -> &'static str {
+    let named: Vec<&HealthView> = health
+        .iter()
+        .filter(|view| configured.contains(view.name.as_str()))
+        .collect();
+    match named.as_slice() {
+        [] => "not checked",
+        views if views.iter().all(|view| view.is_up()) => "up",
+        _ => "DOWN",
+    }
 }
 
 fn settings(page: &mut String, summary: &Summary) {
@@ -534,6 +555,16 @@ mod tests {
             upstream_latency: Default::default(),
             tunnels: 0,
             tunnel_bytes: 0,
+            health: vec![HealthView {
+                name: "http://accel<x>".into(),
+                state: HealthState::Down {
+                    down_for: Duration::from_secs(12),
+                    retry_in: Duration::from_secs(8),
+                },
+                failures: 3,
+                last_error: Some("connection refused".into()),
+                times_down: 1,
+            }],
         }
     }
 
@@ -544,7 +575,6 @@ mod tests {
             settings: vec![("cache-size".into(), "1G <b>".into())],
             upstreams: vec![UpstreamView {
                 name: "* -> http://accel<x>".into(),
-                health: Health::Unchecked,
             }],
         }
     }
@@ -571,6 +601,16 @@ mod tests {
         assert!(page.contains("http://accel&lt;x&gt;"), "escaped: {page}");
         assert!(!page.contains("<script"), "no script");
         assert!(page.contains("<rect x="), "a bar for the one step: {page}");
+        assert!(
+            page.contains("<td>* -&gt; http://accel&lt;x&gt;</td><td>DOWN</td>"),
+            "the route names a checked upstream that is down: {page}"
+        );
+        assert!(
+            page.contains(
+                "DOWN for 12 s, retried in 8 s</td><td>3</td><td>1</td><td>connection refused"
+            ),
+            "{page}"
+        );
     }
 
     #[test]

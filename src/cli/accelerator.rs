@@ -125,6 +125,31 @@ pub struct AcceleratorArgs {
     /// seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub origin_timeout: Option<Duration>,
+    /// A path on the origin (the --origin shorthand's; a [[site]] names its
+    /// own) that is asked for every --health-interval: a 2xx or 3xx answer
+    /// says the origin is up, anything else counts as a failure, as a
+    /// request that cannot connect does. Without it, requests alone tell.
+    #[arg(long, value_name = "PATH")]
+    pub health_path: Option<String>,
+    /// Time between two checks of a health-path (30s, 5m, 100ms or
+    /// seconds); a check has this long (or --origin-timeout, if shorter)
+    /// to answer.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub health_interval: Option<Duration>,
+    /// Consecutive failures (no connection, no response head in time, a
+    /// failed health check; a 5xx answer is not one) that mark an origin
+    /// down: its requests are then answered 503 at once, with Retry-After,
+    /// until one probes it successfully. 0: never marked down.
+    #[arg(long, value_name = "N")]
+    pub health_failures: Option<u32>,
+    /// How long an origin marked down is left alone before a request
+    /// probes it (30s, 5m, 100ms or seconds); each failed probe doubles it,
+    /// up to --health-max-down-time.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub health_down_time: Option<Duration>,
+    /// The longest an origin marked down is left alone.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub health_max_down_time: Option<Duration>,
     /// Memory for bodies served, kept so that a client naming one as its
     /// basis gets a delta against the body itself (64K, 256M, 1G or bytes;
     /// 0 turns it off).
@@ -208,8 +233,10 @@ impl AcceleratorArgs {
         override_with_flags!(settings, self;
             plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
-                max_stored_body, slots, queue_max, queue_hold_grace;
-            optional: origin, via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key;
+                max_stored_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
+                health_down_time, health_max_down_time;
+            optional: origin, via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key,
+                health_path;
             switches: no_adapt, basis_store_private, inetd);
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
@@ -277,9 +304,12 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         |address, accelerator| {
             let admin = admin.and_then(|admin| admin.spawn(address, Arc::new(Following(accelerator.clone()))));
             tracing::info!(listen = %address, admin = %shown(admin), sites = %describe, tls = tls.is_some(), "accelerator ready");
-            if let Some(slots) = accelerator.current().role().role().slots() {
+            let accelerator = accelerator.current();
+            let accelerator = accelerator.role().role();
+            if let Some(slots) = accelerator.slots() {
                 tokio::spawn(slots.clone().run_timer(address));
             }
+            tokio::spawn(accelerator.health_checks());
         },
     )
 }
@@ -318,6 +348,8 @@ fn reload(
             ),
         }
         tracing::info!(sites = %settings.describe_sites(), "accelerator reconfigured");
+        // The running one's checks end with it.
+        tokio::spawn(accelerator.health_checks());
         layers.around(accelerator, &settings.log)
     })
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::admin::{self, Admin, Figures, Health, Source, Summary, UpstreamView};
+use crate::admin::{self, Admin, Figures, Source, Summary, UpstreamView};
 use crate::config::{AcceleratorSettings, ClientSettings, Role};
 use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
@@ -164,7 +164,6 @@ fn views(described: &str) -> Vec<UpstreamView> {
         .split("; ")
         .map(|name| UpstreamView {
             name: name.to_owned(),
-            health: Health::Unchecked,
         })
         .collect()
 }

@@ -116,6 +116,21 @@ pub struct ClientArgs {
     /// fetching on its own: 30s, 5m, 100ms or seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub lock_timeout: Option<Duration>,
+    /// Consecutive failures (no connection, no response head in time; a
+    /// 5xx answer is not one) that mark an upstream proxy down: requests
+    /// then go to their route's fallback, or are answered 503 at once
+    /// with Retry-After (or from a stale entry that allows it), until one
+    /// probes it successfully. 0: never marked down.
+    #[arg(long, value_name = "N")]
+    pub health_failures: Option<u32>,
+    /// How long an upstream marked down is left alone before a request
+    /// probes it (30s, 5m, 100ms or seconds); each failed probe doubles it,
+    /// up to --health-max-down-time.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub health_down_time: Option<Duration>,
+    /// The longest an upstream marked down is left alone.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub health_max_down_time: Option<Duration>,
     /// Serve one connection on stdin/stdout, as inetd, xinetd or a systemd
     /// socket unit with Accept=yes start it, and exit when the peer is
     /// done. --listen is not used (but names us in Via by default, unless
@@ -209,6 +224,7 @@ impl ClientArgs {
             plain: listen, admin_listen, cache, cache_size, memory_cache, transfer_memory, max_spool_total,
                 signature_bytes,
                 max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
+                health_failures, health_down_time, health_max_down_time,
                 queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses;
             optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;

@@ -88,7 +88,7 @@ impl ClientProxy {
     /// answered in hsync (within the advertisement's TTL) is most likely an
     /// ordinary origin, which would ignore a signature: it gets none until
     /// it does (its first coded answer, without a basis, says so).
-    fn signature_budget(&self, target: &Target) -> usize {
+    pub(super) fn signature_budget(&self, target: &Target) -> usize {
         match target.upstream.advertised(&target.url) {
             Some(advertised) => advertised
                 .max_signature

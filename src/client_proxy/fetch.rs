@@ -1,10 +1,14 @@
 //! Going upstream for a GET the cache could not answer: the request goes
 //! with the hsync offer, a basis ([`super::basis`]) and, for a stale entry,
-//! its validators. Everything the trip can end in is one [`Answer`], and
-//! [`ClientProxy::fetch`] turns each into the user agent's response in one
-//! match: a failure (or a stale entry served in its place), a 304 that
-//! refreshes the entry, an answer passed through, a body relayed, or a
-//! rebuilt body that failed its checks and is fetched once more whole.
+//! its validators. A way that failed before answering anything (or is
+//! marked down) passes the GET to the route's next way, the basis going
+//! along only within what that one accepts (none to a direct way whose
+//! host has not answered in hsync). Everything the trip can end in is one
+//! [`Answer`], and [`ClientProxy::fetch`] turns each into the user agent's
+//! response in one match: a failure (or a stale entry served in its
+//! place), a 304 that refreshes the entry, an answer passed through, a
+//! body relayed, or a rebuilt body that failed its checks and is fetched
+//! once more whole.
 //!
 //! Leaves out: the trip itself and the queue wait on the way
 //! ([`super::upstream`], [`super::queue_wait`]), rebuilding, checking and
@@ -167,7 +171,7 @@ impl ClientProxy {
     async fn fetch_with(
         self: Arc<Self>,
         parts: Parts,
-        target: Target,
+        mut target: Target,
         key: CacheKey,
         stale: Option<Entry>,
         mut leader: Option<coalesce::Leader>,
@@ -187,7 +191,14 @@ impl ClientProxy {
         // The leader stays until the answer is served from here, unless
         // the answer's body carries it.
         let answer = self
-            .ask(&parts, &target, &key, basis, stale_complete, &mut leader)
+            .ask(
+                &parts,
+                &mut target,
+                &key,
+                basis,
+                stale_complete,
+                &mut leader,
+            )
             .await;
         match answer {
             Answer::Unanswered(refusal) => refusal.log_and_respond(),
@@ -228,13 +239,15 @@ impl ClientProxy {
 
     /// Asks upstream, offering hsync against `basis` and revalidating
     /// `stale` (a complete 200), and reads the answer's head; a body worth
-    /// relaying goes on to [`relay`](Self::relay).
+    /// relaying goes on to [`relay`](Self::relay). A way that fails before
+    /// answering passes the request to the next of the route's, which
+    /// `target` then is.
     async fn ask(
         &self,
         parts: &Parts,
-        target: &Target,
+        target: &mut Target,
         key: &CacheKey,
-        basis: Option<BasisOffer>,
+        mut basis: Option<BasisOffer>,
         stale: Option<Entry>,
         leader: &mut Option<coalesce::Leader>,
     ) -> Answer {
@@ -248,30 +261,48 @@ impl ClientProxy {
             headers.extend(freshness::conditional_headers(&stored_headers(entry)));
         }
         offer_hsync(&mut headers);
-        if let Some(offer) = &basis {
-            ClientStats::add(&self.stats.signature_bytes, offer.signature_len as u64);
-            if let Some(note) = parts.extensions.get::<Note>() {
-                note.to_upstream(offer.signature_len as u64);
+        let (response, now) = loop {
+            let mut headers = headers.clone();
+            if let Some(offer) = &basis {
+                headers.insert(HSYNC_BASIS, offer.name.clone());
+                headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
             }
-            headers.insert(HSYNC_BASIS, offer.name.clone());
-            headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
-        }
-        let mut outbound = self.outbound(parts, headers, target, empty());
-        if let Some(observed) = parts.extensions.get::<Observed>() {
-            // A navigation's wait goes along: the queue wait shows its
-            // place on the waiting page.
-            outbound.extensions_mut().insert(observed.clone());
-        }
-        let now = unix_now();
-        let response = match self.send(outbound, target).await {
-            Ok(response) => response,
-            Err(refusal) => {
-                if let Some(entry) = stale
-                    && let Some(response) = self.serve_stale_on_error(entry, parts, None).await
-                {
-                    return Answer::ServedStale(response);
+            let mut outbound = self.outbound(parts, headers, target, empty());
+            if let Some(observed) = parts.extensions.get::<Observed>() {
+                // A navigation's wait goes along: the queue wait shows its
+                // place on the waiting page.
+                outbound.extensions_mut().insert(observed.clone());
+            }
+            let now = unix_now();
+            match self.send(outbound, target).await {
+                Ok(response) => {
+                    // Counted where it went: a way that was not reached
+                    // did not take it.
+                    if let Some(offer) = &basis {
+                        ClientStats::add(&self.stats.signature_bytes, offer.signature_len as u64);
+                        if let Some(note) = parts.extensions.get::<Note>() {
+                            note.to_upstream(offer.signature_len as u64);
+                        }
+                    }
+                    break (response, now);
                 }
-                return Answer::Unanswered(refusal);
+                // A GET (its body, if any, is not sent): safe to repeat.
+                Err(refusal) if let Some(next) = self.fail_over(target, &refusal) => {
+                    *target = next;
+                    // Each way gets a signature only within what it
+                    // accepts: none to a direct way's host that has not
+                    // answered in hsync.
+                    let budget = self.signature_budget(target);
+                    basis = basis.filter(|offer| offer.signature_len <= budget);
+                }
+                Err(refusal) => {
+                    if let Some(entry) = stale
+                        && let Some(response) = self.serve_stale_on_error(entry, parts, None).await
+                    {
+                        return Answer::ServedStale(response);
+                    }
+                    return Answer::Unanswered(refusal);
+                }
             }
         };
         let (mut rparts, rbody) = response.into_parts();

@@ -31,7 +31,8 @@
 //! `entry.rs`'s.
 //!
 //! Where a request goes upstream is `routes.rs`'s: the first route whose
-//! hosts match, to an upstream proxy or direct. A CONNECT opens a tunnel
+//! hosts match, to an upstream proxy or direct, or to its fallbacks while
+//! that is marked down or cannot be reached. A CONNECT opens a tunnel
 //! (`tunnel.rs`): checked, then relayed byte for byte, neither cached nor
 //! coded.
 //!
@@ -115,6 +116,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Time for the upstream's response head (504 after).
     pub upstream_timeout: Duration,
+    /// When an upstream proxy that fails is marked down, and for how long
+    /// ([`crate::http::health`]).
+    pub health: crate::http::health::HealthPolicy,
     /// Longest a request waits for an identical one in flight.
     pub lock_timeout: Duration,
     /// Largest body rebuilt from an hsync stream (bytes).
@@ -197,6 +201,8 @@ impl ClientProxy {
             &config.routes,
             config.upstream_tls.as_ref(),
             config.connect_timeout,
+            config.health,
+            None,
         )?;
         let stats = Arc::new(ClientStats {
             cache_write_errors: store.write_errors(),
@@ -226,7 +232,9 @@ impl ClientProxy {
     /// This proxy with a new configuration (a reload): new routes,
     /// timeouts and coding settings over the same cache, counters, queue
     /// waits, fetches in flight and memory and disk budgets (whose sizes
-    /// need a restart to change). Requests under way finish with this one.
+    /// need a restart to change); what was known of each upstream proxy's
+    /// health carries over by its URL. Requests under way finish with this
+    /// one.
     ///
     /// # Errors
     /// As [`ClientProxy::new`].
@@ -235,6 +243,8 @@ impl ClientProxy {
             &config.routes,
             config.upstream_tls.as_ref(),
             config.connect_timeout,
+            config.health,
+            Some(&self.routes),
         )?;
         let coder = match (&self.coder, config.downstream_coding.clone()) {
             (Some(coder), Some(coding)) => Some(coder.reconfigured(self.parked_in_cache(coding))),
@@ -272,6 +282,12 @@ impl ClientProxy {
             self.memory.clone(),
             self.spool_disk.clone(),
         )
+    }
+
+    /// The health of each upstream proxy the routes name, once each (direct
+    /// ways have none), for the status page and metrics.
+    pub fn health_views(&self) -> Vec<crate::http::health::HealthView> {
+        self.routes.health_views(tokio::time::Instant::now())
     }
 
     /// The counters.

@@ -1,7 +1,9 @@
 //! What goes through uncached: HEAD misses and methods other than GET and
 //! HEAD, streamed both ways; a successful unsafe method invalidates the
 //! URL's entries (RFC 9111 §4.4). hsync never reaches a user agent as a
-//! content coding on these paths (P-25).
+//! content coding on these paths (P-25). A HEAD without a body whose way
+//! failed before answering goes on to the route's next way; another
+//! method never does, since the upstream may have acted on it.
 //!
 //! Leaves out: GET misses, which are fetched with the hsync offer and may
 //! be stored ([`super::fetch`]).
@@ -12,11 +14,11 @@ use http::header;
 use http::request::Parts;
 use http::{Method, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 
 use super::entry::{invalidate, strip_vary};
 use super::fetch::{HsyncCoded, hsync_coded};
-use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target};
+use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty};
 use crate::cache::CacheKey;
 use crate::cache::freshness::{self, CacheStatus, Forward};
 use crate::http::error::ProxyError;
@@ -24,28 +26,37 @@ use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, add_via, 
 use crate::http::server::{BodyError, ProxyBody};
 
 impl ClientProxy {
-    /// HEAD misses: passed through as they are.
+    /// HEAD misses: passed through as they are, to the route's next way
+    /// when one failed before answering and there is no body (which could
+    /// not be sent twice).
     pub(super) async fn pass(
         &self,
         parts: Parts,
         body: Incoming,
-        target: Target,
+        mut target: Target,
     ) -> Response<ProxyBody> {
         ClientStats::add(&self.stats.passed, 1);
-        let headers = parts.headers.clone();
-        let outbound = self.outbound(
-            &parts,
-            headers,
-            &target,
-            body.map_err(BodyError::from).boxed(),
-        );
-        match self.send(outbound, &target).await {
-            Ok(response) => self.relay_plain(
-                &parts.method,
-                response,
-                CacheStatus::forwarded(Forward::Miss),
-            ),
-            Err(refusal) => refusal.log_and_respond(),
+        let repeatable = body.is_end_stream();
+        let mut body = Some(body.map_err(BodyError::from).boxed());
+        loop {
+            let headers = parts.headers.clone();
+            let body = body.take().unwrap_or_else(empty);
+            let outbound = self.outbound(&parts, headers, &target, body);
+            match self.send(outbound, &target).await {
+                Ok(response) => {
+                    return self.relay_plain(
+                        &parts.method,
+                        response,
+                        CacheStatus::forwarded(Forward::Miss),
+                    );
+                }
+                Err(refusal)
+                    if repeatable && let Some(next) = self.fail_over(&target, &refusal) =>
+                {
+                    target = next;
+                }
+                Err(refusal) => return refusal.log_and_respond(),
+            }
         }
     }
 

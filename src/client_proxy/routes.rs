@@ -10,23 +10,37 @@
 //! upstream's own URLs, as before routes existed. With `[[route]]` tables a
 //! gateway request is routed by its `Host` like any other.
 //!
-//! A CONNECT is routed by its host the same way ([`Routes::for_host`]):
-//! tunnelled direct, or through the route's upstream proxy as a CONNECT
-//! to it (`tunnel.rs`).
+//! A route may name fallbacks: its **ways**, tried in order. A request
+//! takes the first way not marked down ([`crate::http::health`]: each
+//! upstream proxy has one health, shared by every route naming it; a
+//! direct way has none, its hosts being whoever the URLs name), so that
+//! while the first is down even a POST goes to the next without trying
+//! it. A GET or HEAD without a body whose way failed before answering
+//! anything goes on to the next way ([`Target::next`]; the fetch and
+//! pass paths decide, since only they know the request is safe to
+//! repeat); a POST never does. A direct way keeps its address guard and
+//! port rule: a URL on a port it refuses skips it.
+//!
+//! A CONNECT is routed by its host the same way ([`Routes::tunnel_via`]):
+//! tunnelled direct, or through the first way not marked down, as a
+//! CONNECT to that proxy (`tunnel.rs`); it is not tried again elsewhere.
 //!
 //! Leaves out the trip itself ([`super::upstream`]) and the tunnel's.
 //!
-//! Main types: [`RouteConfig`], [`Routes`].
+//! Main types: [`RouteConfig`], [`Routes`], [`Target`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::header;
 use http::uri::{Authority, Scheme};
 use http::{Request, Uri};
+use tokio::time::Instant;
 
 use super::upstream::Upstream;
 use crate::http::address_policy::AddressPolicy;
 use crate::http::error::ProxyError;
+use crate::http::health::{Health, HealthPolicy, HealthView};
 use crate::http::host_pattern::HostPattern;
 
 /// One route, validated.
@@ -36,6 +50,9 @@ pub struct RouteConfig {
     pub hosts: RouteHosts,
     /// Where they go.
     pub to: RouteTo,
+    /// Where they go, in order, when `to` (or the fallback before) is
+    /// marked down or cannot be reached.
+    pub fallback: Vec<RouteTo>,
 }
 
 /// The hosts a route takes.
@@ -63,6 +80,7 @@ impl RouteConfig {
         RouteConfig {
             hosts: RouteHosts::Shorthand,
             to: RouteTo::Upstream(url),
+            fallback: Vec::new(),
         }
     }
 }
@@ -86,7 +104,13 @@ pub enum RouteError {
 
 /// The routes, each with its pooled connections.
 pub(super) struct Routes {
-    routes: Vec<(RouteHosts, Arc<Upstream>)>,
+    routes: Vec<Route>,
+}
+
+struct Route {
+    hosts: RouteHosts,
+    /// Its upstream (or direct), then its fallbacks.
+    ways: Arc<[Arc<Upstream>]>,
 }
 
 /// Where one request goes.
@@ -98,10 +122,15 @@ pub(super) struct Target {
     pub forward: bool,
     /// The way there.
     pub upstream: Arc<Upstream>,
+    /// The route's ways, `upstream` the one at `at`.
+    ways: Arc<[Arc<Upstream>]>,
+    at: usize,
 }
 
 impl Routes {
-    /// Builds a pool per route.
+    /// Builds a pool per upstream proxy (routes naming the same one share
+    /// it, and its health under `policy`, carried over from `previous`,
+    /// the routes a reload replaces) and per direct way.
     ///
     /// # Errors
     /// A bad upstream URL, or an `https://` one without `tls`.
@@ -109,41 +138,92 @@ impl Routes {
         configs: &[RouteConfig],
         tls: Option<&Arc<rustls::ClientConfig>>,
         connect_timeout: std::time::Duration,
+        policy: HealthPolicy,
+        previous: Option<&Routes>,
     ) -> Result<Routes, RouteError> {
         if configs.is_empty() {
             return Err(RouteError::NoRoute);
         }
+        let mut proxies: HashMap<String, Arc<Upstream>> = HashMap::new();
         let mut routes = Vec::with_capacity(configs.len());
         for config in configs {
-            let upstream = match &config.to {
-                RouteTo::Upstream(url) => {
-                    let bad = || RouteError::BadUpstream(url.to_string());
-                    let scheme = url.scheme().cloned().ok_or_else(bad)?;
-                    if !(scheme == Scheme::HTTP || scheme == Scheme::HTTPS)
-                        || url.path_and_query().is_some_and(|p| p.as_str() != "/")
-                    {
-                        return Err(bad());
+            let mut ways = Vec::with_capacity(1 + config.fallback.len());
+            for to in std::iter::once(&config.to).chain(&config.fallback) {
+                let way = match to {
+                    RouteTo::Upstream(url) => {
+                        let bad = || RouteError::BadUpstream(url.to_string());
+                        let scheme = url.scheme().cloned().ok_or_else(bad)?;
+                        if !(scheme == Scheme::HTTP || scheme == Scheme::HTTPS)
+                            || url.path_and_query().is_some_and(|p| p.as_str() != "/")
+                        {
+                            return Err(bad());
+                        }
+                        let authority = url.authority().cloned().ok_or_else(bad)?;
+                        let name = format!("{scheme}://{authority}");
+                        if let Some(known) = proxies.get(&name) {
+                            known.clone()
+                        } else {
+                            let tls = match (scheme == Scheme::HTTPS, tls) {
+                                (true, Some(tls)) => Some(tls.clone()),
+                                (true, None) => return Err(RouteError::NoTls),
+                                (false, _) => None,
+                            };
+                            let health = match previous.and_then(|routes| routes.health_of(&name)) {
+                                Some(known) => Health::continuing(known, policy),
+                                None => Health::new(name.clone(), policy),
+                            };
+                            let upstream = Upstream::new(authority, tls, connect_timeout, health)
+                                .map_err(RouteError::TlsName)?;
+                            let upstream = Arc::new(upstream);
+                            proxies.insert(name, upstream.clone());
+                            upstream
+                        }
                     }
-                    let authority = url.authority().cloned().ok_or_else(bad)?;
-                    let tls = match (scheme == Scheme::HTTPS, tls) {
-                        (true, Some(tls)) => Some(tls.clone()),
-                        (true, None) => return Err(RouteError::NoTls),
-                        (false, _) => None,
-                    };
-                    Upstream::new(authority, tls, connect_timeout).map_err(RouteError::TlsName)?
-                }
-                RouteTo::Direct(policy) => Upstream::direct(policy.clone(), connect_timeout),
-            };
-            routes.push((config.hosts.clone(), Arc::new(upstream)));
+                    RouteTo::Direct(addresses) => {
+                        Arc::new(Upstream::direct(addresses.clone(), connect_timeout))
+                    }
+                };
+                ways.push(way);
+            }
+            routes.push(Route {
+                hosts: config.hosts.clone(),
+                ways: ways.into(),
+            });
         }
         Ok(Routes { routes })
     }
 
-    /// The target of `request`: its absolute URL and the way there.
+    /// Every upstream proxy's health, once each, in the order the routes
+    /// name them.
+    fn healths(&self) -> impl Iterator<Item = &Health> {
+        let mut seen: Vec<*const Upstream> = Vec::new();
+        self.routes
+            .iter()
+            .flat_map(|route| route.ways.iter())
+            .filter(move |way| {
+                let new = !seen.contains(&Arc::as_ptr(way));
+                seen.push(Arc::as_ptr(way));
+                new
+            })
+            .filter_map(|way| way.health())
+    }
+
+    fn health_of(&self, name: &str) -> Option<&Health> {
+        self.healths().find(|health| health.name() == name)
+    }
+
+    /// Each upstream proxy's health now (direct ways have none).
+    pub fn health_views(&self, now: Instant) -> Vec<HealthView> {
+        self.healths().map(|health| health.view(now)).collect()
+    }
+
+    /// The target of `request`: its absolute URL and the way there, the
+    /// first of its route's that takes the URL and is not marked down
+    /// (else the first that takes it, which will refuse it).
     ///
     /// # Errors
     /// A target that is not an `http://` URL or a path (400), a host no
-    /// route takes (403).
+    /// route takes, or a port no way of its route goes to (403).
     pub fn target<B>(&self, request: &Request<B>) -> Result<Target, ProxyError> {
         let uri = request.uri();
         let (url, gateway) = if let Some(authority) = uri.authority() {
@@ -163,14 +243,17 @@ impl Routes {
                 }
             }
         };
-        if gateway && let Some((_, upstream)) = self.shorthand() {
+        if gateway && let Some(route) = self.shorthand() {
             // The upstream's own URLs, as a gateway in front of it.
+            let upstream = &route.ways[0];
             let (scheme, authority) = upstream.fixed().expect("a shorthand has an upstream");
             let url = with_path(scheme.clone(), authority.clone(), uri)?;
             return Ok(Target {
                 url,
                 forward: false,
                 upstream: upstream.clone(),
+                ways: route.ways.clone(),
+                at: 0,
             });
         }
         let url = match url {
@@ -186,41 +269,42 @@ impl Routes {
                 absolute(&host, uri)?.expect("built from a host")
             }
         };
-        let upstream = self.for_host(url.host().unwrap_or(""))?;
-        let port = url.port_u16().unwrap_or(80);
-        if upstream.is_direct() && !direct_port(port) {
+        let route = self.route_for(url.host().unwrap_or(""))?;
+        let mut taking = (0..route.ways.len()).filter(|&at| takes(&route.ways[at], &url));
+        let Some(first) = taking.next() else {
+            let port = url.port_u16().unwrap_or(80);
             return Err(ProxyError::forbidden(format!(
                 "port {port}: a direct route goes to 80, 443 and ports from 1024 only"
             )));
-        }
-        Ok(Target {
-            url,
-            forward: !upstream.is_direct(),
-            upstream,
-        })
+        };
+        let now = Instant::now();
+        let at = std::iter::once(first)
+            .chain(taking)
+            .find(|&at| !route.ways[at].is_down(now))
+            .unwrap_or(first);
+        Ok(Target::on(url, route.ways.clone(), at))
     }
 
-    /// The way to `host` (as a URL's authority writes it: an IPv6 literal
-    /// in brackets): the first route whose hosts match, as for a request's
-    /// URL; a CONNECT's tunnel is routed by it too.
+    /// The route of `host` (as a URL's authority writes it: an IPv6
+    /// literal in brackets): the first whose hosts match.
     ///
     /// # Errors
     /// A host no route takes (403).
-    pub fn for_host(&self, host: &str) -> Result<Arc<Upstream>, ProxyError> {
+    fn route_for(&self, host: &str) -> Result<&Route, ProxyError> {
         self.routes
             .iter()
-            .find(|(hosts, _)| match hosts {
+            .find(|route| match &route.hosts {
                 RouteHosts::Shorthand => true,
                 RouteHosts::Listed(patterns) => HostPattern::any_matches(patterns, host),
             })
-            .map(|(_, upstream)| upstream.clone())
             .ok_or_else(|| ProxyError::forbidden(format!("no route for {host}")))
     }
 
     /// The upstream proxy a CONNECT for `host` goes through, or `None` to
-    /// tunnel direct: on a direct route, and under the `--upstream`
-    /// shorthand, whose upstream is the accelerator of a site (which does
-    /// not tunnel); `[[route]]` tables send it where they send the host.
+    /// tunnel direct: when the first way of its route not marked down is
+    /// direct, and under the `--upstream` shorthand, whose upstream is the
+    /// accelerator of a site (which does not tunnel); `[[route]]` tables
+    /// send it where they send the host.
     ///
     /// # Errors
     /// A host no route takes (403).
@@ -228,15 +312,50 @@ impl Routes {
         if self.shorthand().is_some() {
             return Ok(None);
         }
-        let upstream = self.for_host(host)?;
-        Ok((!upstream.is_direct()).then_some(upstream))
+        let ways = &self.route_for(host)?.ways;
+        let now = Instant::now();
+        let upstream = ways
+            .iter()
+            .find(|way| !way.is_down(now))
+            .unwrap_or(&ways[0]);
+        Ok((!upstream.is_direct()).then(|| upstream.clone()))
     }
 
-    fn shorthand(&self) -> Option<&(RouteHosts, Arc<Upstream>)> {
+    fn shorthand(&self) -> Option<&Route> {
         self.routes
             .first()
-            .filter(|(hosts, _)| matches!(hosts, RouteHosts::Shorthand))
+            .filter(|route| matches!(route.hosts, RouteHosts::Shorthand))
     }
+}
+
+impl Target {
+    /// `url` by the way at `at` of `ways`.
+    fn on(url: Uri, ways: Arc<[Arc<Upstream>]>, at: usize) -> Target {
+        let upstream = ways[at].clone();
+        Target {
+            url,
+            forward: !upstream.is_direct(),
+            upstream,
+            ways,
+            at,
+        }
+    }
+
+    /// The way after this one, for a request safe to repeat that this one
+    /// could not reach: the next of the route's ways that takes the URL
+    /// and is not marked down, if any.
+    pub fn next(&self) -> Option<Target> {
+        let now = Instant::now();
+        (self.at + 1..self.ways.len())
+            .find(|&at| takes(&self.ways[at], &self.url) && !self.ways[at].is_down(now))
+            .map(|at| Target::on(self.url.clone(), self.ways.clone(), at))
+    }
+}
+
+/// Whether `way` goes to `url`: an upstream proxy takes any; a direct way
+/// only the ports [`direct_port`] allows.
+fn takes(way: &Upstream, url: &Uri) -> bool {
+    !way.is_direct() || direct_port(url.port_u16().unwrap_or(80))
 }
 
 /// Whether a direct route may fetch from `port`: the web's 80 and 443, and

@@ -14,7 +14,11 @@
 //!
 //! Also remembers, per upstream, what its `Hsync-Accept` advertised, in a
 //! table whose entries expire (an upgraded accelerator is noticed within
-//! the TTL).
+//! the TTL), and, per upstream proxy, its [`Health`]: every trip on a
+//! pooled connection asks it first (refused at once, 503, while the proxy
+//! is marked down) and tells it how the trip went; a refusal where the
+//! upstream sent nothing is marked [`ProxyError::unanswered`], for the
+//! callers that may go another way ([`ClientProxy::fail_over`]).
 //!
 //! A queue wait that keeps its place by its connection (Active Queueing
 //! 0.1, PARQ's synchronous part) needs the same connection for every poll,
@@ -52,6 +56,7 @@ use crate::http::dial::{AddressRefused, Dialer, Transport};
 use crate::http::error::{ProxyError, error_chain};
 use crate::http::forwarded;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
+use crate::http::health::{Admission, Health};
 use crate::http::server::{Peer, ProxyBody, malformed_request_body};
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
@@ -108,6 +113,8 @@ pub struct Upstream {
     /// Connects held connections (HTTP/1.1 only over TLS).
     held: UpstreamConnector,
     advertised: Mutex<ExpiringMap<Authority, Advertised>>,
+    /// An upstream proxy's; `None` for a direct route.
+    health: Option<Health>,
 }
 
 /// The pooled connection a response came on (a response extension): a
@@ -183,7 +190,8 @@ impl Closer {
 impl Upstream {
     /// Clients for the upstream at `authority` (`host:port`), over TLS
     /// with `tls` (then HTTP/2 when the upstream offers it by ALPN, many
-    /// requests on one connection), else plain HTTP/1.1.
+    /// requests on one connection), else plain HTTP/1.1; `health` is what
+    /// is known of it.
     ///
     /// # Errors
     /// A host that cannot be a TLS server name.
@@ -191,6 +199,7 @@ impl Upstream {
         authority: Authority,
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
+        health: Health,
     ) -> Result<Upstream, String> {
         let scheme = if tls.is_some() {
             Scheme::HTTPS
@@ -216,11 +225,10 @@ impl Upstream {
             policy: None,
             tls,
         };
-        Ok(Upstream::with(
-            Some((scheme, authority)),
-            dialer(tls),
-            dialer(held_tls),
-        ))
+        Ok(Upstream {
+            health: Some(health),
+            ..Upstream::with(Some((scheme, authority)), dialer(tls), dialer(held_tls))
+        })
     }
 
     /// Clients for a direct route: each request goes to its URL's own
@@ -266,7 +274,21 @@ impl Upstream {
                 ADVERTISED_TTL,
                 MAX_ADVERTISERS,
             )),
+            health: None,
         }
+    }
+
+    /// An upstream proxy's health; `None` for a direct route.
+    pub fn health(&self) -> Option<&Health> {
+        self.health.as_ref()
+    }
+
+    /// Whether it is marked down and not due for a probe (a direct route
+    /// never is).
+    pub fn is_down(&self, now: Instant) -> bool {
+        self.health
+            .as_ref()
+            .is_some_and(|health| health.is_down(now))
     }
 
     /// The proxy's scheme and `host:port`; `None` for a direct route.
@@ -605,14 +627,46 @@ impl ClientProxy {
     }
 
     /// Sends a request upstream once, on a pooled connection (the queue
-    /// is [`Self::send`]'s).
+    /// is [`Self::send`]'s), unless the upstream is marked down.
     pub(super) async fn send_once(
         &self,
         request: Request<ProxyBody>,
         target: &Target,
     ) -> Result<Response<Incoming>, ProxyError> {
+        if let Some(health) = target.upstream.health()
+            && let Admission::Refused { retry_in } = health.admit(Instant::now())
+        {
+            let last = health.view(Instant::now()).last_error.unwrap_or_default();
+            return Err(ProxyError::upstream_down(
+                format!(
+                    "upstream {} is down ({last}); it is tried again in {} s",
+                    health.name(),
+                    retry_in.as_secs_f64().ceil()
+                ),
+                retry_in,
+            )
+            .unanswered());
+        }
         self.checked(target, target.upstream.send(request, target.forward))
             .await
+    }
+
+    /// The way after `target`'s for a request safe to repeat (the caller
+    /// knows: a GET or HEAD without a body) that `refusal` ended before
+    /// the upstream answered anything; `None` when it must stand.
+    pub(super) fn fail_over(&self, target: &Target, refusal: &ProxyError) -> Option<Target> {
+        if !refusal.is_unanswered() {
+            return None;
+        }
+        let next = target.next()?;
+        tracing::info!(
+            url = %target.url,
+            failed = target.upstream.name(&target.url),
+            next = next.upstream.name(&next.url),
+            reason = %refusal,
+            "trying the route's next way"
+        );
+        Some(next)
     }
 
     /// The refusal for the user agent when `upstream` answered 407: the
@@ -639,11 +693,23 @@ impl ClientProxy {
         sent: impl Future<Output = Result<Response<Incoming>, E>>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let upstream = target.upstream.name(&target.url);
+        let health = target.upstream.health();
+        let failed = |message: &str| {
+            if let Some(health) = health {
+                health.record_failure(message, Instant::now());
+            }
+        };
         let asked = Instant::now();
-        let answered = tokio::time::timeout(self.config.upstream_timeout, sent).await;
-        if let Ok(Ok(_)) = &answered {
-            self.stats.upstream_latency.observe(asked.elapsed());
-        }
+        let answered = match tokio::time::timeout(self.config.upstream_timeout, sent).await {
+            Ok(Ok(response)) => {
+                self.stats.upstream_latency.observe(asked.elapsed());
+                if let Some(health) = health {
+                    health.record_success(Instant::now());
+                }
+                Ok(Ok(response))
+            }
+            other => other,
+        };
         match answered {
             // The upstream's challenge is for us, not for the user agent
             // (whose credentials never go upstream): a gateway error.
@@ -675,21 +741,39 @@ impl ClientProxy {
                     return Err(ProxyError::forbidden(refused.to_string()));
                 }
                 ClientStats::add(&self.stats.upstream_errors, 1);
-                Err(ProxyError::upstream_unreachable(format!(
+                let refusal = ProxyError::upstream_unreachable(format!(
                     "upstream {} unreachable: {}",
                     upstream,
                     error_chain(&e)
-                )))
+                ));
+                // Only a connection that could not be opened says the
+                // upstream is gone, and that nothing was sent; a pooled
+                // one closed under us may have carried the request.
+                if is_connect_failure(&e) {
+                    failed(refusal.message());
+                    return Err(refusal.unanswered());
+                }
+                Err(refusal)
             }
             Err(_) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);
-                Err(ProxyError::upstream_timeout(format!(
+                let refusal = ProxyError::upstream_timeout(format!(
                     "upstream {} sent no response head within {:?}",
                     upstream, self.config.upstream_timeout
-                )))
+                ));
+                failed(refusal.message());
+                Err(refusal.unanswered())
             }
         }
     }
+}
+
+/// Whether `error` is a pooled client's failure to open a connection (not
+/// one on a connection already open).
+fn is_connect_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    error
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect)
 }
 
 #[cfg(test)]

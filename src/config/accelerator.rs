@@ -9,11 +9,12 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Uri};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::shared::{LogSettings, saturating_usize, server_url};
+use super::shared::{LogSettings, health_policy, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::accelerator::{
@@ -21,6 +22,7 @@ use crate::accelerator::{
 };
 use crate::hsync::EncoderOptions;
 use crate::http::address_policy::AddressPolicy;
+use crate::http::health::HealthPolicy;
 use crate::http::host_pattern::HostPattern;
 use crate::queue::QueueConfig;
 
@@ -58,6 +60,10 @@ pub struct SiteSettings {
     /// (loopback, link-local and private ones are refused otherwise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_addresses: Vec<IpNet>,
+    /// A path on the origin checked every `health-interval` (a 2xx or 3xx
+    /// answer: up); not for a parent-mode site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_path: Option<String>,
 }
 
 fn any_host() -> Vec<String> {
@@ -85,6 +91,12 @@ impl SiteSettings {
             return Err(at("names: give at least one host name".into()));
         }
         let origin = if self.origin == PARENT {
+            if self.health_path.is_some() {
+                return Err(at(format!(
+                    "health-path: a parent-mode site (origin = \"{PARENT}\") is not \
+                     health-checked: its hosts are whoever the URLs name"
+                )));
+            }
             SiteOrigin::Parent(ParentPolicy {
                 hosts: patterns(&self.allow_hosts)?,
                 ports: self.allow_ports.clone(),
@@ -95,6 +107,12 @@ impl SiteSettings {
             SiteOrigin::Server {
                 url: origin_url(&self.origin).map_err(|e| at(e.0))?,
                 ca_file: self.origin_ca.clone(),
+                health_path: self
+                    .health_path
+                    .as_deref()
+                    .map(health_path)
+                    .transpose()
+                    .map_err(|e| at(e.0))?,
             }
         };
         Ok(SiteConfig {
@@ -107,6 +125,18 @@ impl SiteSettings {
 /// `http[s]://host[:port]`, checked.
 fn origin_url(text: &str) -> Result<Uri, UsageError> {
     server_url("origin", text, &format!(" or \"{PARENT}\""))
+}
+
+/// A `health-path`: a path (and query) on the origin.
+fn health_path(text: &str) -> Result<PathAndQuery, UsageError> {
+    text.parse::<PathAndQuery>()
+        .ok()
+        .filter(|path| path.as_str().starts_with('/'))
+        .ok_or_else(|| {
+            UsageError(format!(
+                "health-path {text:?}: use a path, such as /healthz"
+            ))
+        })
 }
 
 /// The settings of `rproxy accelerator`, one field per flag (see its
@@ -145,6 +175,16 @@ pub struct AcceleratorSettings {
     pub connect_timeout: Duration,
     #[serde(with = "units::duration")]
     pub origin_timeout: Duration,
+    /// The `origin` shorthand's; a `[[site]]` names its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_path: Option<String>,
+    #[serde(with = "units::duration")]
+    pub health_interval: Duration,
+    pub health_failures: u32,
+    #[serde(with = "units::duration")]
+    pub health_down_time: Duration,
+    #[serde(with = "units::duration")]
+    pub health_max_down_time: Duration,
     pub basis_store: Size,
     pub max_stored_body: Size,
     pub basis_store_private: bool,
@@ -174,6 +214,7 @@ pub struct AcceleratorSettings {
 impl Default for AcceleratorSettings {
     fn default() -> Self {
         let encoder = EncoderOptions::default();
+        let health = HealthPolicy::default();
         AcceleratorSettings {
             role: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
@@ -194,6 +235,11 @@ impl Default for AcceleratorSettings {
             transfer_memory: Size(crate::http::transfer_memory::DEFAULT_ACCELERATOR_MEMORY),
             connect_timeout: Duration::from_secs(4),
             origin_timeout: Duration::from_secs(30),
+            health_path: None,
+            health_interval: Duration::from_secs(10),
+            health_failures: health.failures,
+            health_down_time: health.down_time,
+            health_max_down_time: health.max_down_time,
             basis_store: Size::mib(256),
             max_stored_body: Size::mib(8),
             basis_store_private: false,
@@ -279,6 +325,16 @@ impl AcceleratorSettings {
                 "--tls-cert and --tls-key: give both or neither".into(),
             ));
         }
+        if self.health_interval.is_zero() {
+            return Err(UsageError(
+                "--health-interval 0: give a time between checks, such as 10s".into(),
+            ));
+        }
+        health_policy(
+            self.health_failures,
+            self.health_down_time,
+            self.health_max_down_time,
+        )?;
         let via_name = via_name(self.via_name.as_deref(), address)?;
         Ok(self.config_with(sites, via_name))
     }
@@ -299,10 +355,26 @@ impl AcceleratorSettings {
             (Some(_), false) => Err(UsageError(
                 "--origin and [[site]] tables: give one or the other".into(),
             )),
+            (None, false) if self.health_path.is_some() => Err(UsageError(
+                "--health-path is the origin shorthand's: give health-path in each [[site]]".into(),
+            )),
             (origin, true) => {
                 let url = origin_url(origin.as_deref().unwrap_or(DEFAULT_ORIGIN))
                     .map_err(|e| UsageError(format!("--{}", e.0)))?;
-                Ok(vec![SiteConfig::any_host(url)])
+                let path = self
+                    .health_path
+                    .as_deref()
+                    .map(health_path)
+                    .transpose()
+                    .map_err(|e| UsageError(format!("--{}", e.0)))?;
+                Ok(vec![SiteConfig {
+                    names: SiteNames::AnyHost,
+                    origin: SiteOrigin::Server {
+                        url,
+                        ca_file: None,
+                        health_path: path,
+                    },
+                }])
             }
             (None, false) => self
                 .sites
@@ -338,6 +410,13 @@ impl AcceleratorSettings {
             max_signature_bytes: saturating_usize(self.max_signature),
             connect_timeout: self.connect_timeout,
             origin_timeout: self.origin_timeout,
+            // Checked in `to_config` (the defaults pass).
+            health: HealthPolicy {
+                failures: self.health_failures,
+                down_time: self.health_down_time,
+                max_down_time: self.health_max_down_time,
+            },
+            health_interval: self.health_interval,
             tunnel_idle_timeout: self.limits.idle_timeout,
             basis_store_bytes: saturating_usize(self.basis_store),
             max_stored_body: saturating_usize(self.max_stored_body),
@@ -443,6 +522,7 @@ auth-file = "/etc/rproxy/users"
 [[site]]
 names = ["www.example.com", "*.static.example.com"]
 origin = "http://127.0.0.1:8080"
+health-path = "/healthz?deep=1"
 
 [[site]]
 names = ["*"]
@@ -457,6 +537,10 @@ allow-addresses = ["192.168.0.0/16"]
         let config = settings.to_config(settings.listen).unwrap();
         assert_eq!(config.sites.len(), 2);
         assert!(matches!(&config.sites[0].names, SiteNames::Listed(names) if names.len() == 2));
+        assert!(matches!(
+            &config.sites[0].origin,
+            SiteOrigin::Server { health_path: Some(path), .. } if path == "/healthz?deep=1"
+        ));
         let SiteOrigin::Parent(parent) = &config.sites[1].origin else {
             panic!("site 2 is a parent");
         };
@@ -468,6 +552,38 @@ allow-addresses = ["192.168.0.0/16"]
         let printed = super::super::to_toml(&settings);
         let reread: AcceleratorSettings = toml::from_str(&printed).unwrap();
         assert_eq!(reread, settings, "{printed}");
+    }
+
+    #[test]
+    fn the_shorthand_takes_a_health_path_and_the_health_times_are_checked() {
+        let address = "127.0.0.1:8081".parse().unwrap();
+        let settings: AcceleratorSettings =
+            toml::from_str("health-path = \"/up\"\nhealth-interval = \"500ms\"").unwrap();
+        let config = settings.to_config(address).unwrap();
+        assert!(matches!(
+            &config.sites[0],
+            SiteConfig {
+                names: SiteNames::AnyHost,
+                origin: SiteOrigin::Server { health_path: Some(path), .. },
+            } if path == "/up"
+        ));
+        assert_eq!(config.health_interval, Duration::from_millis(500));
+        assert_eq!(config.health, HealthPolicy::default());
+        for (text, expected) in [
+            ("health-interval = 0", "--health-interval 0"),
+            ("health-down-time = 0", "--health-down-time 0"),
+            (
+                "health-down-time = \"2m\"",
+                "--health-max-down-time 60s is shorter",
+            ),
+        ] {
+            let settings: AcceleratorSettings = toml::from_str(text).unwrap();
+            let error = settings.to_config(address).unwrap_err();
+            assert!(error.0.contains(expected), "{text}: {error}");
+        }
+        let never: AcceleratorSettings =
+            toml::from_str("health-failures = 0\nhealth-down-time = 0").unwrap();
+        assert_eq!(never.to_config(address).unwrap().health.failures, 0);
     }
 
     #[test]
@@ -505,6 +621,18 @@ allow-addresses = ["192.168.0.0/16"]
             (
                 "origin = \"http://a\"\n[[site]]\nnames = [\"a\"]\norigin = \"http://a\"",
                 "one or the other",
+            ),
+            (
+                "[[site]]\nnames = [\"a\"]\norigin = \"http://a\"\nhealth-path = \"healthz\"",
+                "site 1: health-path \"healthz\": use a path",
+            ),
+            (
+                "[[site]]\nnames = [\"*\"]\norigin = \"any\"\nhealth-path = \"/healthz\"",
+                "site 1: health-path: a parent-mode site",
+            ),
+            (
+                "health-path = \"/healthz\"\n[[site]]\nnames = [\"a\"]\norigin = \"http://a\"",
+                "give health-path in each [[site]]",
             ),
         ] {
             let settings: AcceleratorSettings = toml::from_str(text).unwrap();

@@ -14,7 +14,7 @@ use http::{HeaderValue, Uri};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::shared::{LogSettings, saturating_usize, server_url};
+use super::shared::{LogSettings, health_policy, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
@@ -22,6 +22,7 @@ use crate::client_proxy::queue_wait::QueueWaitConfig;
 use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
 use crate::http::address_policy::AddressPolicy;
 use crate::http::auth::basic_credentials;
+use crate::http::health::HealthPolicy;
 use crate::http::host_pattern::HostPattern;
 
 /// The environment variable holding the upstream password.
@@ -54,7 +55,14 @@ pub struct RouteSettings {
     /// `http://` fetches; a CONNECT tunnel's are `connect-allow-addresses`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_addresses: Vec<IpNet>,
+    /// Where the hosts go, in order, while `upstream` (or `direct`) is
+    /// marked down or cannot be reached: upstream URLs, and `"direct"`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback: Vec<String>,
 }
+
+/// A fallback to the URL's own host.
+const DIRECT: &str = "direct";
 
 impl RouteSettings {
     /// The validated route; `index` names it in errors.
@@ -68,19 +76,40 @@ impl RouteSettings {
         if hosts.is_empty() {
             return Err(at("hosts: give at least one host name".into()));
         }
+        let direct = || RouteTo::Direct(AddressPolicy::new(self.allow_addresses.clone()));
         let to = match (&self.upstream, self.direct) {
-            (Some(url), false) => {
-                if !self.allow_addresses.is_empty() {
-                    return Err(at("allow-addresses is for direct routes".into()));
-                }
-                RouteTo::Upstream(upstream_url(url).map_err(|e| at(e.0))?)
-            }
-            (None, true) => RouteTo::Direct(AddressPolicy::new(self.allow_addresses.clone())),
+            (Some(url), false) => RouteTo::Upstream(upstream_url(url).map_err(|e| at(e.0))?),
+            (None, true) => direct(),
             _ => return Err(at("give upstream = \"URL\" or direct = true".into())),
         };
+        let mut named: Vec<&str> = vec![self.upstream.as_deref().unwrap_or(DIRECT)];
+        let mut fallback = Vec::with_capacity(self.fallback.len());
+        for way in &self.fallback {
+            if named
+                .iter()
+                .any(|earlier| earlier.eq_ignore_ascii_case(way))
+            {
+                return Err(at(format!("fallback: {way} is named twice")));
+            }
+            named.push(way);
+            fallback.push(if way == DIRECT {
+                direct()
+            } else {
+                RouteTo::Upstream(
+                    upstream_url(way)
+                        .map_err(|e| at(format!("fallback: {} or \"{DIRECT}\"", e.0)))?,
+                )
+            });
+        }
+        if !self.allow_addresses.is_empty() && !named.contains(&DIRECT) {
+            return Err(at(
+                "allow-addresses is for direct routes (or a direct fallback)".into(),
+            ));
+        }
         Ok(RouteConfig {
             hosts: RouteHosts::Listed(hosts),
             to,
+            fallback,
         })
     }
 }
@@ -126,6 +155,11 @@ pub struct ClientSettings {
     pub upstream_timeout: Duration,
     #[serde(with = "units::duration")]
     pub lock_timeout: Duration,
+    pub health_failures: u32,
+    #[serde(with = "units::duration")]
+    pub health_down_time: Duration,
+    #[serde(with = "units::duration")]
+    pub health_max_down_time: Duration,
     pub inetd: bool,
     pub allow_open: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,6 +190,7 @@ pub struct ClientSettings {
 impl Default for ClientSettings {
     fn default() -> Self {
         let queue = QueueWaitConfig::default();
+        let health = HealthPolicy::default();
         ClientSettings {
             role: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8082)),
@@ -178,6 +213,9 @@ impl Default for ClientSettings {
             connect_timeout: Duration::from_secs(4),
             upstream_timeout: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(5),
+            health_failures: health.failures,
+            health_down_time: health.down_time,
+            health_max_down_time: health.max_down_time,
             inetd: false,
             allow_open: false,
             upstream_user: None,
@@ -246,6 +284,11 @@ impl ClientSettings {
                 self.queue_page_after, self.limits.idle_timeout, HELD_WAIT_MARGIN
             )));
         }
+        health_policy(
+            self.health_failures,
+            self.health_down_time,
+            self.health_max_down_time,
+        )?;
         let routes = self.route_configs()?;
         let base = self.config_with(routes, via_name(self.via_name.as_deref(), address)?);
         Ok(ClientConfig {
@@ -300,7 +343,10 @@ impl ClientSettings {
         self.routes
             .iter()
             .map(|route| {
-                let to = route.upstream.as_deref().unwrap_or("direct");
+                let to = std::iter::once(route.upstream.as_deref().unwrap_or(DIRECT))
+                    .chain(route.fallback.iter().map(String::as_str))
+                    .collect::<Vec<_>>()
+                    .join(", then ");
                 format!("{} -> {to}", route.hosts.join(" "))
             })
             .collect::<Vec<_>>()
@@ -314,7 +360,9 @@ impl ClientSettings {
         }
         self.routes
             .iter()
-            .filter_map(|route| route.upstream.as_deref())
+            .flat_map(|route| route.upstream.iter().chain(&route.fallback))
+            .map(String::as_str)
+            .filter(|url| *url != DIRECT)
             .collect()
     }
 
@@ -337,6 +385,12 @@ impl ClientSettings {
             connect_timeout: self.connect_timeout,
             upstream_timeout: self.upstream_timeout,
             lock_timeout: self.lock_timeout,
+            // Checked in `to_config` (the defaults pass).
+            health: HealthPolicy {
+                failures: self.health_failures,
+                down_time: self.health_down_time,
+                max_down_time: self.health_max_down_time,
+            },
             max_object_bytes: self.max_object.0,
             memory_cache_bytes: saturating_usize(self.memory_cache),
             upstream_credentials: None,
@@ -503,6 +557,8 @@ mod tests {
 [[route]]
 hosts = ["*.example.com", "example.org"]
 upstream = "http://accel.example.com"
+fallback = ["http://accel2.example.com", "direct"]
+allow-addresses = ["10.0.0.0/8"]
 
 [[route]]
 hosts = ["*"]
@@ -514,6 +570,18 @@ allow-addresses = ["10.0.0.0/8"]
         assert_eq!(config.routes.len(), 2);
         assert!(
             matches!(&config.routes[0].to, RouteTo::Upstream(url) if url.host() == Some("accel.example.com"))
+        );
+        assert!(matches!(
+            &config.routes[0].fallback[..],
+            [RouteTo::Upstream(url), RouteTo::Direct(policy)]
+                if url.host() == Some("accel2.example.com")
+                    && policy.permits("10.1.2.3".parse().unwrap())
+        ));
+        assert!(config.routes[1].fallback.is_empty());
+        assert_eq!(
+            settings.describe_routes(),
+            "*.example.com example.org -> http://accel.example.com, then \
+             http://accel2.example.com, then direct; * -> direct"
         );
         let RouteTo::Direct(policy) = &config.routes[1].to else {
             panic!("route 2 is direct");
@@ -541,6 +609,22 @@ allow-addresses = ["10.0.0.0/8"]
             (
                 "[[route]]\nhosts = [\"*\"]\nupstream = \"http://a\"\nallow-addresses = [\"10.0.0.0/8\"]",
                 "for direct routes",
+            ),
+            (
+                "[[route]]\nhosts = [\"*\"]\nupstream = \"http://a\"\nfallback = [\"a.example\"]",
+                "route 1: fallback: upstream a.example: use http",
+            ),
+            (
+                "[[route]]\nhosts = [\"*\"]\nupstream = \"http://a\"\nfallback = [\"http://b\", \"http://a\"]",
+                "route 1: fallback: http://a is named twice",
+            ),
+            (
+                "[[route]]\nhosts = [\"*\"]\ndirect = true\nfallback = [\"direct\"]",
+                "route 1: fallback: direct is named twice",
+            ),
+            (
+                "health-down-time = \"5m\"",
+                "--health-max-down-time 60s is shorter",
             ),
             (
                 "upstream = \"http://a\"\n[[route]]\nhosts = [\"*\"]\ndirect = true",

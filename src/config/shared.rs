@@ -17,6 +17,7 @@ use super::UsageError;
 use super::units::{self, Size};
 use crate::http::access_log::{AccessLog, Destination, LogFormat};
 use crate::http::auth::CheckLimits;
+use crate::http::health::HealthPolicy;
 use crate::http::server::ConnectionLimits;
 
 /// Limits on what a client may send and hold (`[limits]`).
@@ -220,6 +221,34 @@ pub(super) fn server_url(key: &str, text: &str, or: &str) -> Result<Uri, UsageEr
         return Err(bad());
     }
     Ok(url)
+}
+
+/// When an upstream that fails is marked down, from the `health-failures`,
+/// `health-down-time` and `health-max-down-time` keys both roles have.
+///
+/// # Errors
+/// A down time of 0 (the upstream would be probed by every request) or a
+/// longest one shorter than the first.
+pub(super) fn health_policy(
+    failures: u32,
+    down_time: Duration,
+    max_down_time: Duration,
+) -> Result<HealthPolicy, UsageError> {
+    if down_time.is_zero() && failures > 0 {
+        return Err(UsageError(
+            "--health-down-time 0: use --health-failures 0 to never mark an upstream down".into(),
+        ));
+    }
+    if max_down_time < down_time {
+        return Err(UsageError(format!(
+            "--health-max-down-time {max_down_time:?} is shorter than --health-down-time {down_time:?}"
+        )));
+    }
+    Ok(HealthPolicy {
+        failures,
+        down_time,
+        max_down_time,
+    })
 }
 
 /// `admin-listen`: where the admin listener (`/metrics`, the status page)

@@ -162,6 +162,10 @@ pub enum ErrorKind {
     SlotsBusy,
     /// The upstream could not be reached or broke off the exchange (502).
     UpstreamUnreachable,
+    /// The upstream failed often enough to be marked down, and is not
+    /// tried again yet (503 with `Retry-After`): refused at once instead
+    /// of after a connect timeout of its own.
+    UpstreamDown,
     /// The upstream sent no head, or no whole body, in time (504).
     UpstreamTimeout,
     /// The upstream's answer cannot be relayed: bad framing, a cut body
@@ -194,7 +198,7 @@ impl ErrorKind {
             ErrorKind::NotCached => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             ErrorKind::LoginsThrottled | ErrorKind::AuthBusy => StatusCode::TOO_MANY_REQUESTS,
-            ErrorKind::SlotsBusy => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::SlotsBusy | ErrorKind::UpstreamDown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::UpstreamUnreachable
             | ErrorKind::BadUpstreamResponse
             | ErrorKind::InternalBadGateway => StatusCode::BAD_GATEWAY,
@@ -221,6 +225,7 @@ impl ErrorKind {
             | ErrorKind::LoginsThrottled => Fault::Client,
             ErrorKind::AuthBusy | ErrorKind::SlotsBusy => Fault::Overload,
             ErrorKind::UpstreamUnreachable
+            | ErrorKind::UpstreamDown
             | ErrorKind::UpstreamTimeout
             | ErrorKind::BadUpstreamResponse => Fault::Upstream,
             ErrorKind::Internal | ErrorKind::InternalBadGateway => Fault::Proxy,
@@ -247,6 +252,7 @@ impl ErrorKind {
             ErrorKind::AuthBusy => "auth_busy",
             ErrorKind::SlotsBusy => "slots_busy",
             ErrorKind::UpstreamUnreachable => "upstream_unreachable",
+            ErrorKind::UpstreamDown => "upstream_down",
             ErrorKind::UpstreamTimeout => "upstream_timeout",
             ErrorKind::BadUpstreamResponse => "bad_upstream_response",
             ErrorKind::Internal => "internal",
@@ -271,6 +277,8 @@ pub struct ProxyError {
     /// The connection cannot be trusted after this message (its framing
     /// was refused), so it is closed.
     close: bool,
+    /// The upstream sent no byte of an answer (see [`Self::unanswered`]).
+    unanswered: bool,
 }
 
 impl ProxyError {
@@ -282,6 +290,7 @@ impl ProxyError {
             at: None,
             headers: None,
             close: false,
+            unanswered: false,
         }
     }
 
@@ -387,6 +396,15 @@ impl ProxyError {
         Self::new(ErrorKind::UpstreamUnreachable, message)
     }
 
+    /// The upstream is marked down (503), tried again in `retry_in`.
+    pub fn upstream_down(message: impl Into<String>, retry_in: std::time::Duration) -> Self {
+        // Whole seconds, rounded up: `Retry-After: 0` would invite a
+        // client to hammer the probe.
+        let seconds = retry_in.as_secs() + u64::from(retry_in.subsec_nanos() > 0);
+        Self::new(ErrorKind::UpstreamDown, message)
+            .with_header(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)))
+    }
+
     /// The upstream was too slow (504).
     pub fn upstream_timeout(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::UpstreamTimeout, message)
@@ -412,6 +430,21 @@ impl ProxyError {
     pub fn closing(mut self) -> Self {
         self.close = true;
         self
+    }
+
+    /// The same refusal, marked as one where the upstream sent no byte of
+    /// an answer: it could not be connected to, sent no head in time, or
+    /// was not tried (marked down). A request that is safe to repeat (a
+    /// GET or HEAD without a body) may go another way.
+    pub fn unanswered(mut self) -> Self {
+        self.unanswered = true;
+        self
+    }
+
+    /// Whether the upstream sent no byte of an answer
+    /// ([`Self::unanswered`]).
+    pub fn is_unanswered(&self) -> bool {
+        self.unanswered
     }
 
     /// The same refusal with one more header.
@@ -561,6 +594,19 @@ mod tests {
         assert_eq!(ProxyError::auth_busy(1).fault(), Fault::Overload);
         assert_eq!(ProxyError::logins_throttled(1).fault(), Fault::Client);
         assert_eq!(ProxyError::internal("x").fault(), Fault::Proxy);
+    }
+
+    #[test]
+    fn a_down_upstream_is_a_503_on_it_with_a_retry_after_in_whole_seconds() {
+        let error = ProxyError::upstream_down("down", std::time::Duration::from_millis(2100));
+        assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(error.fault(), Fault::Upstream);
+        assert_eq!(error.kind().reason(), "upstream_down");
+        assert!(!error.is_unanswered(), "only where the caller says so");
+        let response = error.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+        let soon = ProxyError::upstream_down("down", std::time::Duration::ZERO).into_response();
+        assert_eq!(soon.headers()[header::RETRY_AFTER], "1");
     }
 
     #[test]

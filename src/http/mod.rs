@@ -16,7 +16,8 @@
 //! - [`dial`]: opening a connection upstream (resolve, the
 //!   [`address_policy`], connect, TLS); [`host_pattern`]: the host names a
 //!   site or a route answers to; [`forwarded`]: telling the origin who
-//!   asked.
+//!   asked; [`health`]: whether an origin or upstream proxy is marked
+//!   down after failing.
 //! - [`body_pipe`]: the pipe a streamed body goes through (upstream reader,
 //!   channels, slices to the reader, a spool for a stalled one), around
 //!   each role's own work on the bytes.
@@ -34,6 +35,7 @@ pub mod error;
 pub mod forwarded;
 pub mod head_guard;
 pub mod headers;
+pub mod health;
 pub mod host_pattern;
 pub mod inetd;
 pub mod metrics;

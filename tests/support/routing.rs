@@ -31,6 +31,7 @@ pub fn site(names: &[&str], origin: SocketAddr) -> SiteConfig {
         origin: SiteOrigin::Server {
             url: format!("http://{origin}").parse().unwrap(),
             ca_file: None,
+            health_path: None,
         },
     }
 }
@@ -62,6 +63,7 @@ pub fn upstream_route(hosts: &[&str], upstream: SocketAddr) -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(hosts)),
         to: RouteTo::Upstream(format!("http://{upstream}").parse().unwrap()),
+        fallback: Vec::new(),
     }
 }
 
@@ -70,5 +72,6 @@ pub fn direct_route(hosts: &[&str], allowed: &[&str]) -> RouteConfig {
     RouteConfig {
         hosts: RouteHosts::Listed(patterns(hosts)),
         to: RouteTo::Direct(allowing(allowed)),
+        fallback: Vec::new(),
     }
 }

@@ -100,6 +100,13 @@ impl<H> Server<H> {
         self
     }
 
+    /// Runs `task` until the server is dropped (a role's own timers and
+    /// checks).
+    pub fn running(mut self, task: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.tasks.push(tokio::spawn(task).abort_handle());
+        self
+    }
+
     /// Runs the accelerator's queue timer (lapses, callbacks, saving the
     /// queue) for `slots`, as `rproxy accelerator` does once it listens.
     pub fn with_slot_timer(mut self, slots: Option<&Arc<Slots>>) -> Self {
@@ -198,7 +205,20 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    origin_over(service, None).await
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    origin_over(listener, service, None).await
+}
+
+/// [`origin`] on a listener the test bound (an origin coming back on the
+/// port it had).
+pub async fn origin_on<F, Fut, B>(listener: TcpListener, service: F) -> Origin
+where
+    F: Fn(Request<Incoming>, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    origin_over(listener, service, None).await
 }
 
 /// [`origin`] over TLS with `tls` (an `https://` origin).
@@ -209,17 +229,26 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    origin_over(service, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    origin_over(
+        listener,
+        service,
+        Some(tokio_rustls::TlsAcceptor::from(tls)),
+    )
+    .await
 }
 
-async fn origin_over<F, Fut, B>(service: F, tls: Option<tokio_rustls::TlsAcceptor>) -> Origin
+async fn origin_over<F, Fut, B>(
+    listener: TcpListener,
+    service: F,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Origin
 where
     F: Fn(Request<Incoming>, usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<B>> + Send + 'static,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(Requests {
         seen: Mutex::new(Vec::new()),
@@ -354,7 +383,9 @@ impl Server<rproxy::accelerator::Accelerator> {
         let accelerator = rproxy::accelerator::Accelerator::new(config).unwrap();
         let server = serve(Arc::new(accelerator), listen).await;
         let slots = server.handler.slots().cloned();
-        server.with_slot_timer(slots.as_ref())
+        // As `rproxy accelerator` does once it listens.
+        let checks = server.handler.health_checks();
+        server.with_slot_timer(slots.as_ref()).running(checks)
     }
 
     /// The accelerator's `GET /.rproxy/stats`, on a connection of its own.
