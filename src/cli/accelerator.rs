@@ -326,7 +326,7 @@ fn reload(
     Box::new(move |current| {
         let settings = args.settings()?;
         warn_restart_needed(&running, &settings);
-        settings.limits.to_limits()?;
+        let limits = settings.limits.to_limits()?;
         let layers = Layers::open(&settings.log, &settings.auth)?;
         let config = settings.to_config(address)?;
         let accelerator = current
@@ -350,7 +350,7 @@ fn reload(
         tracing::info!(sites = %settings.describe_sites(), "accelerator reconfigured");
         // The running one's checks end with it.
         tokio::spawn(accelerator.health_checks());
-        layers.around(accelerator, &settings.log)
+        Ok((layers.around(accelerator, &settings.log)?, limits))
     })
 }
 

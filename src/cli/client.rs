@@ -314,7 +314,7 @@ fn reload(
     Box::new(move |current| {
         let settings = args.settings()?;
         warn_restart_needed(&running, &settings);
-        settings.limits.to_limits()?;
+        let limits = settings.limits.to_limits()?;
         let layers = Layers::open(&settings.log, &settings.auth)?;
         let mut config = settings.to_config(address)?;
         config.queue.node = queue_node;
@@ -324,7 +324,7 @@ fn reload(
             .reconfigured(config)
             .map_err(|e| UsageError(e.to_string()))?;
         tracing::info!(routes = %settings.describe_routes(), "client proxy reconfigured");
-        layers.around(proxy, &settings.log)
+        Ok((layers.around(proxy, &settings.log)?, limits))
     })
 }
 

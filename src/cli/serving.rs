@@ -16,13 +16,15 @@ use crate::http::access_log::{AccessLog, Logged};
 use crate::http::auth::{AuthGate, Authenticator};
 use crate::http::inetd::{Stdio, serve_stdio};
 use crate::http::server::{
-    ConnectionLimits, Handler, Reloadable, bind, raise_open_file_limit, serve, serve_tls,
+    ConnectionLimits, Handler, LiveLimits, Reloadable, bind, raise_open_file_limit, serve,
+    serve_tls,
 };
 
-/// How a role is rebuilt on SIGHUP: from the one serving, a new one with
-/// the configuration file read again, or an error saying why the file
-/// was refused (the running configuration then stays).
-pub(super) type Reload<H> = Box<dyn Fn(&H) -> anyhow::Result<H> + Send + Sync>;
+/// How a role is rebuilt on SIGHUP: from the one serving, a new one and
+/// the connection limits with the configuration file read again, or an
+/// error saying why the file was refused (the running configuration then
+/// stays).
+pub(super) type Reload<H> = Box<dyn Fn(&H) -> anyhow::Result<(H, ConnectionLimits)> + Send + Sync>;
 
 /// The layers a role is served in, read from its settings at start and
 /// at each reload: the access log outside, the users check inside.
@@ -202,7 +204,8 @@ impl Listening {
             // Before "ready": a signal sent as soon as it is logged is ours.
             let stop = stop_signal()?;
             let handler = Arc::new(Reloadable::new(handler));
-            reload_on_hangup(handler.clone(), reload)?;
+            let limits = LiveLimits::new(limits);
+            reload_on_hangup(handler.clone(), limits.clone(), reload)?;
             reopen_logs_on_usr1(handler.clone())?;
             ready(address, &handler);
             systemd::ready(&format!("serving on {address}"));
@@ -218,11 +221,13 @@ impl Listening {
 }
 
 /// On each SIGHUP, rebuilds the role with `reload` and swaps it in for
-/// new requests; requests under way finish with the role they started
-/// with. A configuration that does not validate is logged and the running
-/// one stays.
+/// new requests, and its connection limits in for new connections;
+/// requests under way finish with the role they started with. A
+/// configuration that does not validate is logged and the running one
+/// stays.
 fn reload_on_hangup<H: Handler>(
     handler: Arc<Reloadable<H>>,
+    limits: LiveLimits,
     reload: Reload<H>,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -231,10 +236,13 @@ fn reload_on_hangup<H: Handler>(
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
             systemd::reloading();
-            let (handler, reload) = (handler.clone(), reload.clone());
+            let (handler, limits, reload) = (handler.clone(), limits.clone(), reload.clone());
             // Reading files and building TLS clients: off the async workers.
             let rebuilt = tokio::task::spawn_blocking(move || {
-                reload(&handler.current()).map(|role| handler.replace(role))
+                reload(&handler.current()).map(|(role, connection_limits)| {
+                    handler.replace(role);
+                    limits.set(connection_limits);
+                })
             })
             .await;
             match rebuilt {

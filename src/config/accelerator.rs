@@ -275,7 +275,7 @@ impl Settings for AcceleratorSettings {
         "queue-per-address",
         "queue-hold-grace",
         "queue-state",
-        "limits",
+        "limits.max-connections",
     ];
 
     fn file_role(&self) -> Option<Role> {

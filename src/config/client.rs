@@ -251,7 +251,7 @@ impl Settings for ClientSettings {
         "queue-page-after",
         "queue-callback",
         "queue-node",
-        "limits",
+        "limits.max-connections",
     ];
 
     fn file_role(&self) -> Option<Role> {

@@ -72,10 +72,10 @@ pub trait Settings: Serialize + DeserializeOwned + Default {
     const ROLE: Role;
     /// The role the file named, if any.
     fn file_role(&self) -> Option<Role>;
-    /// The keys (and tables) a reload does not apply: what is bound or
-    /// sized once at start (listeners, the cache directory, memory and
-    /// disk pools, queues, connection limits). A change to one of them is
-    /// logged and waits for a restart.
+    /// The keys a reload does not apply (`table.key` for one in a table):
+    /// what is bound or sized once at start (listeners, the cache
+    /// directory, memory and disk pools, queues, the connection count). A
+    /// change to one of them is logged and waits for a restart.
     const RESTART_KEYS: &'static [&'static str];
 }
 
@@ -86,10 +86,19 @@ pub fn restart_needed<S: Settings>(running: &S, reloaded: &S) -> Vec<&'static st
         toml::Table::try_from(settings).expect("settings are plain keys, strings and numbers")
     };
     let (running, reloaded) = (table(running), table(reloaded));
+    // `table.key` names a key of a table (`limits.max-connections`).
+    let value = |table: &toml::Table, key: &str| -> Option<toml::Value> {
+        let mut path = key.split('.');
+        let mut value = table.get(path.next()?)?;
+        for part in path {
+            value = value.get(part)?;
+        }
+        Some(value.clone())
+    };
     S::RESTART_KEYS
         .iter()
         .copied()
-        .filter(|key| running.get(*key) != reloaded.get(*key))
+        .filter(|key| value(&running, key) != value(&reloaded, key))
         .collect()
 }
 

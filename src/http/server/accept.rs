@@ -1,6 +1,7 @@
 //! The accept loop: binding a listener ([`bind`]), accepting on it until
 //! shutdown, at most `max_connections` at once, and handing each connection
-//! to its own task ([`serve`], [`serve_tls`]). What happens on a
+//! to its own task ([`serve`], [`serve_tls`]) with the limits in force
+//! when it was accepted ([`LiveLimits`]). What happens on a
 //! connection is `connection.rs`.
 
 use std::future::Future;
@@ -15,7 +16,7 @@ use tracing::Instrument;
 
 use super::connection::{serve_connection_until, serve_tls_connection};
 use super::handler::Handler;
-use super::limits::{ConnectionLimits, Draining};
+use super::limits::{Draining, LiveLimits};
 
 /// Accepts connections on `listener` until `shutdown` resolves, serving
 /// each on its own task, at most `limits.max_connections` at once. Then
@@ -24,58 +25,69 @@ use super::limits::{ConnectionLimits, Draining};
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
-    limits: ConnectionLimits,
+    limits: impl Into<LiveLimits>,
     shutdown: impl Future<Output = ()>,
 ) {
-    accept_loop(listener, handler, limits, None, shutdown).await;
+    accept_loop(listener, handler, limits.into(), None, shutdown).await;
 }
 
 /// [`serve`] over TLS with `config`: HTTP/2 or HTTP/1.1 by ALPN.
 pub async fn serve_tls<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
-    limits: ConnectionLimits,
+    limits: impl Into<LiveLimits>,
     config: Arc<rustls::ServerConfig>,
     shutdown: impl Future<Output = ()>,
 ) {
     let acceptor = TlsAcceptor::from(config);
-    accept_loop(listener, handler, limits, Some(acceptor), shutdown).await;
+    accept_loop(listener, handler, limits.into(), Some(acceptor), shutdown).await;
 }
 
 async fn accept_loop<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
-    limits: ConnectionLimits,
+    live: LiveLimits,
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let max_connections = live.get().max_connections.max(1);
+    let slots = Arc::new(Semaphore::new(max_connections));
     let (stopping, draining) = tokio::sync::watch::channel(false);
     accept_until(
-        &listener, &handler, limits, &tls, &slots, &draining, shutdown,
+        &listener,
+        &handler,
+        &live,
+        max_connections,
+        &tls,
+        &slots,
+        &draining,
+        shutdown,
     )
     .await;
     drop(listener);
     let _ = stopping.send(true);
-    let everyone = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
-    let open = limits.max_connections.max(1) - slots.available_permits();
+    let everyone = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    let open = max_connections - slots.available_permits();
+    let drain_timeout = live.get().drain_timeout;
     if open > 0 {
-        tracing::info!(connections = open, timeout = ?limits.drain_timeout, "draining");
+        tracing::info!(connections = open, timeout = ?drain_timeout, "draining");
     }
-    match tokio::time::timeout(limits.drain_timeout, slots.acquire_many(everyone)).await {
+    match tokio::time::timeout(drain_timeout, slots.acquire_many(everyone)).await {
         Ok(_) => tracing::info!("drained: every connection finished"),
         Err(_) => tracing::warn!(
-            connections = limits.max_connections.max(1) - slots.available_permits(),
+            connections = max_connections - slots.available_permits(),
             "drain timeout: closing connections still open"
         ),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn accept_until<H: Handler>(
     listener: &TcpListener,
     handler: &Arc<H>,
-    limits: ConnectionLimits,
+    live: &LiveLimits,
+    max_connections: usize,
     tls: &Option<TlsAcceptor>,
     slots: &Arc<Semaphore>,
     draining: &tokio::sync::watch::Receiver<bool>,
@@ -86,7 +98,7 @@ async fn accept_until<H: Handler>(
             Ok(slot) => slot,
             Err(_) => {
                 tracing::warn!(
-                    max = limits.max_connections,
+                    max = max_connections,
                     "connection limit reached; new connections wait in the backlog"
                 );
                 tokio::select! {
@@ -100,6 +112,7 @@ async fn accept_until<H: Handler>(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
+                    let limits = live.get();
                     let handler = handler.clone();
                     let tls = tls.clone();
                     let draining = Draining::on(draining.clone());

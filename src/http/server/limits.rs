@@ -5,9 +5,40 @@
 //! `max_connections` needs ([`raise_open_file_limit`]). The numbers and
 //! their defaults; enforcing them is the serving code's job.
 
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// Connection limits a reload may change ([`LiveLimits::set`]): each new
+/// connection takes the ones in force when it is accepted, and the drain
+/// the ones in force at the stop; `max_connections` stays that of the
+/// start (it sizes the accept loop's slots).
+#[derive(Debug, Clone)]
+pub struct LiveLimits(Arc<RwLock<ConnectionLimits>>);
+
+impl LiveLimits {
+    /// `limits`, until [`LiveLimits::set`] changes them.
+    pub fn new(limits: ConnectionLimits) -> LiveLimits {
+        LiveLimits(Arc::new(RwLock::new(limits)))
+    }
+
+    /// The limits in force.
+    pub fn get(&self) -> ConnectionLimits {
+        *self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `limits` in force for the connections accepted from now on.
+    pub fn set(&self, limits: ConnectionLimits) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = limits;
+    }
+}
+
+impl From<ConnectionLimits> for LiveLimits {
+    fn from(limits: ConnectionLimits) -> LiveLimits {
+        LiveLimits::new(limits)
+    }
+}
 
 /// Limits of the HTTP/1.1 connection layer, the same for both roles and
 /// under inetd.

@@ -37,8 +37,8 @@ pub use body::{BodyError, ProxyBody, counted};
 pub use connection::serve_connection;
 pub use handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
 pub use limits::{
-    ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, raise_open_file_limit,
-    upstream_client_builder, web_client_builder,
+    ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, LiveLimits,
+    raise_open_file_limit, upstream_client_builder, web_client_builder,
 };
 pub use refusal::{MalformedRequestBody, bad_request_body, malformed_request_body, via_hops};
 pub use reloadable::Reloadable;
