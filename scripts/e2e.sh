@@ -436,7 +436,9 @@ apt_get() {
         after_a=$(lab_stats "$lab_accel_url")
         after_c=$(lab_stats "$lab_client_url")
         a_stream=$(($(lab_field "$after_c" upstream_bytes) - $(lab_field "$before_c" upstream_bytes)))
-        a_accel_stream=$(($(lab_field "$after_a" coded_stream_bytes) - $(lab_field "$before_a" coded_stream_bytes)))
+        # What the accelerator sent on the link: coded streams, and bodies
+        # too small to gain from coding, sent plain.
+        a_accel_stream=$(($(lab_field "$after_a" link_bytes) - $(lab_field "$before_a" link_bytes)))
         now="$a_stream $a_accel_stream $(lab_field "$after_c" signature_bytes) $(lab_field "$after_c" downstream_bytes) $(lab_field "$after_a" coded)"
         if [[ $now == "$prev" ]] && ((a_stream == a_accel_stream)); then
             settled=1
@@ -455,7 +457,7 @@ apt_get() {
     failures=$(($(lab_field "$after_c" digest_failures) - $(lab_field "$before_c" digest_failures)))
     ((failures == 0)) || lab_die "$name: the client counted $failures digest failure(s)"
     ((settled)) ||
-        lab_die "$name: the accelerator sent $a_accel_stream stream bytes but the client counted $a_stream"
+        lab_die "$name: the accelerator sent $a_accel_stream link bytes but the client counted $a_stream"
     ((a_requests > 0)) || lab_die "$name: apt-get made no request to the client proxy (log: $(tr '\n' ' ' <"$log"))"
     ((a_origin > 0 && a_origin <= a_requests)) ||
         lab_die "$name: nginx logged $a_origin requests from apt, apt made $a_requests to the client proxy"
@@ -479,7 +481,9 @@ apt_packages_1=$(lab_size "$repo/Packages")
 apt_get "apt update 1 (cold)" update
 apt_lists_check "apt update 1"
 apt1_link=$a_link
-((a_coded >= 2)) || lab_die "apt update 1: the accelerator coded $a_coded responses, want Release and Packages"
+# Packages is coded; the Release file may go plain: it is mostly hashes,
+# and its hsync stream would be larger than itself (never worse than plain).
+((a_coded >= 1)) || lab_die "apt update 1: the accelerator coded $a_coded responses, want Packages at least"
 
 # Release 2: a new upload of the real package and of three others.
 apt_deb 1.1
@@ -489,10 +493,11 @@ apt_get "apt update 2 (delta)" update
 apt_lists_check "apt update 2"
 grep -q "^Version: 1.1$" "$apt_dir"/state/lists/*_Packages || lab_die "apt update 2: $apt_pkg 1.1 is not in apt's lists"
 apt2_link=$a_link apt2_stream=$a_stream apt2_deltas=$a_deltas
-# Release and Packages changed: both must come as deltas against the
-# entries the client proxy holds, not whole.
-((a_deltas >= 2)) || lab_die "apt update 2: client deltas went up by $a_deltas, want 2 (Release and Packages)"
-((a_coded >= 2)) || lab_die "apt update 2: accelerator coded went up by $a_coded, want 2"
+# Release and Packages changed: Packages must come as a delta against the
+# entry the client proxy holds, not whole (Release too, unless its stream
+# would outgrow it; then it goes plain).
+((a_deltas >= 1)) || lab_die "apt update 2: client deltas went up by $a_deltas, want Packages at least"
+((a_coded >= 1)) || lab_die "apt update 2: accelerator coded went up by $a_coded, want Packages at least"
 if ! awk -v l="$a_link" -v s="$apt_packages_2" -v m="$max_ratio" 'BEGIN { exit !(l < m * s) }'; then
     lab_die "apt update 2: $a_link link bytes for a $apt_packages_2 B Packages ($(pct "$a_link" "$apt_packages_2") %), want < $(pct "$max_ratio" 1) %: Packages not sent as a delta"
 fi
@@ -503,7 +508,8 @@ apt_get "apt update 3 (unchanged)" update
 apt_lists_check "apt update 3"
 apt3_link=$a_link
 ((a_revalidated >= 1)) || lab_die "apt update 3: the client revalidated $a_revalidated entries, want Release (apt sent max-age=0)"
-((a_stream == 0)) || lab_die "apt update 3: nothing changed, yet $a_stream body bytes crossed the link"
+# Only nginx's 404 pages (for the files this repository lacks) may cross.
+((a_coded == 0)) || lab_die "apt update 3: nothing changed, yet the accelerator coded $a_coded bodies"
 
 # The new .deb, byte for byte (apt checks its SHA256 too).
 apt_get "apt download $apt_pkg" download "$apt_pkg"

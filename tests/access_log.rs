@@ -179,8 +179,9 @@ async fn every_path_writes_one_line_with_the_same_keys_and_both_roles_share_the_
     assert_eq!(delta["to_downstream"], 200_000, "{delta}");
     let link = delta["from_upstream"].as_u64().unwrap();
     assert!(link < 20_000, "a 10-byte change took {link} bytes");
-    assert_eq!(delta["saved"], 200_000 - link, "{delta}");
-    assert!(delta["to_upstream"].as_u64().unwrap() > 0, "the signature");
+    let signature = delta["to_upstream"].as_u64().unwrap();
+    assert!(signature > 0, "the signature");
+    assert_eq!(delta["saved"], 200_000 - link - signature, "{delta}");
     let coded = accelerator_lines
         .iter()
         .find(|line| line["id"] == delta["id"])
@@ -188,18 +189,37 @@ async fn every_path_writes_one_line_with_the_same_keys_and_both_roles_share_the_
     assert_eq!(coded["coding"], "hsync", "{coded}");
     assert_eq!(coded["from_upstream"], 200_000, "{coded}");
     assert_eq!(coded["to_downstream"], link, "{coded}");
-    assert_eq!(coded["saved"], delta["saved"], "{coded}");
+    assert_eq!(coded["saved"], 200_000 - link, "{coded}");
 
     let hit = &client_lines[3];
     assert!(hit["cache"].as_str().unwrap().contains("hit"), "{hit}");
     assert_eq!(hit["from_upstream"], 0, "{hit}");
+    assert_eq!(hit["saved"], hit["to_downstream"], "a hit saves all: {hit}");
     let passed = &client_lines[4];
     assert_eq!(
         (passed["method"].as_str(), passed["coding"].as_str()),
         (Some("POST"), Some("identity"))
     );
     assert_eq!(passed["from_upstream"], passed["to_downstream"]);
+    assert_eq!(passed["saved"], 0, "{passed}");
     assert!(client_lines[5]["complete"].as_bool().unwrap());
+
+    // The lines' savings add up to what the counters (and so the metrics)
+    // say, on either side.
+    let total = |lines: &[Value]| -> i64 { lines.iter().filter_map(|l| l["saved"].as_i64()).sum() };
+    for (lines, address) in [
+        (&client_lines, proxy),
+        (&accelerator_lines, accelerator.address),
+    ] {
+        let (status, stats) = exchange(address, "GET /.rproxy/stats HTTP/1.1\r\nHost: site");
+        assert_eq!(status, 200);
+        let stats: Value = serde_json::from_slice(&stats).unwrap();
+        assert_eq!(
+            total(lines),
+            stats["saved_bytes"].as_i64().unwrap(),
+            "{stats}"
+        );
+    }
 
     // logrotate moves the file, then SIGUSR1: the next line goes to a new
     // file under the old name.
@@ -211,7 +231,8 @@ async fn every_path_writes_one_line_with_the_same_keys_and_both_roles_share_the_
     let after = lines(&client_log, 1);
     assert_eq!(after.len(), 1);
     assert!(after[0]["cache"].as_str().unwrap().contains("hit"));
-    assert_eq!(lines(&rotated, 6).len(), 6, "the old file keeps its lines");
+    // Six requests and the stats poll.
+    assert_eq!(lines(&rotated, 7).len(), 7, "the old file keeps its lines");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

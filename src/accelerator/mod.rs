@@ -82,7 +82,7 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
-use crate::http::access_log::Note;
+use crate::http::access_log::{Note, Side};
 use crate::http::error::ProxyError;
 use crate::http::headers::{Hop, answer_at_this_hop, max_forwards, via_names_hop};
 use crate::http::health::HealthView;
@@ -211,6 +211,9 @@ impl Accelerator {
         }
         // Requests for the sites: the stats polls are not among them.
         Stats::add(&self.stats.requests, 1);
+        if let Some(note) = request.extensions().get::<Note>() {
+            note.side(Side::Accelerator);
+        }
         if request.method() == Method::CONNECT {
             return self.tunnel(request).await;
         }

@@ -308,7 +308,6 @@ impl Streaming {
         );
         if let Some(note) = self.note.take() {
             note.from_upstream(summary.body_len);
-            note.coded(summary.body_len, summary.stream_bytes);
         }
         self.to_client.end(Ok(())).await;
     }

@@ -106,7 +106,6 @@ pub(super) async fn encode_whole(
                 Stats::add(&task_stats.stream_bytes, summary.stream_bytes);
                 if let Some(note) = &note {
                     note.from_upstream(summary.body_len);
-                    note.coded(summary.body_len, summary.stream_bytes);
                 }
                 Whole::Coded(Bytes::from(out))
             };

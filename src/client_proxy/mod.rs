@@ -67,7 +67,7 @@ use hyper::body::Incoming;
 use crate::accelerator::{Coder, CoderConfig, Offer};
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
-use crate::http::access_log::Note;
+use crate::http::access_log::{Note, Side};
 use crate::http::error::{ProxyError, fault_of};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, Hop, answer_at_this_hop, max_forwards,
@@ -389,6 +389,9 @@ impl ClientProxy {
         let method = parts.method.clone();
         let url = target.url.to_string();
         let note = parts.extensions.get::<Note>().cloned();
+        if let Some(note) = &note {
+            note.side(Side::Client);
+        }
         parts.extensions.insert(Started(started));
         let uri = target.url.clone();
         let response = match method {
@@ -430,8 +433,12 @@ impl ClientProxy {
         let stats = self.stats.clone();
         let body = counted(body, move |bytes, complete| {
             ClientStats::add(&stats.downstream_bytes, bytes);
-            if passed && let Some(note) = note {
-                note.from_upstream(bytes);
+            if passed {
+                // Crossed the link as it came: not saved.
+                ClientStats::add(&stats.upstream_bytes, bytes);
+                if let Some(note) = note {
+                    note.from_upstream(bytes);
+                }
             }
             if !logged {
                 tracing::debug!(

@@ -342,9 +342,6 @@ pub(super) fn record(stats: &ClientStats, log: &RequestLog, report: &Report) {
             log.basis.clone(),
         );
         note.from_upstream(report.upstream_bytes);
-        if log.hsync {
-            note.coded(report.body_bytes, report.upstream_bytes);
-        }
     }
     tracing::debug!(
         method = "GET",

@@ -15,9 +15,15 @@
 //! Fields: `time id client user method url status cache coding basis
 //! from_upstream to_upstream from_downstream to_downstream saved ms
 //! complete`. A value not known on a path is `-` (logfmt) or `null`
-//! (JSON); the keys never change. `saved` is what a coded response's body
-//! would have taken on the link less what it took; `from_downstream` is
-//! the request body's declared length.
+//! (JSON); the keys never change. `saved` is what did not cross the
+//! upstream link thanks to us, as the metrics count it (their sum is
+//! `rproxy_delivered_bytes_total - rproxy_link_bytes_total`): on a client
+//! proxy what was delivered less what came from upstream and the
+//! signature sent up (a hit saves all it delivers); on an accelerator
+//! what the origin sent less what went on the link (a delta saves the
+//! difference, a plain answer nothing). It may be negative (a signature
+//! sent for an answer that came whole). `from_downstream` is the request
+//! body's declared length.
 //!
 //! Leaves out: sampling, and buffering (a line is one `write` to the
 //! file, appended, so lines from many requests never interleave).
@@ -167,12 +173,31 @@ struct Line {
     to_upstream: Option<u64>,
     from_downstream: Option<u64>,
     to_downstream: Option<u64>,
-    saved: Option<u64>,
+    saved: Option<i64>,
     ms: f64,
     complete: bool,
+    /// How `saved` is reckoned (not written).
+    #[serde(skip)]
+    side: Option<Side>,
 }
 
 impl Line {
+    /// `saved` from the bytes each way, as the metrics count them: see the
+    /// module documentation. Nothing for a line of neither side, or an
+    /// accelerator's answer that never came from an origin.
+    fn reckon_saved(&self) -> Option<i64> {
+        let signed = |bytes: Option<u64>| i64::try_from(bytes.unwrap_or(0)).unwrap_or(i64::MAX);
+        match self.side? {
+            Side::Client => Some(
+                signed(self.to_downstream) - signed(self.from_upstream) - signed(self.to_upstream),
+            ),
+            Side::Accelerator => {
+                self.from_upstream?;
+                Some(signed(self.from_upstream) - signed(self.to_downstream))
+            }
+        }
+    }
+
     /// The fields in order, as JSON values (a string stays unquoted in
     /// logfmt unless it must be quoted).
     fn fields(&self) -> [(&'static str, serde_json::Value); 17] {
@@ -194,7 +219,7 @@ impl Line {
             ("to_upstream", number(self.to_upstream)),
             ("from_downstream", number(self.from_downstream)),
             ("to_downstream", number(self.to_downstream)),
-            ("saved", number(self.saved)),
+            ("saved", self.saved.map_or(Value::Null, Value::from)),
             ("ms", Value::from(self.ms)),
             ("complete", Value::Bool(self.complete)),
         ]
@@ -246,8 +271,18 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         let line = self.line.get_mut().unwrap_or_else(PoisonError::into_inner);
+        line.saved = line.saved.or_else(|| line.reckon_saved());
         self.log.write(line);
     }
+}
+
+/// Which side of the hsync link a role is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client proxy: the link is what it receives from upstream.
+    Client,
+    /// The accelerator: the link is what it sends downstream.
+    Accelerator,
 }
 
 impl Note {
@@ -289,6 +324,9 @@ impl Note {
             line.coding = Some("tunnel");
             (line.from_downstream, line.to_upstream) = (Some(up), Some(up));
             (line.from_upstream, line.to_downstream) = (Some(down), Some(down));
+            // Relayed as it came: nothing saved, and none of it in the
+            // metrics' link or delivered bytes.
+            line.saved = Some(0);
             line.ms = ms;
         });
     }
@@ -298,9 +336,10 @@ impl Note {
         (self.0.started.elapsed().as_secs_f64() * 1e6).round() / 1e3
     }
 
-    /// A coded body: `body_bytes` of it took `link_bytes` on the link.
-    pub fn coded(&self, body_bytes: u64, link_bytes: u64) {
-        self.edit(|line| line.saved = Some(body_bytes.saturating_sub(link_bytes)));
+    /// Which side of the link this role is on: how `saved` is reckoned
+    /// when the line is written.
+    pub fn side(&self, side: Side) {
+        self.edit(|line| line.side = Some(side));
     }
 }
 
