@@ -260,6 +260,10 @@ pub struct IndexEntry {
     pub completeness: Completeness,
     /// See [`NewEntry::shareable_as_basis`].
     pub shareable_as_basis: bool,
+    /// When it was committed relative to the others: later is larger (at
+    /// open, the order of the entries' files' modification times). Orders
+    /// entries stored within the same second, which `stored_at` cannot.
+    pub commit_order: u64,
 }
 
 impl IndexEntry {
@@ -277,6 +281,8 @@ impl IndexEntry {
             body_blake3: meta.body_digest()?,
             completeness: meta.completeness,
             shareable_as_basis: meta.shareable_as_basis,
+            // Set by the index when it takes the entry in.
+            commit_order: 0,
         })
     }
 }

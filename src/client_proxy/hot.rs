@@ -167,6 +167,7 @@ mod tests {
         IndexEntry {
             key: CacheKey::parse("http://e.com/a.js").unwrap(),
             stored_at,
+            commit_order: 0,
             body_len: body.len() as u64,
             body_blake3: blake3::hash(body),
             completeness: Completeness::Complete,

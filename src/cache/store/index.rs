@@ -53,8 +53,9 @@ impl State {
         self.tick
     }
 
-    pub(super) fn insert(&mut self, hash: blake3::Hash, entry: IndexEntry, disk_bytes: u64) {
+    pub(super) fn insert(&mut self, hash: blake3::Hash, mut entry: IndexEntry, disk_bytes: u64) {
         let tick = self.next_tick();
+        entry.commit_order = tick;
         self.by_origin
             .entry(entry.key.origin().to_owned())
             .or_default()
