@@ -26,8 +26,8 @@ use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, accepts_hsync, parse_byte_sequence,
-    weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, accepts_hsync,
+    parse_byte_sequence, weaken_etag,
 };
 use crate::http::server::ProxyBody;
 use crate::http::spool::SpoolDisk;
@@ -301,6 +301,13 @@ impl Coder {
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
             && self.may_keep(request, &parts.headers);
         let store = keep.then(|| self.bodies.clone());
+        // Announced only when the whole body will fit the store: a body of
+        // unknown length may turn out too large to keep.
+        if keep && content_length.is_some() {
+            parts
+                .headers
+                .insert(HSYNC_HELD, HeaderValue::from_static("?1"));
+        }
         if let Some(mut plain_headers) = plain_headers {
             let origin = OriginBody {
                 body,
@@ -323,6 +330,9 @@ impl Coder {
                     // unaware cache between the proxies must not serve
                     // this copy to a request that offers a basis.
                     plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+                    if let Some(held) = parts.headers.get(HSYNC_HELD) {
+                        plain_headers.insert(HSYNC_HELD, held.clone());
+                    }
                     plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                     parts.headers = plain_headers;
                     body

@@ -24,6 +24,8 @@ pub(super) struct BasisOffer {
     pub(super) body: BasisBody,
     /// `Hsync-Basis`.
     pub(super) name: HeaderValue,
+    /// The basis body's blake3, which `name` carries.
+    pub(super) digest: [u8; 32],
     /// `Hsync-Signature`, cut to the budget.
     pub(super) signature: HeaderValue,
     /// Its length, decoded.
@@ -67,6 +69,7 @@ impl ClientProxy {
             ClientStats::add(&self.stats.memory_bases, 1);
             return Some(BasisOffer {
                 name: byte_sequence(candidate.body_blake3.as_bytes()),
+                digest: *candidate.body_blake3.as_bytes(),
                 signature: byte_sequence(signature),
                 signature_len: signature.len(),
                 key: candidate.key,
@@ -108,6 +111,7 @@ fn basis_offer(entry: &Entry, budget: usize) -> Option<BasisOffer> {
         key: entry.meta.key().ok()?,
         body: BasisBody::File(entry.body.try_clone().ok()?),
         name: byte_sequence(digest.as_bytes()),
+        digest: *digest.as_bytes(),
         signature: byte_sequence(signature),
         signature_len: signature.len(),
     })

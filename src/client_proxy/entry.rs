@@ -17,7 +17,7 @@ use super::ClientProxy;
 use super::transfer::StoreTarget;
 use crate::cache::freshness::{Age, CacheControl};
 use crate::cache::{CacheKey, CacheStore, Completeness, Entry, NewEntry};
-use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS};
+use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_HELD};
 
 impl ClientProxy {
     /// A stored response's age and freshness lifetime at `now`, as this
@@ -224,6 +224,7 @@ pub(super) fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
             ) && !IDENTIFYING_HEADERS.contains(&name.as_str())
                 && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT
+                && **name != HSYNC_HELD
         })
         .filter_map(|(name, value)| {
             Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))

@@ -40,7 +40,7 @@ use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
 };
 use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody};
@@ -110,6 +110,9 @@ struct Relayable {
     storable: bool,
     /// Its `Cache-Status`.
     outcome: CacheStatus,
+    /// The upstream (and the URL it was asked for) that said it keeps the
+    /// body as a basis (`Hsync-Held`): told the body's digest once whole.
+    held_by: Option<(Arc<super::upstream::Upstream>, http::Uri)>,
 }
 
 /// Request headers that make a request conditional.
@@ -263,10 +266,20 @@ impl ClientProxy {
         offer_hsync(&mut headers);
         let (response, now) = loop {
             let mut headers = headers.clone();
-            if let Some(offer) = &basis {
-                headers.insert(HSYNC_BASIS, offer.name.clone());
-                headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
-            }
+            // A basis the upstream said it keeps goes by its digest alone:
+            // the signature is most of a small update's bytes (issue 20).
+            let signature_len = match &basis {
+                Some(offer) if target.upstream.holds(&target.url, &offer.digest) => {
+                    headers.insert(HSYNC_BASIS, offer.name.clone());
+                    0
+                }
+                Some(offer) => {
+                    headers.insert(HSYNC_BASIS, offer.name.clone());
+                    headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
+                    offer.signature_len as u64
+                }
+                None => 0,
+            };
             let mut outbound = self.outbound(parts, headers, target, empty());
             if let Some(observed) = parts.extensions.get::<Observed>() {
                 // A navigation's wait goes along: the queue wait shows its
@@ -278,10 +291,10 @@ impl ClientProxy {
                 Ok(response) => {
                     // Counted where it went: a way that was not reached
                     // did not take it.
-                    if let Some(offer) = &basis {
-                        ClientStats::add(&self.stats.signature_bytes, offer.signature_len as u64);
+                    if signature_len > 0 {
+                        ClientStats::add(&self.stats.signature_bytes, signature_len);
                         if let Some(note) = parts.extensions.get::<Note>() {
-                            note.to_upstream(offer.signature_len as u64);
+                            note.to_upstream(signature_len);
                         }
                     }
                     break (response, now);
@@ -310,6 +323,8 @@ impl ClientProxy {
         if let Err(e) = strip_hop_by_hop(&mut rparts.headers) {
             return Answer::Unusable(format!("upstream response: {e}"));
         }
+        // Between the proxies only: remembered once the body is whole.
+        let held = rparts.headers.remove(HSYNC_HELD).is_some();
 
         if rparts.status == StatusCode::NOT_MODIFIED
             && let Some(entry) = stale
@@ -390,6 +405,7 @@ impl ClientProxy {
             hsync,
             storable,
             outcome,
+            held_by: held.then(|| (target.upstream.clone(), target.url.clone())),
         };
         self.relay(parts, key, relayable, basis, now, leader).await
     }
@@ -412,6 +428,7 @@ impl ClientProxy {
             hsync,
             storable,
             outcome,
+            held_by,
         } = answer;
         let store_target = if storable {
             self.begin_entry(key, &parts.headers, &rparts, asked_at, hsync)
@@ -488,6 +505,9 @@ impl ClientProxy {
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {
                 ClientStats::add(&stats.decode_busy_nanos, nanos(report.busy));
+                if let (Some((upstream, url)), Some(digest)) = (&held_by, report.committed_digest) {
+                    upstream.remember_held(url, digest);
+                }
                 record(&stats, &log, &report);
                 drop(leader);
             },

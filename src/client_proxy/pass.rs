@@ -22,7 +22,9 @@ use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty};
 use crate::cache::CacheKey;
 use crate::cache::freshness::{self, CacheStatus, Forward};
 use crate::http::error::ProxyError;
-use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, add_via, strip_hop_by_hop};
+use crate::http::headers::{
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_HELD, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
+};
 use crate::http::server::{BodyError, ProxyBody};
 
 impl ClientProxy {
@@ -118,7 +120,7 @@ impl ClientProxy {
             parts.headers.remove(header::CONTENT_ENCODING);
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        for name in [HSYNC_BASIS, HSYNC_ACCEPT, HSYNC_SIGNATURE] {
+        for name in [HSYNC_BASIS, HSYNC_ACCEPT, HSYNC_SIGNATURE, HSYNC_HELD] {
             parts.headers.remove(name);
         }
         strip_vary(&mut parts.headers, &["hsync-basis"]);

@@ -73,6 +73,15 @@ pub const ADVERTISED_TTL: Duration = Duration::from_secs(3600);
 /// backstop: each entry is a few dozen bytes).
 const MAX_ADVERTISERS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(4096).expect("not 0");
 
+/// How long a body the upstream said it keeps is believed kept: its basis
+/// store is bounded, and a body past this was likely pushed out by newer
+/// ones (then the digest alone gets a coding without basis, no error).
+pub const HELD_TTL: Duration = Duration::from_secs(600);
+
+/// Held bodies remembered per upstream at most (64 bytes and a little
+/// each): a bound on the table, whatever the upstream announces.
+const MAX_HELD: std::num::NonZeroUsize = std::num::NonZeroUsize::new(65_536).expect("not 0");
+
 /// What an upstream said it supports in `Hsync-Accept`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Advertised {
@@ -113,6 +122,9 @@ pub struct Upstream {
     /// Connects held connections (HTTP/1.1 only over TLS).
     held: UpstreamConnector,
     advertised: Mutex<ExpiringMap<Authority, Advertised>>,
+    /// Bodies the upstream said it keeps as bases (`Hsync-Held`), by their
+    /// blake3: a request with one as its basis sends the digest alone.
+    held_bases: Mutex<ExpiringMap<(Authority, [u8; 32]), ()>>,
     /// An upstream proxy's; `None` for a direct route.
     health: Option<Health>,
 }
@@ -274,6 +286,7 @@ impl Upstream {
                 ADVERTISED_TTL,
                 MAX_ADVERTISERS,
             )),
+            held_bases: Mutex::new(ExpiringMap::with_max_entries(HELD_TTL, MAX_HELD)),
             health: None,
         }
     }
@@ -407,6 +420,30 @@ impl Upstream {
         let tls = dialer.tls.is_some();
         let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
         dialer.dial(authority.host(), port, tls).await
+    }
+
+    /// Remembers that the upstream a request for `url` goes to keeps the
+    /// body whose blake3 is `digest` (it said `Hsync-Held`).
+    pub fn remember_held(&self, url: &Uri, digest: blake3::Hash) {
+        if let Some(advertiser) = self.advertiser(url) {
+            self.held_bases
+                .lock()
+                .expect("no panics under this lock")
+                .insert((advertiser.clone(), *digest.as_bytes()), (), Instant::now());
+        }
+    }
+
+    /// Whether the upstream a request for `url` goes to said, within
+    /// [`HELD_TTL`], that it keeps the body whose blake3 is `digest`.
+    pub fn holds(&self, url: &Uri, digest: &[u8; 32]) -> bool {
+        let Some(advertiser) = self.advertiser(url) else {
+            return false;
+        };
+        self.held_bases
+            .lock()
+            .expect("no panics under this lock")
+            .get(&(advertiser.clone(), *digest), Instant::now())
+            .is_some()
     }
 
     /// What the upstream a request for `url` goes to advertised last, if

@@ -90,9 +90,11 @@ impl Driver {
             return self.lost().await;
         };
         self.flush().await;
+        let mut committed_digest = None;
         let outcome = match ending {
             Ending::Done(outcome) => outcome,
             Ending::Commit(commit) => {
+                let digest = commit.whole_digest();
                 if commit.end_agent_first {
                     self.worker.end_agent();
                     self.flush().await;
@@ -101,6 +103,9 @@ impl Driver {
                     return self.lost().await;
                 };
                 self.flush().await;
+                if matches!(stored, Outcome::Complete { stored: true }) {
+                    committed_digest = digest;
+                }
                 stored
             }
         };
@@ -108,6 +113,7 @@ impl Driver {
             outcome,
             upstream_bytes: self.worker.upstream_bytes,
             body_bytes: self.worker.body_bytes,
+            committed_digest,
             busy: self.busy,
         }
     }
@@ -149,6 +155,7 @@ impl Driver {
             },
             upstream_bytes: 0,
             body_bytes: 0,
+            committed_digest: None,
             busy: self.busy,
         }
     }

@@ -196,6 +196,8 @@ pub struct Report {
     pub upstream_bytes: u64,
     /// Bytes of body handed to the user agent.
     pub body_bytes: u64,
+    /// The rebuilt body's blake3, when an hsync body was committed whole.
+    pub committed_digest: Option<blake3::Hash>,
     /// Time the work on the bytes took on blocking threads (decoding,
     /// hashing, writing the cache).
     pub busy: std::time::Duration,

@@ -106,6 +106,15 @@ pub(super) struct Commit {
     interrupted: Option<String>,
 }
 
+impl Commit {
+    /// The rebuilt body's blake3, when the decoder computed it and the
+    /// body is whole.
+    pub(super) fn whole_digest(&self) -> Option<blake3::Hash> {
+        self.body_digest
+            .filter(|_| self.completeness == Completeness::Complete)
+    }
+}
+
 impl Worker {
     pub(super) fn new(relay: Relay) -> Worker {
         let mut worker = Worker::idle();

@@ -1,0 +1,103 @@
+//! Hash-only requests (issue 20): an accelerator that keeps a body it
+//! served says so (`Hsync-Held`); the client proxy then names that body as
+//! its basis by digest alone, without the signature that was most of a
+//! small update's bytes. Should the accelerator have let the body go, the
+//! answer comes coded without a basis: more bytes, still the right ones.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use http_body_util::Full;
+use support::proxy::{client_config, eventually};
+use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin};
+use support::user_agent::get;
+
+/// Release `n` of a 100 KB text: one line changed per release.
+fn release(n: usize) -> Vec<u8> {
+    let mut body = support::pseudo_text(5, 100_000);
+    let at = 50_000 + n * 97;
+    body[at..at + 8].copy_from_slice(format!("rel{n:05}").as_bytes());
+    body
+}
+
+/// Each path answers its next release on each request, revalidated every
+/// time (so every request after the first is an update).
+async fn releases() -> Origin {
+    origin(|_, earlier| async move {
+        let mut response = Response::new(Full::new(Bytes::from(release(earlier))));
+        response
+            .headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        response
+    })
+    .await
+}
+
+async fn client_of(accelerator: SocketAddr) -> ClientProxy {
+    ClientProxy::start(client_config(&format!("http://{accelerator}"))).await
+}
+
+#[tokio::test]
+async fn a_basis_the_accelerator_holds_goes_by_its_digest_alone() {
+    let origin = releases().await;
+    let accelerator = Accelerator::start(accelerator_config(origin.addr)).await;
+    let proxy = client_of(accelerator.addr).await;
+    let url = origin.url("/lib.js");
+
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/lib.js", &release(0));
+    eventually("release 0 stored", || proxy.stats().stored == 1).await;
+    for n in 1..=2 {
+        let before = proxy.stats();
+        get(proxy.addr, &url)
+            .await
+            .assert_body("/lib.js", &release(n));
+        eventually("the release stored", || {
+            proxy.stats().stored == n as u64 + 1
+        })
+        .await;
+        let after = proxy.stats();
+        assert_eq!(
+            after.signature_bytes, before.signature_bytes,
+            "release {n}: no signature went up"
+        );
+        assert_eq!(after.deltas, before.deltas + 1, "release {n}: a delta");
+        let link = after.upstream_bytes - before.upstream_bytes;
+        assert!(link < 2_000, "release {n}: an 8-byte change took {link} B");
+    }
+}
+
+#[tokio::test]
+async fn a_body_the_accelerator_let_go_comes_without_a_basis_and_right() {
+    let origin = releases().await;
+    // Room for one kept body of 100 KB: the next one pushes it out.
+    let accelerator = Accelerator::start(rproxy::accelerator::AcceleratorConfig {
+        basis_store_bytes: 150_000,
+        ..accelerator_config(origin.addr)
+    })
+    .await;
+    let proxy = client_of(accelerator.addr).await;
+    let (a, b) = (origin.url("/a.js"), origin.url("/b.js"));
+    get(proxy.addr, &a).await.assert_body("/a.js", &release(0));
+    get(proxy.addr, &b).await.assert_body("/b.js", &release(0));
+    eventually("both stored", || proxy.stats().stored == 2).await;
+
+    let before = proxy.stats();
+    get(proxy.addr, &a).await.assert_body("/a.js", &release(1));
+    eventually("the update stored", || proxy.stats().stored == 3).await;
+    let after = proxy.stats();
+    assert_eq!(
+        after.signature_bytes, before.signature_bytes,
+        "the client believed the body held"
+    );
+    assert_eq!(after.digest_failures, 0);
+    let link = after.upstream_bytes - before.upstream_bytes;
+    assert!(
+        link > 10_000,
+        "coded without a basis, the whole text's worth: {link} B"
+    );
+}
