@@ -3,6 +3,8 @@
 //! its basis by digest alone, without the signature that was most of a
 //! small update's bytes. Should the accelerator have let the body go, the
 //! answer comes coded without a basis: more bytes, still the right ones.
+//! A body of unknown length is believed held only if no longer than the
+//! longest the accelerator keeps, which it announces.
 
 mod support;
 
@@ -100,4 +102,62 @@ async fn a_body_the_accelerator_let_go_comes_without_a_basis_and_right() {
         link > 10_000,
         "coded without a basis, the whole text's worth: {link} B"
     );
+}
+
+/// An accelerator that does not know a body's length when its head goes
+/// announces the longest body it keeps; a longer one is not believed held.
+#[tokio::test]
+async fn a_body_longer_than_the_accelerator_keeps_is_not_believed_held() {
+    // Chunked, without a length: two frames of each release.
+    let origin = origin(|_, earlier| async move {
+        let body = release(earlier);
+        let (first, second) = body.split_at(body.len() / 2);
+        let frames: Vec<Result<hyper::body::Frame<Bytes>, std::io::Error>> = vec![
+            Ok(hyper::body::Frame::data(Bytes::copy_from_slice(first))),
+            Ok(hyper::body::Frame::data(Bytes::copy_from_slice(second))),
+        ];
+        let mut response = Response::new(http_body_util::StreamBody::new(as_stream(frames)));
+        response
+            .headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        response
+    })
+    .await;
+    let accelerator = Accelerator::start(rproxy::accelerator::AcceleratorConfig {
+        max_stored_body: 50_000,
+        ..accelerator_config(origin.addr)
+    })
+    .await;
+    let proxy = client_of(accelerator.addr).await;
+    let url = origin.url("/big.js");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/big.js", &release(0));
+    eventually("release 0 stored", || proxy.stats().stored == 1).await;
+    let before = proxy.stats();
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/big.js", &release(1));
+    eventually("release 1 stored", || proxy.stats().stored == 2).await;
+    assert!(
+        proxy.stats().signature_bytes > before.signature_bytes,
+        "100 KB is over the 50 KB the accelerator keeps: the signature went up"
+    );
+}
+
+/// The frames as a stream, for a body without a length.
+fn as_stream(
+    frames: Vec<Result<hyper::body::Frame<Bytes>, std::io::Error>>,
+) -> impl futures_core::Stream<Item = Result<hyper::body::Frame<Bytes>, std::io::Error>> {
+    struct Frames(std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, std::io::Error>>);
+    impl futures_core::Stream for Frames {
+        type Item = Result<hyper::body::Frame<Bytes>, std::io::Error>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            std::task::Poll::Ready(self.0.next())
+        }
+    }
+    Frames(frames.into_iter())
 }

@@ -301,12 +301,12 @@ impl Coder {
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
             && self.may_keep(request, &parts.headers);
         let store = keep.then(|| self.bodies.clone());
-        // Announced only when the whole body will fit the store: a body of
-        // unknown length may turn out too large to keep.
-        if keep && content_length.is_some() {
+        // With the longest body kept: one of unknown length (a chain's
+        // middle proxy streams what it rebuilds) may turn out longer.
+        if keep {
             parts
                 .headers
-                .insert(HSYNC_HELD, HeaderValue::from_static("?1"));
+                .insert(HSYNC_HELD, HeaderValue::from(self.bodies.max_body()));
         }
         if let Some(mut plain_headers) = plain_headers {
             let origin = OriginBody {

@@ -111,8 +111,9 @@ struct Relayable {
     /// Its `Cache-Status`.
     outcome: CacheStatus,
     /// The upstream (and the URL it was asked for) that said it keeps the
-    /// body as a basis (`Hsync-Held`): told the body's digest once whole.
-    held_by: Option<(Arc<super::upstream::Upstream>, http::Uri)>,
+    /// body as a basis if no longer than the limit (`Hsync-Held`): told
+    /// the body's digest once whole.
+    held_by: Option<(Arc<super::upstream::Upstream>, http::Uri, u64)>,
 }
 
 /// Request headers that make a request conditional.
@@ -323,8 +324,12 @@ impl ClientProxy {
         if let Err(e) = strip_hop_by_hop(&mut rparts.headers) {
             return Answer::Unusable(format!("upstream response: {e}"));
         }
-        // Between the proxies only: remembered once the body is whole.
-        let held = rparts.headers.remove(HSYNC_HELD).is_some();
+        // Between the proxies only: remembered once the body is whole, if
+        // it is no longer than the upstream keeps.
+        let held_up_to = rparts
+            .headers
+            .remove(HSYNC_HELD)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
 
         if rparts.status == StatusCode::NOT_MODIFIED
             && let Some(entry) = stale
@@ -405,7 +410,7 @@ impl ClientProxy {
             hsync,
             storable,
             outcome,
-            held_by: held.then(|| (target.upstream.clone(), target.url.clone())),
+            held_by: held_up_to.map(|limit| (target.upstream.clone(), target.url.clone(), limit)),
         };
         self.relay(parts, key, relayable, basis, now, leader).await
     }
@@ -505,7 +510,10 @@ impl ClientProxy {
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {
                 ClientStats::add(&stats.decode_busy_nanos, nanos(report.busy));
-                if let (Some((upstream, url)), Some(digest)) = (&held_by, report.committed_digest) {
+                if let (Some((upstream, url, limit)), Some(digest)) =
+                    (&held_by, report.committed_digest)
+                    && report.body_bytes <= *limit
+                {
                     upstream.remember_held(url, digest);
                 }
                 record(&stats, &log, &report);

@@ -18,10 +18,12 @@ pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
 pub const HSYNC_SIGNATURE: HeaderName = HeaderName::from_static("hsync-signature");
 /// `Hsync-Accept`: what the accelerator supports.
 pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
-/// `Hsync-Held: ?1` on an answer: the accelerator keeps this body as a
-/// basis, so the next request whose basis it is may send `Hsync-Basis`
-/// alone, without the signature (issue 20). Should it be gone by then,
-/// the answer is coded without a basis: more bytes, never a wrong one.
+/// `Hsync-Held: N` on an answer: the accelerator keeps this body as a
+/// basis if it is at most N bytes long (its length may not be known when
+/// the head goes), so the next request whose basis it is may send
+/// `Hsync-Basis` alone, without the signature (issue 20). Should it be
+/// gone by then, the answer is coded without a basis: more bytes, never a
+/// wrong one.
 pub const HSYNC_HELD: HeaderName = HeaderName::from_static("hsync-held");
 /// The content coding token.
 pub const HSYNC_CODING: &str = "hsync";
