@@ -29,6 +29,11 @@ use crate::cache::CacheError;
 /// Name of the lock file inside the root.
 pub const LOCK_FILE: &str = "lock";
 
+/// How often, and how far apart, a taken lock is tried again before the
+/// directory is called taken: half a second in all.
+const LOCK_RETRIES: u32 = 20;
+const LOCK_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// How a process holds the directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sharing {
@@ -65,10 +70,22 @@ impl DirLock {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(CacheError::io(&path))?;
-        let locked = match sharing {
+        let try_lock = || match sharing {
             Sharing::Exclusive => file.try_lock(),
             Sharing::Shared => file.try_lock_shared(),
         };
+        let mut locked = try_lock();
+        // A lock released a moment ago can still be held by a copy of its
+        // descriptor in a child being started (between fork and exec, where
+        // close-on-exec closes it), or by a process on its way out: wait a
+        // little before calling the directory taken.
+        for _ in 0..LOCK_RETRIES {
+            if !matches!(locked, Err(TryLockError::WouldBlock)) {
+                break;
+            }
+            std::thread::sleep(LOCK_RETRY_EVERY);
+            locked = try_lock();
+        }
         match locked {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Err(CacheError::Locked { path }),
