@@ -247,6 +247,9 @@ lab_start_pair() {
     lab_pids+=("$lab_accel_pid")
     lab_wait_http "$lab_accel_url/.rproxy/stats" "$lab_accel_pid" "rproxy accelerator"
 
+    # CLIENT_ARGS: more client proxy flags (e.g. "--access-log off").
+    local client_args=()
+    read -r -a client_args <<<"${CLIENT_ARGS:-}"
     client_port=$(lab_free_port)
     lab_client_port=$client_port
     lab_client_url=http://127.0.0.1:$client_port
@@ -254,7 +257,7 @@ lab_start_pair() {
     mkdir -p "$lab_tmp/cache"
     RUST_LOG=${RUST_LOG:-warn} "$@" "$lab_rproxy" client \
         --listen "127.0.0.1:$client_port" --admin-listen 127.0.0.1:0 --upstream "$lab_accel_url" \
-        --cache "$lab_tmp/cache" --cache-size "${CACHE_SIZE:-2G}" \
+        --cache "$lab_tmp/cache" --cache-size "${CACHE_SIZE:-2G}" "${client_args[@]}" \
         >"$lab_tmp/logs/client.log" 2>&1 &
     lab_client_pid=$!
     lab_pids+=("$lab_client_pid")
