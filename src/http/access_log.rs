@@ -198,52 +198,70 @@ impl Line {
         }
     }
 
-    /// The fields in order, as JSON values (a string stays unquoted in
-    /// logfmt unless it must be quoted).
-    fn fields(&self) -> [(&'static str, serde_json::Value); 17] {
-        use serde_json::Value;
-        let text = |value: &Option<String>| value.clone().map_or(Value::Null, Value::String);
-        let number = |value: Option<u64>| value.map_or(Value::Null, Value::from);
+    /// The fields in order, as logfmt writes them.
+    fn fields(&self) -> [(&'static str, Field<'_>); 17] {
+        fn text(value: &Option<String>) -> Field<'_> {
+            Field::Text(value.as_deref())
+        }
         [
-            ("time", Value::String(self.time.clone())),
-            ("id", Value::String(self.id.clone())),
+            ("time", Field::Text(Some(&self.time))),
+            ("id", Field::Text(Some(&self.id))),
             ("client", text(&self.client)),
             ("user", text(&self.user)),
-            ("method", Value::String(self.method.clone())),
-            ("url", Value::String(self.url.clone())),
-            ("status", self.status.map_or(Value::Null, Value::from)),
+            ("method", Field::Text(Some(&self.method))),
+            ("url", Field::Text(Some(&self.url))),
+            ("status", Field::Number(self.status.map(i64::from))),
             ("cache", text(&self.cache)),
-            ("coding", self.coding.map_or(Value::Null, Value::from)),
+            ("coding", Field::Text(self.coding)),
             ("basis", text(&self.basis)),
-            ("from_upstream", number(self.from_upstream)),
-            ("to_upstream", number(self.to_upstream)),
-            ("from_downstream", number(self.from_downstream)),
-            ("to_downstream", number(self.to_downstream)),
-            ("saved", self.saved.map_or(Value::Null, Value::from)),
-            ("ms", Value::from(self.ms)),
-            ("complete", Value::Bool(self.complete)),
+            ("from_upstream", Field::bytes(self.from_upstream)),
+            ("to_upstream", Field::bytes(self.to_upstream)),
+            ("from_downstream", Field::bytes(self.from_downstream)),
+            ("to_downstream", Field::bytes(self.to_downstream)),
+            ("saved", Field::Number(self.saved)),
+            ("ms", Field::Float(self.ms)),
+            ("complete", Field::Bool(self.complete)),
         ]
     }
 
+    /// The line as `key=value` pairs, written straight into one string
+    /// (it is built for every request).
     fn logfmt(&self) -> String {
-        let mut text = String::with_capacity(256);
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(320);
         for (key, value) in self.fields() {
             if !text.is_empty() {
                 text.push(' ');
             }
             text.push_str(key);
             text.push('=');
-            match value {
-                serde_json::Value::Null => text.push('-'),
-                serde_json::Value::String(s) if needs_quotes(&s) => {
-                    text.push_str(&serde_json::Value::String(s).to_string());
+            let _ = match value {
+                Field::Text(None) | Field::Number(None) => write!(text, "-"),
+                Field::Text(Some(value)) if needs_quotes(value) => {
+                    write!(text, "{}", serde_json::Value::from(value))
                 }
-                serde_json::Value::String(s) => text.push_str(&s),
-                other => text.push_str(&other.to_string()),
-            }
+                Field::Text(Some(value)) => write!(text, "{value}"),
+                Field::Number(Some(number)) => write!(text, "{number}"),
+                Field::Float(number) => write!(text, "{number}"),
+                Field::Bool(flag) => write!(text, "{flag}"),
+            };
         }
         text.push('\n');
         text
+    }
+}
+
+/// One value of a logfmt line.
+enum Field<'a> {
+    Text(Option<&'a str>),
+    Number(Option<i64>),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Field<'_> {
+    fn bytes(bytes: Option<u64>) -> Field<'static> {
+        Field::Number(bytes.map(|bytes| i64::try_from(bytes).unwrap_or(i64::MAX)))
     }
 }
 
