@@ -16,6 +16,7 @@ use crate::accelerator::Accelerator;
 use crate::cache::PurgeReport;
 use crate::client_proxy::ClientProxy;
 use crate::config::Role;
+use crate::http::error::RefusalCounts;
 use crate::http::health::HealthView;
 use crate::http::metrics::LatencySnapshot;
 
@@ -65,36 +66,6 @@ impl Outcomes {
             ("pass", self.pass),
             ("coalesced", self.coalesced),
         ]
-    }
-}
-
-/// Refusals by whose fault they were.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Faults {
-    /// The request's.
-    pub client: u64,
-    /// The upstream's (or origin's).
-    pub upstream: u64,
-    /// Ours, being full.
-    pub overload: u64,
-    /// Ours, a failure.
-    pub proxy: u64,
-}
-
-impl Faults {
-    /// `(label, count)`.
-    pub fn rows(&self) -> [(&'static str, u64); 4] {
-        [
-            ("client", self.client),
-            ("upstream", self.upstream),
-            ("overload", self.overload),
-            ("proxy", self.proxy),
-        ]
-    }
-
-    /// All of them.
-    pub fn total(&self) -> u64 {
-        self.client + self.upstream + self.overload + self.proxy
     }
 }
 
@@ -151,7 +122,7 @@ pub struct Figures {
     /// How they ended.
     pub outcomes: Outcomes,
     /// Refusals by fault.
-    pub refused: Faults,
+    pub refused: RefusalCounts,
     /// Bytes on the hsync link (both directions as each role counts them).
     pub link_bytes: u64,
     /// Bytes delivered: to user agents (client proxy), or what the
@@ -219,7 +190,8 @@ impl Source for ClientProxy {
                 pass: stats.passed,
                 coalesced: stats.coalesced,
             },
-            refused: Faults {
+            refused: RefusalCounts {
+                total: stats.refused,
                 client: stats.refused_client,
                 upstream: stats.refused_upstream,
                 overload: stats.refused_overload,
@@ -273,7 +245,8 @@ impl Source for Accelerator {
                 pass: stats.passed,
                 ..Outcomes::default()
             },
-            refused: Faults {
+            refused: RefusalCounts {
+                total: stats.refused,
                 client: stats.refused_client,
                 upstream: stats.refused_upstream,
                 overload: stats.refused_overload,

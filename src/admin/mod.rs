@@ -41,7 +41,7 @@ use hyper::body::Incoming;
 use crate::http::auth::{Authenticator, Refusal};
 use crate::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, text_response};
 
-pub use figures::{BasisFigures, CacheFigures, Faults, Figures, Outcomes, Source};
+pub use figures::{BasisFigures, CacheFigures, Figures, Outcomes, Source};
 pub use history::{History, SAMPLE_EVERY};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
 pub use page::{Summary, UpstreamView};

@@ -280,7 +280,7 @@ fn requests(page: &mut String, figures: &Figures) {
     for (label, count) in figures.refused.rows() {
         let _ = write!(page, "{label} {count} · ");
     }
-    let _ = write!(page, "total {}", figures.refused.total());
+    let _ = write!(page, "total {}", figures.refused.total);
     if let Some(failures) = figures.digest_failures {
         let _ = write!(page, " · digest failures {failures}");
     }

@@ -75,7 +75,7 @@ pub struct Refusals {
 }
 
 /// [`Refusals`] read at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RefusalCounts {
     /// All of them: the sum of the four below.
     pub total: u64,
@@ -87,6 +87,19 @@ pub struct RefusalCounts {
     pub overload: u64,
     /// [`Fault::Proxy`]'s.
     pub proxy: u64,
+}
+
+impl RefusalCounts {
+    /// `(fault, count)`, as the metrics label them and the status page
+    /// lists them.
+    pub fn rows(&self) -> [(&'static str, u64); 4] {
+        [
+            ("client", self.client),
+            ("upstream", self.upstream),
+            ("overload", self.overload),
+            ("proxy", self.proxy),
+        ]
+    }
 }
 
 impl Refusals {
