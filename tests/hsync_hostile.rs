@@ -978,7 +978,7 @@ proptest! {
     ) {
         let basis = pseudo_text(24, 3000);
         let mut stream = Vec::new();
-        Header { block_size, strong_len: 8, codec }.write(&mut stream);
+        Header { block_size, strong_len: 8, codec, sig_frames: true }.write(&mut stream);
         stream.extend_from_slice(&tail);
         let limits = DecodeLimits { max_output: 10_000, max_signature_bytes: 1000 };
         let run = decode(&basis[..], &stream, &pieces, limits);
@@ -996,7 +996,7 @@ proptest! {
     ) {
         let basis = pseudo_text(25, 3000);
         let mut stream = Vec::new();
-        Header { block_size: 1024, strong_len: 8, codec }.write(&mut stream);
+        Header { block_size: 1024, strong_len: 8, codec, sig_frames: true }.write(&mut stream);
         stream.extend(frames.concat());
         let limits = DecodeLimits { max_output: 10_000, max_signature_bytes: 1000 };
         let run = decode(&basis[..], &stream, &pieces, limits);
