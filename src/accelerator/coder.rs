@@ -107,6 +107,10 @@ pub struct Offer {
     /// `Hsync-Basis` as sent (echoed in the answer) and the digest it names.
     basis_name: Option<HeaderValue>,
     basis_digest: Option<[u8; 32]>,
+    /// `Hsync-Accept: no-sig=N`: the client computes the new signature
+    /// itself and holds a body of at most N bytes until END, so a coding
+    /// against a held basis may leave out its SIG frames.
+    no_sig_up_to: u64,
 }
 
 impl Offer {
@@ -128,6 +132,15 @@ impl Offer {
                 .and_then(|name| parse_byte_sequence(name, 32))
                 .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()),
             basis_name,
+            no_sig_up_to: headers
+                .get_all(HSYNC_ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split([',', ';']))
+                .filter_map(|item| item.split_once('='))
+                .find(|(name, _)| name.trim() == "no-sig")
+                .and_then(|(_, value)| value.trim().parse().ok())
+                .unwrap_or(0),
         }
     }
 }
@@ -290,7 +303,17 @@ impl Coder {
             .and_then(|digest| self.bodies.get(&digest))
             .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
         let encoder = match held {
-            Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
+            Some(basis) => {
+                let mut encoder =
+                    Encoder::with_basis_body(basis, content_length, self.config.encoder);
+                // A delta against a held body is small: the client that
+                // agreed loses little by holding the body until END, and
+                // the SIG frames were a third of such a stream (issue 20).
+                if content_length.is_some_and(|len| len <= offer.no_sig_up_to) {
+                    encoder.leave_out_sig_frames();
+                }
+                encoder
+            }
             None => Encoder::new(
                 offer.signature.as_deref(),
                 content_length,

@@ -30,7 +30,7 @@ use crate::http::dial::AddressRefused;
 use crate::http::error::{ProxyError, error_chain};
 use crate::http::forwarded::{self, Hop};
 use crate::http::headers::{
-    HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
     strip_hop_by_hop,
 };
 use crate::http::health::Admission;
@@ -65,7 +65,14 @@ impl Accelerator {
         strip_hop_by_hop(&mut parts.headers)
             .map_err(|error| ProxyError::bad_request(error.to_string()))?;
         // The hsync fields and the queue's are between the client and us.
-        for name in [&HSYNC_SIGNATURE, &HSYNC_BASIS, &X_QUEUE, &X_QUEUED, &X_NODE] {
+        for name in [
+            &HSYNC_SIGNATURE,
+            &HSYNC_BASIS,
+            &HSYNC_ACCEPT,
+            &X_QUEUE,
+            &X_QUEUED,
+            &X_NODE,
+        ] {
             parts.headers.remove(name);
         }
         if encodable {

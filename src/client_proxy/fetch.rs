@@ -272,6 +272,10 @@ impl ClientProxy {
             let signature_len = match &basis {
                 Some(offer) if target.upstream.holds(&target.url, &offer.digest) => {
                     headers.insert(HSYNC_BASIS, offer.name.clone());
+                    // Its delta will be small: we may as well hold the
+                    // body until END and compute its signature ourselves
+                    // (the decoder does anyway) than take SIG frames.
+                    headers.insert(HSYNC_ACCEPT, no_sig_offer());
                     0
                 }
                 Some(offer) => {
@@ -538,6 +542,15 @@ impl ClientProxy {
 }
 
 /// Adds the hsync coding first to `Accept-Encoding`.
+/// Largest body whose SIG frames we do without, against a basis the
+/// upstream holds (`Hsync-Accept: no-sig=N`): the rebuilt body is held
+/// until END verifies it, within the transfer's unverified bound.
+const NO_SIG_UP_TO: u64 = 8 << 20;
+
+fn no_sig_offer() -> HeaderValue {
+    HeaderValue::from_str(&format!("no-sig={NO_SIG_UP_TO}")).expect("ASCII")
+}
+
 fn offer_hsync(headers: &mut HeaderMap) {
     let others: Vec<String> = headers
         .get_all(header::ACCEPT_ENCODING)

@@ -16,7 +16,10 @@ use crate::http::error::{ErrorKind, ProxyError};
 pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
 /// `Hsync-Signature`: `:<base64 basis signature>:`, possibly truncated.
 pub const HSYNC_SIGNATURE: HeaderName = HeaderName::from_static("hsync-signature");
-/// `Hsync-Accept`: what the accelerator supports.
+/// `Hsync-Accept`: on an answer, what the accelerator supports
+/// (`v=1, max-signature=N`); on a request, what the client agrees to do
+/// without (`no-sig=N`: SIG frames may be left out of a body of at most N
+/// bytes coded against a basis the accelerator holds).
 pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
 /// `Hsync-Held: N` on an answer: the accelerator keeps this body as a
 /// basis if it is at most N bytes long (its length may not be known when
