@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Basis, Encoder, EncoderOptions};
@@ -26,10 +27,10 @@ use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, accepts_hsync,
-    parse_byte_sequence, weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
+    accepts_hsync, parse_byte_sequence, weaken_etag,
 };
-use crate::http::server::ProxyBody;
+use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
@@ -55,6 +56,9 @@ pub struct CoderConfig {
     pub max_encode_len: u64,
     /// Largest basis signature accepted from a request (bytes, decoded).
     pub max_signature_bytes: usize,
+    /// Largest basis signature accepted as a GET's body (bytes; at most
+    /// `max_signature_bytes`: none).
+    pub max_body_signature_bytes: usize,
     /// Memory for bodies served, kept as future bases (bytes; 0: none).
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
@@ -82,6 +86,7 @@ impl From<&AcceleratorConfig> for CoderConfig {
             adapt_entropy_coding: config.adapt_entropy_coding,
             max_encode_len: config.max_encode_len,
             max_signature_bytes: config.max_signature_bytes,
+            max_body_signature_bytes: config.max_body_signature_bytes,
             basis_store_bytes: config.basis_store_bytes,
             max_stored_body: config.max_stored_body,
             basis_store_private: config.basis_store_private,
@@ -231,6 +236,64 @@ impl Coder {
     /// What the request offers, within our signature limit.
     pub fn offer(&self, method: &Method, headers: &HeaderMap) -> Offer {
         Offer::read(method, headers, self.config.max_signature_bytes)
+    }
+
+    /// What the request offers, reading a signature sent as its body
+    /// (`Hsync-Signature-Length`, a GET whose basis is too large for a
+    /// header's signature) within `max_body_signature_bytes`; the body
+    /// left for the origin is then empty, and the head says so.
+    ///
+    /// # Errors
+    /// The client's: a signature over the limit (the connection closes
+    /// rather than read it), a body shorter or longer than announced, or
+    /// one that does not arrive within the body timeout.
+    pub async fn offer_reading_body(
+        &self,
+        parts: &mut http::request::Parts,
+        body: Incoming,
+    ) -> Result<(Offer, ProxyBody), ProxyError> {
+        let mut offer = self.offer(&parts.method, &parts.headers);
+        let Some(announced) = parts.headers.remove(HSYNC_SIGNATURE_LENGTH) else {
+            return Ok((offer, body.map_err(BodyError::from).boxed()));
+        };
+        let max = self.config.max_body_signature_bytes;
+        let len = announced
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|_| parts.method == Method::GET)
+            .ok_or_else(|| {
+                ProxyError::bad_request("Hsync-Signature-Length is a GET's body length in bytes")
+                    .closing()
+            })?;
+        if len > max {
+            return Err(ProxyError::bad_request(format!(
+                "a basis signature of {len} bytes in the body is over the {max} taken \
+                 (max-body-signature)"
+            ))
+            .closing());
+        }
+        let read = http_body_util::Limited::new(body, len).collect();
+        let signature = match tokio::time::timeout(self.config.body_timeout, read).await {
+            Err(_) => return Err(ProxyError::request_timeout()),
+            Ok(Err(error)) => {
+                return Err(
+                    ProxyError::bad_request(format!("basis signature body: {error}")).closing(),
+                );
+            }
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        if signature.len() != len {
+            return Err(ProxyError::bad_request(format!(
+                "Hsync-Signature-Length says {len} bytes, the body had {}",
+                signature.len()
+            )));
+        }
+        for name in [header::CONTENT_LENGTH, header::TRANSFER_ENCODING] {
+            parts.headers.remove(name);
+        }
+        offer.signature = Some(signature.to_vec());
+        Ok((offer, Empty::new().map_err(|never| match never {}).boxed()))
     }
 
     /// Whether an answer with this head may be coded for `offer`.
@@ -407,13 +470,17 @@ impl Coder {
         }
     }
 
-    /// What we advertise: version and the signature size we accept.
+    /// What we advertise: version and the signature sizes we accept, in
+    /// a header and in a body.
     fn hsync_accept(&self) -> HeaderValue {
-        HeaderValue::from_str(&format!(
-            "v=1, max-signature={}",
-            self.config.max_signature_bytes
-        ))
-        .expect("digits and ASCII")
+        let mut value = format!("v=1, max-signature={}", self.config.max_signature_bytes);
+        if self.config.max_body_signature_bytes > self.config.max_signature_bytes {
+            value += &format!(
+                ", max-body-signature={}",
+                self.config.max_body_signature_bytes
+            );
+        }
+        HeaderValue::from_str(&value).expect("digits and ASCII")
     }
 }
 

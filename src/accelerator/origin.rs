@@ -19,7 +19,6 @@
 use http::Request;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::capture_connection;
 use tokio::time::Instant;
@@ -34,7 +33,7 @@ use crate::http::headers::{
     strip_hop_by_hop,
 };
 use crate::http::health::Admission;
-use crate::http::server::{BodyError, Peer, malformed_request_body};
+use crate::http::server::{Peer, ProxyBody, malformed_request_body};
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck};
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
@@ -107,7 +106,7 @@ impl Accelerator {
     pub(super) async fn fetch(
         &self,
         parts: Parts,
-        body: Incoming,
+        body: ProxyBody,
         route: &Route,
     ) -> Result<FromOrigin, ProxyError> {
         let health = route.health.as_deref();
@@ -129,7 +128,7 @@ impl Accelerator {
                 health.record_failure(error, Instant::now());
             }
         };
-        let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
+        let mut outbound = Request::from_parts(parts, body);
         let connection = capture_connection(&mut outbound);
         let timeout = self.config.origin_timeout;
         let asked = std::time::Instant::now();

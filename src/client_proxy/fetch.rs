@@ -40,7 +40,8 @@ use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
+    add_via, strip_hop_by_hop,
 };
 use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody};
@@ -269,23 +270,33 @@ impl ClientProxy {
             let mut headers = headers.clone();
             // A basis the upstream said it keeps goes by its digest alone:
             // the signature is most of a small update's bytes (issue 20).
-            let signature_len = match &basis {
+            let (signature_len, body) = match &basis {
                 Some(offer) if target.upstream.holds(&target.url, &offer.digest) => {
                     headers.insert(HSYNC_BASIS, offer.name.clone());
                     // Its delta will be small: we may as well hold the
                     // body until END and compute its signature ourselves
                     // (the decoder does anyway) than take SIG frames.
                     headers.insert(HSYNC_ACCEPT, no_sig_offer());
-                    0
+                    (0, empty())
                 }
                 Some(offer) => {
                     headers.insert(HSYNC_BASIS, offer.name.clone());
-                    headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
-                    offer.signature_len as u64
+                    match self.body_signature(target, offer).await {
+                        Some(signature) => {
+                            // Too fine for a header: it goes as the body.
+                            headers.insert(HSYNC_SIGNATURE_LENGTH, signature.len().into());
+                            let len = signature.len() as u64;
+                            (len, full(signature))
+                        }
+                        None => {
+                            headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
+                            (offer.signature_len as u64, empty())
+                        }
+                    }
                 }
-                None => 0,
+                None => (0, empty()),
             };
-            let mut outbound = self.outbound(parts, headers, target, empty());
+            let mut outbound = self.outbound(parts, headers, target, body);
             if let Some(observed) = parts.extensions.get::<Observed>() {
                 // A navigation's wait goes along: the queue wait shows its
                 // place on the waiting page.

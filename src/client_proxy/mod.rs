@@ -70,8 +70,8 @@ use crate::cache::{CacheKey, CacheScope, CacheStore};
 use crate::http::access_log::{Note, Side};
 use crate::http::error::{ProxyError, fault_of};
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, Hop, answer_at_this_hop, max_forwards,
-    remove_hsync_coding, strip_hop_by_hop, via_names_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH, Hop, answer_at_this_hop,
+    max_forwards, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
 };
 use crate::http::server::{Handler, ProxyBody, counted};
 use crate::http::spool::SpoolDisk;
@@ -382,7 +382,12 @@ impl ClientProxy {
         // Hsync headers from the user agent are never ours to trust, and
         // it cannot take the coding from us: we offer it ourselves, where
         // we decode it.
-        for name in [HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_ACCEPT] {
+        for name in [
+            HSYNC_BASIS,
+            HSYNC_SIGNATURE,
+            HSYNC_SIGNATURE_LENGTH,
+            HSYNC_ACCEPT,
+        ] {
             parts.headers.remove(name);
         }
         remove_hsync_coding(&mut parts.headers);

@@ -16,6 +16,11 @@ use crate::http::error::{ErrorKind, ProxyError};
 pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
 /// `Hsync-Signature`: `:<base64 basis signature>:`, possibly truncated.
 pub const HSYNC_SIGNATURE: HeaderName = HeaderName::from_static("hsync-signature");
+/// `Hsync-Signature-Length: N` on a GET: the basis signature is the
+/// request's body, N bytes, for one too large for a header (issue 20:
+/// a large body's edits need blocks finer than 4.6 KB of header allows).
+/// Taken only by an upstream that advertised `max-body-signature`.
+pub const HSYNC_SIGNATURE_LENGTH: HeaderName = HeaderName::from_static("hsync-signature-length");
 /// `Hsync-Accept`: on an answer, what the accelerator supports
 /// (`v=1, max-signature=N`); on a request, what the client agrees to do
 /// without (`no-sig=N`: SIG frames may be left out of a body of at most N
