@@ -28,7 +28,7 @@ use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
-    accepts_hsync, parse_byte_sequence, weaken_etag,
+    accepts_coding, accepts_hsync, parse_byte_sequence, weaken_etag,
 };
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::SpoolDisk;
@@ -112,6 +112,9 @@ pub struct Offer {
     /// `Hsync-Basis` as sent (echoed in the answer) and the digest it names.
     basis_name: Option<HeaderValue>,
     basis_digest: Option<[u8; 32]>,
+    /// `Accept-Encoding` names gzip: a small body may go gzipped where
+    /// that is smaller than its stream.
+    accepts_gzip: bool,
     /// `Hsync-Accept: no-sig=N`: the client computes the new signature
     /// itself and holds a body of at most N bytes until END, so a coding
     /// against a held basis may leave out its SIG frames.
@@ -137,6 +140,7 @@ impl Offer {
                 .and_then(|name| parse_byte_sequence(name, 32))
                 .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()),
             basis_name,
+            accepts_gzip: accepts_coding(headers, "gzip"),
             no_sig_up_to: headers
                 .get_all(HSYNC_ACCEPT)
                 .iter()
@@ -409,7 +413,7 @@ impl Coder {
                 parking: None,
                 note,
             };
-            let body = match encode_whole(origin, coding, method, uri).await? {
+            let body = match encode_whole(origin, coding, offer.accepts_gzip, method, uri).await? {
                 Whole::Coded(stream) => stream,
                 Whole::Plain(body) => {
                     // The answer depends on the offer all the same: an
@@ -420,6 +424,20 @@ impl Coder {
                         plain_headers.insert(HSYNC_HELD, held.clone());
                     }
                     plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    parts.headers = plain_headers;
+                    body
+                }
+                Whole::Gzip(body) => {
+                    plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+                    if let Some(held) = parts.headers.get(HSYNC_HELD) {
+                        plain_headers.insert(HSYNC_HELD, held.clone());
+                    }
+                    plain_headers
+                        .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+                    plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    // Other bytes than the identity body's: the same tag
+                    // would let a cache answer one with the other.
+                    weaken_etag(&mut plain_headers);
                     parts.headers = plain_headers;
                     body
                 }

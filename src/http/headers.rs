@@ -83,8 +83,16 @@ fn is_hsync_item(item: &str) -> bool {
 
 /// Whether `Accept-Encoding` offers the hsync coding (with q > 0).
 pub fn accepts_hsync(headers: &HeaderMap) -> bool {
+    accepts_coding(headers, HSYNC_CODING)
+}
+
+/// Whether `Accept-Encoding` names `coding` with q > 0. (A `*` is not
+/// taken as an offer: a coding we choose on our own must be named.)
+pub fn accepts_coding(headers: &HeaderMap, coding: &str) -> bool {
     accept_encoding_items(headers).any(|item| {
-        is_hsync_item(item)
+        item.split(';')
+            .next()
+            .is_some_and(|name| name.trim().eq_ignore_ascii_case(coding))
             && !item.split(';').skip(1).any(|p| {
                 p.trim()
                     .strip_prefix("q=")
