@@ -674,9 +674,11 @@ fn d_a3_framing_faults_have_named_errors() {
         Err(DecodeError::Frame(FrameError::UnknownCodec { codec: 200 }))
     );
     assert_eq!(
-        with(&|s| s[7] = 1),
-        Err(DecodeError::Frame(FrameError::UnknownFlags { flags: 1 }))
+        with(&|s| s[7] = 2),
+        Err(DecodeError::Frame(FrameError::UnknownFlags { flags: 2 }))
     );
+    // NO_SIG, on a stream that has SIG frames.
+    assert_eq!(with(&|s| s[7] = 1), Err(DecodeError::UnexpectedSig));
     // A frame length over the limit is refused before its payload arrives.
     let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
     let mut head = stream[..HEADER_LEN].to_vec();
