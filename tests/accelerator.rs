@@ -239,6 +239,7 @@ async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
     assert_eq!(headers["content-encoding"], "hsync");
     assert!(headers.get("content-length").is_none());
     assert_eq!(headers["etag"], "W/\"v2\"");
+    assert_eq!(headers["hsync-etag"], "\"v2\"", "the origin's, to restore");
     assert_eq!(
         headers["hsync-basis"],
         byte_sequence(blake3::hash(&basis).as_bytes())

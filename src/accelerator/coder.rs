@@ -27,8 +27,8 @@ use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
-    accepts_coding, accepts_hsync, parse_byte_sequence, weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE,
+    HSYNC_SIGNATURE_LENGTH, accepts_coding, accepts_hsync, parse_byte_sequence, weaken_etag,
 };
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::SpoolDisk;
@@ -352,7 +352,9 @@ impl Coder {
             header::VARY,
             HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
         );
-        weaken_etag(&mut parts.headers);
+        if let Some(strong) = weaken_etag(&mut parts.headers) {
+            parts.headers.insert(HSYNC_ETAG, strong);
+        }
         if let Some(note) = &note {
             let basis = offer
                 .basis_name

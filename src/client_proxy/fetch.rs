@@ -40,8 +40,8 @@ use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
-    add_via, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE,
+    HSYNC_SIGNATURE_LENGTH, add_via, restore_etag, strip_hop_by_hop,
 };
 use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody};
@@ -380,7 +380,11 @@ impl ClientProxy {
             rparts.headers.remove(HSYNC_BASIS);
             rparts.headers.remove(HSYNC_ACCEPT);
             strip_vary(&mut rparts.headers, &["accept-encoding", "hsync-basis"]);
+            // The body is the origin's, byte for byte, once verified (and
+            // never served otherwise): its strong validator applies.
+            restore_etag(&mut rparts.headers);
         }
+        rparts.headers.remove(HSYNC_ETAG);
         ClientStats::add(&self.stats.misses, 1);
         if revalidating {
             ClientStats::add(&self.stats.revalidated, 1);
