@@ -491,19 +491,23 @@ pub fn may_serve_stale_on_error(
 
 /// The validators to add to a revalidation request (RFC 9111 §4.3.1):
 /// `If-None-Match` with the stored `ETag` and `If-Modified-Since` with the
-/// stored `Last-Modified` (when it is a valid date).
+/// stored `Last-Modified`, or else its `Date` (when it is a valid date).
 ///
-/// A weak ETag (`W/"x"`) is sent as it is: the accelerator weakens the
-/// ETags of coded responses, and `If-None-Match` uses weak comparison.
+/// A weak ETag (`W/"x"`) is sent as it is: `If-None-Match` uses weak
+/// comparison.
 pub fn conditional_headers(stored: &HeaderMap) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if let Some(etag) = stored.get(header::ETAG) {
         headers.insert(header::IF_NONE_MATCH, etag.clone());
     }
-    if let Some(last_modified) = stored.get(header::LAST_MODIFIED)
-        && parse_http_date(last_modified).is_some()
-    {
-        headers.insert(header::IF_MODIFIED_SINCE, last_modified.clone());
+    // RFC 9111 §4.3.1: without a Last-Modified, the stored response's
+    // Date is a time the origin's copy was current at.
+    let since = [header::LAST_MODIFIED, header::DATE]
+        .into_iter()
+        .filter_map(|name| stored.get(name))
+        .find(|value| parse_http_date(value).is_some());
+    if let Some(since) = since {
+        headers.insert(header::IF_MODIFIED_SINCE, since.clone());
     }
     headers
 }
@@ -1165,6 +1169,21 @@ mod tests {
     #[test]
     fn conditional_headers_skip_missing_or_invalid_validators() {
         assert!(conditional_headers(&map(&[("last-modified", "yesterday")])).is_empty());
+    }
+
+    #[test]
+    fn rfc9111_4_3_1_without_last_modified_the_date_is_if_modified_since() {
+        let (lm, d) = (date(T), date(T + 100));
+        let cond = conditional_headers(&map(&[("date", &d)]));
+        assert_eq!(cond[header::IF_MODIFIED_SINCE], d.as_str());
+        let cond = conditional_headers(&map(&[("date", &d), ("last-modified", &lm)]));
+        assert_eq!(
+            cond[header::IF_MODIFIED_SINCE],
+            lm.as_str(),
+            "Last-Modified first"
+        );
+        let cond = conditional_headers(&map(&[("date", &d), ("last-modified", "yesterday")]));
+        assert_eq!(cond[header::IF_MODIFIED_SINCE], d.as_str());
     }
 
     #[test]
