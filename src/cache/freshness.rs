@@ -10,9 +10,13 @@
 //!
 //! Deliberately conservative where RFC 9111 allows a choice:
 //!
-//! - Only GET responses with status 200, 203, 300, 301 or 308 are stored.
-//!   Error responses are never stored (P-20: one attacker-provoked error
-//!   must not be served to everyone, CPDoS), nor are 206 and 304.
+//! - Only GET responses are stored. Statuses: the heuristically cacheable
+//!   ones below 400 (200, 203, 204, 300, 301, 308) always, 302, 303 and
+//!   307 with explicit freshness, and errors only with explicit freshness
+//!   and only 404, 405, 410, 414 and 501, whose cause is the URL: an error
+//!   a header provoked (400, 413, 431, 5xx) is never stored (P-20: one
+//!   attacker-provoked error must not be served to everyone, CPDoS).
+//!   Never 206 or 304. Only a 200's body is ever a basis.
 //! - The qualified forms `no-cache="field"` and `private="field"` count as
 //!   their unqualified forms: the whole response is revalidated or kept out
 //!   of a shared cache, rather than stored with fields removed.
@@ -69,6 +73,9 @@ pub struct CacheControl {
     pub no_transform: bool,
     /// `immutable` (RFC 8246): the content won't change while fresh.
     pub immutable: bool,
+    /// `must-understand` (RFC 9111 §5.2.2.3): store only if the status is
+    /// understood, and then despite `no-store`.
+    pub must_understand: bool,
     /// `stale-if-error` (RFC 5861): seconds of staleness acceptable when
     /// upstream fails.
     pub stale_if_error: Option<u64>,
@@ -101,6 +108,7 @@ impl CacheControl {
                 "proxy-revalidate" => cc.proxy_revalidate = true,
                 "no-transform" => cc.no_transform = true,
                 "immutable" => cc.immutable = true,
+                "must-understand" => cc.must_understand = true,
                 "only-if-cached" => cc.only_if_cached = true,
                 "max-age" => first(&mut cc.max_age, delta_seconds(value)),
                 "s-maxage" => first(&mut cc.s_maxage, delta_seconds(value)),
@@ -251,15 +259,31 @@ pub fn storability(
     if method != Method::GET {
         return NotStorable("method is not GET");
     }
-    if !matches!(status.as_u16(), 200 | 203 | 300 | 301 | 308) {
-        return NotStorable("status is not stored");
-    }
     let req = CacheControl::parse(request);
     let resp = CacheControl::parse(response);
+    let explicit = resp.max_age.is_some()
+        || (shared && resp.s_maxage.is_some())
+        || response.contains_key(header::EXPIRES);
+    let understood = understood(status);
+    let status_stored = match status.as_u16() {
+        // P-20: an error is stored only where its URL alone decides it
+        // (not a header an attacker sent: 400, 413, 431, most 5xx), and
+        // only for as long as the origin said.
+        400.. => explicit && is_heuristically_cacheable(status),
+        _ => understood && (explicit || is_heuristically_cacheable(status)),
+    };
+    if !status_stored {
+        return NotStorable("status is not stored");
+    }
+    if resp.must_understand && !understood {
+        return NotStorable("must-understand, for a status not understood");
+    }
     if req.no_store {
         return NotStorable("request has no-store");
     }
-    if resp.no_store {
+    // RFC 9111 §5.2.2.3: must-understand overrides no-store in a cache
+    // that understands the status.
+    if resp.no_store && !resp.must_understand {
         return NotStorable("response has no-store");
     }
     if shared && resp.private {
@@ -284,6 +308,16 @@ pub fn storability(
         return NotStorable("Vary: *");
     }
     Storability::Storable
+}
+
+/// Statuses whose meaning this cache implements as RFC 9110 defines it:
+/// final ones it serves from a whole stored body, not 206 (it does not
+/// complete ranges) or 304 (an answer to a condition, not a body).
+fn understood(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 302 | 303 | 307 | 308 | 404 | 405 | 410 | 414 | 501
+    )
 }
 
 /// Statuses that are heuristically cacheable (RFC 9110 §15.1).
@@ -868,14 +902,46 @@ mod tests {
     }
 
     #[test]
-    fn default_statuses_are_stored_and_errors_partial_and_304_are_not() {
-        for status in [200, 203, 300, 301, 308] {
+    fn rfc9111_3_statuses_stored_and_p20_errors_only_by_url_with_explicit_freshness() {
+        let fresh = [("cache-control", "max-age=600")];
+        for status in [200, 203, 204, 300, 301, 308] {
             assert_eq!(store(status, &[], &[]), Storability::Storable, "{status}");
         }
-        for status in [204, 206, 304, 404, 410, 500, 502] {
+        for status in [302, 303, 307, 404, 405, 410, 414, 501] {
+            assert_eq!(
+                store(status, &[], &fresh),
+                Storability::Storable,
+                "{status}"
+            );
+            let heuristic = store(
+                status,
+                &[],
+                &[("last-modified", "Tue, 01 Jan 2030 00:00:00 GMT")],
+            );
+            assert!(matches!(heuristic, Storability::NotStorable(_)), "{status}");
+        }
+        let expires = [("expires", "Tue, 01 Jan 2030 00:00:00 GMT")];
+        assert_eq!(store(404, &[], &expires), Storability::Storable);
+        // CPDoS (P-20): errors a header can provoke, whatever they say.
+        for status in [206, 304, 400, 413, 431, 500, 502, 503] {
             let s = store(status, &[], &[("cache-control", "max-age=600, public")]);
             assert!(matches!(s, Storability::NotStorable(_)), "{status}");
         }
+    }
+
+    #[test]
+    fn rfc9111_5_2_2_3_must_understand_stores_despite_no_store_only_a_status_understood() {
+        let both = [("cache-control", "must-understand, no-store, max-age=60")];
+        assert_eq!(store(200, &[], &both), Storability::Storable);
+        assert_eq!(store(404, &[], &both), Storability::Storable);
+        assert!(matches!(
+            store(206, &[], &both),
+            Storability::NotStorable(_)
+        ));
+        assert!(matches!(
+            store(299, &[], &both),
+            Storability::NotStorable(_)
+        ));
     }
 
     #[test]

@@ -73,7 +73,8 @@ impl ClientProxy {
         if let Some(entry) = same_url {
             // D-B1: an entry kept for one user (Authorization, Set-Cookie,
             // private) is never another request's basis, even for its URL.
-            let usable = entry.meta.shareable_as_basis || !self.is_shared();
+            let usable =
+                (entry.meta.shareable_as_basis || !self.is_shared()) && entry.meta.status == 200;
             return usable.then(|| basis_offer(entry, budget)).flatten();
         }
         // The choice is made in memory; only reading the entry needs a

@@ -404,8 +404,7 @@ impl ClientProxy {
             &rparts.headers,
             self.is_shared(),
         ) {
-            Storability::Storable if rparts.status == StatusCode::OK => true,
-            Storability::Storable => false,
+            Storability::Storable => true,
             Storability::NotStorable(reason) => {
                 tracing::debug!(url = %key, reason, "not storable");
                 false
