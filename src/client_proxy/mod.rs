@@ -48,6 +48,7 @@ mod hit;
 pub mod hot;
 mod pass;
 pub mod queue_wait;
+mod ranges;
 mod routes;
 mod stats;
 pub mod transfer;
