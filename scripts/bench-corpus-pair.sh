@@ -164,7 +164,7 @@ awk -v corpus="$corpus" '
 function ver(p,   n, a) { n = split(p, a, "/"); return a[n - 1] }
 function r(a, b) { return b > 0 ? sprintf("%.3fx", a / b) : "n/a" }
 function row(label, n, size, up, down, stream, sig, gz, zp) {
-    printf "%-40s %3s %9d %7d %8d %8d %7d %8d %8d %8s %8s\n",
+    printf "%-42s %3s %9d %7d %8d %8d %7d %8d %8d %8s %8s\n",
         label, n, size, up, down, up + down, stream + sig, gz, zp, r(up + down, gz), r(up + down, zp)
 }
 BEGIN {
@@ -196,7 +196,7 @@ BEGIN {
 }
 END {
     printf "\nupdates only (each chain'"'"'s fetches after its first), sums:\n"
-    printf "%-40s %3s %9s %7s %8s %8s %7s %8s %8s %8s %8s\n", "chain (first release not counted)", "n", "new", "up", "down", "link", "str+sig", "gzip9", "zstd-pat", "x gzip9", "x zstd-p"
+    printf "%-42s %3s %9s %7s %8s %8s %7s %8s %8s %8s %8s\n", "chain (first release not counted)", "n", "new", "up", "down", "link", "str+sig", "gzip9", "zstd-pat", "x gzip9", "x zstd-p"
     for (i = 1; i <= nurls; i++) {
         u = order[i]
         row(u " " firstver[u] "-" lastver[u], n[u], size[u], up[u], down[u], stream[u], sig[u], gz[u], zp[u])
