@@ -154,3 +154,124 @@ async fn rfc9111_3_a_stored_error_page_is_never_a_basis() {
     assert_eq!(stats.signature_bytes, 0, "no basis offered");
     assert_eq!(stats.memory_bases, 0);
 }
+
+/// `GET url` through the proxy with `headers`: status, headers, body.
+async fn get_with(
+    proxy: std::net::SocketAddr,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let uri: http::Uri = url.parse().unwrap();
+    let mut request =
+        http::Request::get(uri.clone()).header("host", uri.authority().unwrap().as_str());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
+
+/// A stored 200 answers ranges (RFC 9110 §14): one range as 206 with its
+/// Content-Range, several as multipart/byteranges, none satisfiable as
+/// 416, and an If-Range that does not match as the whole 200. A body large
+/// enough to stream (checked group by group) answers one range too.
+#[tokio::test]
+async fn rfc9110_14_a_hit_answers_ranges_from_the_stored_body() {
+    let small = support::pseudo_text(4, 5000);
+    let large = support::pseudo_text(5, 3 << 20);
+    let origin = origin({
+        let (small, large) = (small.clone(), large.clone());
+        move |request, _| {
+            let body = if request.uri().path() == "/large.txt" {
+                large.clone()
+            } else {
+                small.clone()
+            };
+            async move {
+                let mut response = Response::new(Full::new(Bytes::from(body)));
+                let headers = response.headers_mut();
+                headers.insert("cache-control", HeaderValue::from_static("max-age=60"));
+                headers.insert("etag", HeaderValue::from_static("\"r1\""));
+                headers.insert("content-type", HeaderValue::from_static("text/plain"));
+                response
+            }
+        }
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/small.txt");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/small.txt", &small);
+    eventually("stored", || proxy.stats().stored == 1).await;
+
+    let (status, headers, body) = get_with(proxy.addr, &url, &[("range", "bytes=100-199")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-range"], "bytes 100-199/5000");
+    assert_eq!(body, small[100..200]);
+    assert!(headers["cache-status"].to_str().unwrap().contains("hit"));
+
+    let (status, headers, body) = get_with(proxy.addr, &url, &[("range", "bytes=0-0,-1")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    let content_type = headers["content-type"].to_str().unwrap();
+    let boundary = content_type
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(text.matches(&format!("--{boundary}")).count(), 3, "{text}");
+    assert!(text.contains("Content-Range: bytes 0-0/5000"), "{text}");
+    assert!(
+        text.contains("Content-Range: bytes 4999-4999/5000"),
+        "{text}"
+    );
+
+    let (status, headers, _) = get_with(proxy.addr, &url, &[("range", "bytes=9000-")]).await;
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(headers["content-range"], "bytes */5000");
+
+    let (status, _, body) = get_with(
+        proxy.addr,
+        &url,
+        &[("range", "bytes=0-9"), ("if-range", "\"r0\"")],
+    )
+    .await;
+    assert_eq!((status, body.len()), (StatusCode::OK, 5000));
+    let (status, _, body) = get_with(
+        proxy.addr,
+        &url,
+        &[("range", "bytes=0-9"), ("if-range", "\"r1\"")],
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::PARTIAL_CONTENT, small[..10].to_vec())
+    );
+
+    let url = origin.url("/large.txt");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/large.txt", &large);
+    eventually("stored", || proxy.stats().stored == 2).await;
+    let at = (2 << 20) + 12_345;
+    let (status, headers, body) = get_with(
+        proxy.addr,
+        &url,
+        &[("range", &format!("bytes={at}-{}", at + 99_999))],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-length"], "100000");
+    assert!(body == large[at..at + 100_000]);
+}
