@@ -275,3 +275,38 @@ async fn rfc9110_14_a_hit_answers_ranges_from_the_stored_body() {
     assert_eq!(headers["content-length"], "100000");
     assert!(body == large[at..at + 100_000]);
 }
+
+/// RFC 5861 §3: a stale entry within `stale-while-revalidate` is served at
+/// once, and revalidated in the background; the next request gets what
+/// that brought.
+#[tokio::test]
+async fn rfc5861_3_stale_while_revalidate_serves_stale_and_refreshes_behind() {
+    let origin = origin(|_, earlier| async move {
+        let mut response = Response::new(Full::new(Bytes::from(format!("release {earlier}\n"))));
+        response.headers_mut().insert(
+            "cache-control",
+            HeaderValue::from_static("max-age=1, stale-while-revalidate=60"),
+        );
+        response
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/swr.txt");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/swr.txt", b"release 0\n");
+    eventually("stored", || proxy.stats().stored == 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+
+    let stale = get(proxy.addr, &url).await;
+    stale.assert_body("/swr.txt", b"release 0\n");
+    assert!(
+        stale.cache_status.contains("hit") && stale.cache_status.contains("stale-while-revalidate"),
+        "{}",
+        stale.cache_status
+    );
+    eventually("revalidated behind", || proxy.stats().stored == 2).await;
+    let fresh = get(proxy.addr, &url).await;
+    fresh.assert_body("/swr.txt", b"release 1\n");
+    assert!(fresh.is_hit(), "{}", fresh.cache_status);
+}

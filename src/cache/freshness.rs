@@ -21,11 +21,13 @@
 //!   their unqualified forms: the whole response is revalidated or kept out
 //!   of a shared cache, rather than stored with fields removed.
 //! - A stale response is served only when a directive allows it (request
-//!   `max-stale`, `stale-if-error`); being disconnected alone is not enough.
+//!   `max-stale`, `stale-if-error`, `stale-while-revalidate`); being
+//!   disconnected alone is not enough.
 //!
 //! Left out: storage, cache keys and `Vary` matching (see `cache`), request
-//! collapsing, and `stale-while-revalidate` scheduling (the directive is
-//! parsed so the caller can decide).
+//! collapsing, and scheduling the background revalidation that
+//! `stale-while-revalidate` allows ([`may_serve_stale_while_revalidating`]
+//! says when).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -523,6 +525,33 @@ pub fn may_serve_stale_on_error(
         .is_some_and(|limit| staleness <= limit)
 }
 
+/// Whether a stale stored response may be served at once while it is
+/// revalidated in the background (RFC 5861 `stale-while-revalidate`),
+/// given its current `age` and freshness `lifetime` in seconds: within
+/// the response's window, unless the response forbids serving it stale or
+/// the request asks for a fresh or validated answer (`no-cache`,
+/// `max-age`, `min-fresh`).
+pub fn may_serve_stale_while_revalidating(
+    request: &HeaderMap,
+    stored: &HeaderMap,
+    age: u64,
+    lifetime: u64,
+    shared: bool,
+) -> bool {
+    let req = CacheControl::parse_request(request);
+    let resp = CacheControl::parse(stored);
+    if forbids_stale(&resp, shared)
+        || req.no_cache
+        || req.max_age.is_some()
+        || req.min_fresh.is_some()
+    {
+        return false;
+    }
+    let staleness = age.saturating_sub(lifetime);
+    resp.stale_while_revalidate
+        .is_some_and(|window| staleness <= window)
+}
+
 /// The validators to add to a revalidation request (RFC 9111 §4.3.1):
 /// `If-None-Match` with the stored `ETag` and `If-Modified-Since` with the
 /// stored `Last-Modified`, or else its `Date` (when it is a valid date).
@@ -687,6 +716,17 @@ impl CacheStatus {
             ttl: Some(ttl),
             detail: Some("stale-if-error"),
             ..CacheStatus::forwarded(Forward::Stale)
+        }
+    }
+
+    /// A stale response served while it is revalidated in the background
+    /// (RFC 5861): a hit, with its negative `ttl` and
+    /// `detail=stale-while-revalidate`.
+    pub fn stale_while_revalidating(ttl: i64) -> CacheStatus {
+        CacheStatus {
+            ttl: Some(ttl),
+            detail: Some("stale-while-revalidate"),
+            ..CacheStatus::hit()
         }
     }
 }
@@ -1235,6 +1275,24 @@ mod tests {
     #[test]
     fn conditional_headers_skip_missing_or_invalid_validators() {
         assert!(conditional_headers(&map(&[("last-modified", "yesterday")])).is_empty());
+    }
+
+    #[test]
+    fn rfc5861_3_stale_while_revalidate_within_its_window_unless_forbidden_or_refused() {
+        let stored = map(&[("cache-control", "max-age=60, stale-while-revalidate=30")]);
+        let may = |request: &[(&str, &str)], stored: &HeaderMap, age| {
+            may_serve_stale_while_revalidating(&map(request), stored, age, 60, true)
+        };
+        assert!(may(&[], &stored, 90));
+        assert!(!may(&[], &stored, 91), "past the window");
+        assert!(!may(&[("cache-control", "no-cache")], &stored, 70));
+        assert!(!may(&[("cache-control", "max-age=0")], &stored, 70));
+        let must = map(&[(
+            "cache-control",
+            "max-age=60, stale-while-revalidate=30, must-revalidate",
+        )]);
+        assert!(!may(&[], &must, 70));
+        assert!(!may(&[], &map(&[("cache-control", "max-age=60")]), 61));
     }
 
     #[test]

@@ -287,6 +287,45 @@ impl ClientProxy {
     }
 
     /// Upstream failed: serve the stale entry if RFC 5861 allows it.
+    /// Serves a stale entry at once when RFC 5861's
+    /// `stale-while-revalidate` allows it (the caller revalidates it in the
+    /// background); `Err` gives the entry back when it does not, `Ok(None)`
+    /// when its body failed its check (it is quarantined).
+    pub(super) async fn serve_stale_while_revalidating(
+        &self,
+        entry: Entry,
+        parts: &Parts,
+    ) -> Result<Option<Response<ProxyBody>>, Entry> {
+        let stored = stored_headers(&entry);
+        let Ok(status) = StatusCode::from_u16(entry.meta.status) else {
+            return Err(entry);
+        };
+        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
+        if entry.meta.completeness != Completeness::Complete
+            || !freshness::may_serve_stale_while_revalidating(
+                &parts.headers,
+                &stored,
+                age.current,
+                age.lifetime,
+                self.is_shared(),
+            )
+        {
+            return Err(entry);
+        }
+        ClientStats::add(&self.stats.hits, 1);
+        Ok(self
+            .respond_from_entry(
+                entry,
+                stored,
+                age.current,
+                parts,
+                CacheStatus::stale_while_revalidating(age.ttl()),
+                false,
+            )
+            .await
+            .ok())
+    }
+
     pub(super) async fn serve_stale_on_error(
         &self,
         entry: Entry,
