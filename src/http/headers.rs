@@ -24,7 +24,8 @@ pub const HSYNC_SIGNATURE_LENGTH: HeaderName = HeaderName::from_static("hsync-si
 /// `Hsync-Accept`: on an answer, what the accelerator supports
 /// (`v=1, max-signature=N`); on a request, what the client agrees to do
 /// without (`no-sig=N`: SIG frames may be left out of a body of at most N
-/// bytes coded against a basis the accelerator holds).
+/// bytes coded against a basis the accelerator holds). An answer to a
+/// request that says `no-sig` leaves its own out: that client has it.
 pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
 /// `Hsync-Held: N` on an answer: the accelerator keeps this body as a
 /// basis if it is at most N bytes long (its length may not be known when
