@@ -554,7 +554,8 @@ pub fn may_serve_stale_while_revalidating(
 
 /// The validators to add to a revalidation request (RFC 9111 §4.3.1):
 /// `If-None-Match` with the stored `ETag` and `If-Modified-Since` with the
-/// stored `Last-Modified`, or else its `Date` (when it is a valid date).
+/// stored `Last-Modified`, or else (without an ETag) its `Date`, when it
+/// is a valid date.
 ///
 /// A weak ETag (`W/"x"`) is sent as it is: `If-None-Match` uses weak
 /// comparison.
@@ -564,9 +565,12 @@ pub fn conditional_headers(stored: &HeaderMap) -> HeaderMap {
         headers.insert(header::IF_NONE_MATCH, etag.clone());
     }
     // RFC 9111 §4.3.1: without a Last-Modified, the stored response's
-    // Date is a time the origin's copy was current at.
-    let since = [header::LAST_MODIFIED, header::DATE]
-        .into_iter()
+    // Date is a time the origin's copy was current at; not worth its
+    // bytes beside an ETag, which an origin checks instead (RFC 9110
+    // §13.2.2).
+    let fallback = (!headers.contains_key(header::IF_NONE_MATCH)).then_some(header::DATE);
+    let since = std::iter::once(header::LAST_MODIFIED)
+        .chain(fallback)
         .filter_map(|name| stored.get(name))
         .find(|value| parse_http_date(value).is_some());
     if let Some(since) = since {
@@ -1308,6 +1312,11 @@ mod tests {
         );
         let cond = conditional_headers(&map(&[("date", &d), ("last-modified", "yesterday")]));
         assert_eq!(cond[header::IF_MODIFIED_SINCE], d.as_str());
+        let cond = conditional_headers(&map(&[("date", &d), ("etag", "\"x\"")]));
+        assert!(
+            cond.get(header::IF_MODIFIED_SINCE).is_none(),
+            "the ETag decides"
+        );
     }
 
     #[test]
