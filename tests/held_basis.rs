@@ -13,9 +13,10 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response};
-use http_body_util::Full;
 use support::proxy::{client_config, eventually};
-use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin};
+use support::topology::{
+    Accelerator, ClientProxy, Origin, accelerator_config, origin, releases_of,
+};
 use support::user_agent::get;
 
 /// Release `n` of a 100 KB text: one line changed per release.
@@ -29,14 +30,7 @@ fn release(n: usize) -> Vec<u8> {
 /// Each path answers its next release on each request, revalidated every
 /// time (so every request after the first is an update).
 async fn releases() -> Origin {
-    origin(|_, earlier| async move {
-        let mut response = Response::new(Full::new(Bytes::from(release(earlier))));
-        response
-            .headers_mut()
-            .insert("cache-control", HeaderValue::from_static("no-cache"));
-        response
-    })
-    .await
+    releases_of(release).await
 }
 
 async fn client_of(accelerator: SocketAddr) -> ClientProxy {

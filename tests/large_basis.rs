@@ -6,12 +6,9 @@
 
 mod support;
 
-use bytes::Bytes;
-use http::{HeaderValue, Response};
-use http_body_util::Full;
 use rproxy::accelerator::AcceleratorConfig;
 use support::proxy::{client_config, eventually};
-use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin};
+use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, releases_of};
 use support::user_agent::get;
 
 const LEN: usize = 8_000_000;
@@ -31,14 +28,7 @@ fn release(n: usize) -> Vec<u8> {
 
 /// Each request gets the next release, revalidated every time.
 async fn releases() -> Origin {
-    origin(|_, earlier| async move {
-        let mut response = Response::new(Full::new(Bytes::from(release(earlier))));
-        response
-            .headers_mut()
-            .insert("cache-control", HeaderValue::from_static("no-cache"));
-        response
-    })
-    .await
+    releases_of(release).await
 }
 
 /// The bytes that came down and the signature bytes that went up for the update from

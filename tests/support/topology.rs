@@ -209,6 +209,21 @@ where
     origin_over(listener, service, None).await
 }
 
+/// An origin whose every path answers its next release on each request
+/// (`release(n)` for the request after `n` earlier ones), with
+/// `Cache-Control: no-cache`, so that each request after the first is an
+/// update the client proxy revalidates.
+pub async fn releases_of(release: fn(usize) -> Vec<u8>) -> Origin {
+    origin(move |_, earlier| async move {
+        let mut response = Response::new(http_body_util::Full::new(Bytes::from(release(earlier))));
+        response
+            .headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        response
+    })
+    .await
+}
+
 /// [`origin`] on a listener the test bound (an origin coming back on the
 /// port it had).
 pub async fn origin_on<F, Fut, B>(listener: TcpListener, service: F) -> Origin
