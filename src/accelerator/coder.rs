@@ -362,7 +362,12 @@ impl Coder {
                 .and_then(|name| name.to_str().ok());
             note.coding("hsync", basis.map(str::to_owned));
         }
-        if let Some(name) = offer.basis_name {
+        // Named back, but to a client that named it by digest alone and
+        // agreed to wait for END (`no-sig`): its digest check there is
+        // enough, and the name is a tenth of a small update.
+        if let Some(name) = offer.basis_name
+            && offer.no_sig_up_to == 0
+        {
             parts.headers.insert(HSYNC_BASIS, name);
         }
         // A client that agreed to do without SIG frames has our

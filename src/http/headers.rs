@@ -12,7 +12,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::http::error::{ErrorKind, ProxyError};
 
 /// `Hsync-Basis`: `:<base64 blake3 of the basis body>:` (RFC 8941 byte
-/// sequence), sent by the client and echoed by the accelerator.
+/// sequence), sent by the client and echoed by the accelerator, except to
+/// a request that agreed to `no-sig` (it checks the digest at END).
 pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
 /// `Hsync-Signature`: `:<base64 basis signature>:`, possibly truncated.
 pub const HSYNC_SIGNATURE: HeaderName = HeaderName::from_static("hsync-signature");
