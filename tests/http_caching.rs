@@ -310,3 +310,62 @@ async fn rfc5861_3_stale_while_revalidate_serves_stale_and_refreshes_behind() {
     fresh.assert_body("/swr.txt", b"release 1\n");
     assert!(fresh.is_hit(), "{}", fresh.cache_status);
 }
+
+/// RFC 9213: at a gateway (origin-form requests: the proxy is the site's
+/// CDN) `CDN-Cache-Control` replaces `Cache-Control` in the caching
+/// decisions; as a forward proxy the field is ignored. The user agent gets
+/// the headers as the origin sent them.
+#[tokio::test]
+async fn rfc9213_cdn_cache_control_counts_at_a_gateway_only() {
+    let (origin, asked) = answering(
+        StatusCode::OK,
+        &[
+            ("cache-control", "no-store"),
+            ("cdn-cache-control", "max-age=60"),
+        ],
+    )
+    .await;
+    let (accelerator, proxy) = pair(&origin).await;
+    // As a gateway in front of the accelerator: origin-form, its Host.
+    let host = accelerator.addr.to_string();
+    for _ in 0..2 {
+        let (status, headers, body) = get_origin_form(proxy.addr, &host, "/cdn.txt").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["cache-control"], "no-store");
+        assert!(!body.is_empty());
+    }
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "stored by CDN-Cache-Control"
+    );
+    // As a forward proxy: no-store rules.
+    for _ in 0..2 {
+        let fetched = get(proxy.addr, &origin.url("/fwd.txt")).await;
+        assert!(!fetched.is_hit());
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 3);
+}
+
+/// `GET path` in origin-form with `Host: host` (as to a gateway).
+async fn get_origin_form(
+    proxy: std::net::SocketAddr,
+    host: &str,
+    path: &str,
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::get(path)
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}

@@ -2,6 +2,7 @@
 //! [`ClientConfig`](crate::client_proxy::ClientConfig), open the cache,
 //! then serve.
 
+use crate::client_proxy::targeted::TargetedCacheControl;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -85,6 +86,12 @@ pub struct ClientArgs {
     /// requests with credentials, are stored and used as bases.
     #[arg(long)]
     pub private: bool,
+    /// When a response's CDN-Cache-Control replaces its Cache-Control in
+    /// the caching rules (RFC 9213): for requests that come as to a
+    /// gateway (the proxy is then the site's CDN; the default), always, or
+    /// never.
+    #[arg(long, value_name = "WHEN")]
+    pub targeted_cache_control: Option<TargetedCacheControl>,
     /// Serve client proxies downstream of this one (a chain) plain bodies
     /// instead of hsync deltas against their own cached copies.
     #[arg(long)]
@@ -225,7 +232,8 @@ impl ClientArgs {
                 signature_bytes,
                 max_signature, max_object, connect_timeout, upstream_timeout, lock_timeout,
                 health_failures, health_down_time, health_max_down_time,
-                queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses;
+                queue_wait_max, queue_page_after, connect_ports, connect_allow_addresses,
+                targeted_cache_control;
             optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;
             switches: private, no_downstream_coding, inetd, allow_open);

@@ -24,12 +24,24 @@ impl ClientProxy {
     /// cache (shared or private) counts them.
     pub(super) fn age_of(
         &self,
+        parts: &http::request::Parts,
         status: StatusCode,
         stored: &HeaderMap,
         stored_at: u64,
         now: u64,
     ) -> Age {
-        Age::of_stored(status, stored, stored_at, now, self.is_shared())
+        let view = self.caching_view(parts, stored);
+        Age::of_stored(status, &view, stored_at, now, self.is_shared())
+    }
+
+    /// The stored or received headers as the caching rules read them for
+    /// this request (`CDN-Cache-Control` where it applies, RFC 9213).
+    pub(super) fn caching_view<'a>(
+        &self,
+        parts: &http::request::Parts,
+        headers: &'a HeaderMap,
+    ) -> std::borrow::Cow<'a, HeaderMap> {
+        super::targeted::caching_view(self.config.targeted_cache_control, parts, headers)
     }
 
     /// Opens a cache entry for a storable response: the key with its Vary'd

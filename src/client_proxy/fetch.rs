@@ -409,7 +409,7 @@ impl ClientProxy {
             &parts.method,
             &parts.headers,
             rparts.status,
-            &rparts.headers,
+            &self.caching_view(parts, &rparts.headers),
             self.is_shared(),
         ) {
             Storability::Storable => true,

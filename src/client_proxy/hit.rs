@@ -60,10 +60,10 @@ impl ClientProxy {
         }
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
-        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
+        let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
         match freshness::reuse(
             &parts.headers,
-            &stored,
+            &self.caching_view(parts, &stored),
             age.current,
             age.lifetime,
             self.is_shared(),
@@ -99,10 +99,10 @@ impl ClientProxy {
             return None;
         }
         let status = StatusCode::from_u16(entry.status).ok()?;
-        let age = self.age_of(status, &entry.headers, entry.stored_at, unix_now());
+        let age = self.age_of(parts, status, &entry.headers, entry.stored_at, unix_now());
         let reuse = freshness::reuse(
             &parts.headers,
-            &entry.headers,
+            &self.caching_view(parts, &entry.headers),
             age.current,
             age.lifetime,
             self.is_shared(),
@@ -255,7 +255,7 @@ impl ClientProxy {
         .await;
         // Revalidated just now: aged from this exchange.
         let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
-        let age = self.age_of(status, &merged, now, now).current;
+        let age = self.age_of(parts, status, &merged, now, now).current;
         // As the store now describes it (the memory cache checks that).
         let mut entry = entry;
         entry.meta = kept_meta;
@@ -300,11 +300,11 @@ impl ClientProxy {
         let Ok(status) = StatusCode::from_u16(entry.meta.status) else {
             return Err(entry);
         };
-        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
+        let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
         if entry.meta.completeness != Completeness::Complete
             || !freshness::may_serve_stale_while_revalidating(
                 &parts.headers,
-                &stored,
+                &self.caching_view(parts, &stored),
                 age.current,
                 age.lifetime,
                 self.is_shared(),
@@ -334,10 +334,10 @@ impl ClientProxy {
     ) -> Option<Response<ProxyBody>> {
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).ok()?;
-        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
+        let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
         if !freshness::may_serve_stale_on_error(
             &parts.headers,
-            &stored,
+            &self.caching_view(parts, &stored),
             age.current,
             age.lifetime,
             self.is_shared(),

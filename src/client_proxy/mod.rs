@@ -51,6 +51,7 @@ pub mod queue_wait;
 mod ranges;
 mod routes;
 mod stats;
+pub mod targeted;
 pub mod transfer;
 mod tunnel;
 pub mod upstream;
@@ -108,6 +109,9 @@ pub struct ClientConfig {
     /// user's private cache (then `private` responses are stored and used
     /// as bases).
     pub scope: CacheScope,
+    /// When a response's `CDN-Cache-Control` replaces its `Cache-Control`
+    /// in the caching rules (RFC 9213).
+    pub targeted_cache_control: targeted::TargetedCacheControl,
     /// Signature bytes sent upstream while the upstream's `Hsync-Accept`
     /// is unknown (decoded; 4,608 is 6 KiB of header).
     pub default_signature_bytes: usize,

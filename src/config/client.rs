@@ -5,6 +5,7 @@
 //! [`ClientConfig::for_upstream`], which the demo and the tests start
 //! from, comes from the same defaults.
 
+use crate::client_proxy::targeted::TargetedCacheControl;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -139,6 +140,7 @@ pub struct ClientSettings {
     pub transfer_memory: Size,
     pub max_spool_total: Size,
     pub private: bool,
+    pub targeted_cache_control: TargetedCacheControl,
     pub no_downstream_coding: bool,
     /// Addresses (ranges) of user agents or proxies in front whose
     /// `Forwarded` and `X-Forwarded-*` are kept and appended to.
@@ -203,6 +205,7 @@ impl Default for ClientSettings {
             transfer_memory: Size(crate::http::transfer_memory::DEFAULT_CLIENT_MEMORY),
             max_spool_total: Size::gib(8),
             private: false,
+            targeted_cache_control: TargetedCacheControl::default(),
             no_downstream_coding: false,
             trusted_forwarders: Vec::new(),
             via_name: None,
@@ -375,6 +378,7 @@ impl ClientSettings {
                 .then(super::accelerator::default_coding),
             routes,
             via_name,
+            targeted_cache_control: self.targeted_cache_control,
             scope: if self.private {
                 CacheScope::Private
             } else {
