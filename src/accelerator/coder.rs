@@ -244,8 +244,9 @@ impl Coder {
 
     /// What the request offers, reading a signature sent as its body
     /// (`Hsync-Signature-Length`, a GET whose basis is too large for a
-    /// header's signature) within `max_body_signature_bytes`; the body
-    /// left for the origin is then empty, and the head says so.
+    /// header's signature) within `max_body_signature_bytes` and a share
+    /// of the transfer memory; the body left for the origin is then empty,
+    /// and the head says so.
     ///
     /// # Errors
     /// The client's: a signature over the limit (the connection closes
@@ -277,6 +278,10 @@ impl Coder {
             ))
             .closing());
         }
+        // Reading it takes its share of the transfer memory, so that many
+        // clients uploading signatures at once wait rather than hold
+        // max-body-signature each; the coding then counts it in its own.
+        let _share = self.memory.take(len as u64).await;
         let read = http_body_util::Limited::new(body, len).collect();
         let signature = match tokio::time::timeout(self.config.body_timeout, read).await {
             Err(_) => return Err(ProxyError::request_timeout()),
@@ -339,6 +344,7 @@ impl Coder {
         uri: Uri,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let content_length = content_length(&parts.headers);
+        let signature_len = offer.signature.as_ref().map_or(0, Vec::len) as u64;
         let note = parts.extensions.get::<Note>().cloned();
         // A small body may yet go plain, with the head the origin sent.
         let small = content_length.is_some_and(|len| len <= SMALL_BODY);
@@ -466,9 +472,11 @@ impl Coder {
             encoders: self.encoders.clone(),
             memory: Some((
                 self.memory.clone(),
-                // The coding's state, and the copy of the body collected
-                // for the basis store.
+                // The coding's state (with the basis signature's index,
+                // about its size), and the copy of the body collected for
+                // the basis store.
                 coded_transfer_cost(self.config.encoder.window_bytes, content_length)
+                    + signature_len
                     + if keep {
                         content_length.unwrap_or(self.bodies.max_body() as u64)
                     } else {
