@@ -164,7 +164,6 @@ pub struct Encoder {
     /// The last window ended with a copy (nothing held back).
     after_copy: bool,
     commands: Vec<u8>,
-    literal_bytes: Vec<u8>,
     /// The body's last bytes before the window (codecs 2 and 3).
     context: Vec<u8>,
     /// The basis slice (`ZstdBasis`) and the window's reference prefix
@@ -262,7 +261,6 @@ impl Encoder {
             matches: Vec::new(),
             after_copy: false,
             commands: Vec::new(),
-            literal_bytes: Vec::new(),
             context: Vec::new(),
             basis_part: Vec::new(),
             prefix: Vec::new(),
@@ -342,7 +340,6 @@ impl Encoder {
     pub fn release_buffers(&mut self) {
         self.matches = Vec::new();
         self.commands = Vec::new();
-        self.literal_bytes = Vec::new();
         self.basis_part = Vec::new();
         self.prefix = Vec::new();
         self.window.shrink_to_fit();
@@ -425,9 +422,13 @@ impl Encoder {
     /// held back for the next window, where it may start a match.
     fn encode_window(&mut self, is_last: bool, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         self.commands.clear();
-        self.literal_bytes.clear();
         self.prefix.clear();
         let mut covered = self.window.len();
+        // With a basis signature, `prefix` holds the reference prefix's
+        // tail and then the literals, which start at `prefix_end`; the
+        // whole prefix would be `full_prefix_len` bytes.
+        let mut prefix_end = 0;
+        let mut full_prefix_len = 0;
         match &self.basis {
             None => {
                 DeltaCommand::Literal {
@@ -462,43 +463,61 @@ impl Encoder {
                     }
                 }
                 // Codec 2's prefix is the context and then the window's
-                // copied bytes (see `window_prefix`): built here directly.
-                let wants_copies = self.literals.is_windowed() && self.basis_body.is_none();
-                if wants_copies {
-                    self.prefix
-                        .extend_from_slice(super::context_tail(&self.context, covered as u64));
-                }
-                let mut at = 0;
-                for (command, range) in &parsed {
+                // copied bytes (see `window_prefix`). Only the tail that
+                // the compressor will use is built (at the fast level a
+                // few times the literals, not the window's megabytes of
+                // copies), and the literals go right after it in the same
+                // buffer: zstd then takes them as the continuation of the
+                // prefix, not as data against an external dictionary, and
+                // its faster contiguous match finder runs.
+                let (mut copied, mut literal_len) = (0, 0);
+                for (command, _) in &parsed {
                     command.write(&mut self.commands);
                     match *command {
-                        DeltaCommand::Copy { len, .. } => {
-                            self.summary.copied_bytes += len;
-                            if wants_copies {
-                                self.prefix
-                                    .extend_from_slice(&self.window[at..at + len as usize]);
-                            }
-                        }
-                        DeltaCommand::Literal { len } => {
-                            self.summary.literal_bytes += len;
-                            self.literal_bytes
-                                .extend_from_slice(&self.window[range.clone()]);
-                        }
+                        DeltaCommand::Copy { len, .. } => copied += len as usize,
+                        DeltaCommand::Literal { len } => literal_len += len as usize,
                     }
-                    at += command.output_len() as usize;
+                }
+                self.summary.copied_bytes += copied as u64;
+                self.summary.literal_bytes += literal_len as u64;
+                if self.literals.is_windowed() {
+                    let context = super::context_tail(&self.context, covered as u64);
+                    let whole = context.len() + copied;
+                    full_prefix_len = whole.min(MAX_PREFIX_LEN);
+                    let keep = self.literals.prefix_needed(literal_len, full_prefix_len);
+                    let skip = whole - keep;
+                    self.prefix.reserve(keep + literal_len);
+                    self.prefix
+                        .extend_from_slice(&context[skip.min(context.len())..]);
+                    // `in_prefix`: where the next copy starts in [context | copies].
+                    let (mut at, mut in_prefix) = (0, context.len());
+                    for (command, _) in &parsed {
+                        let len = command.output_len() as usize;
+                        if let DeltaCommand::Copy { .. } = command {
+                            let end = in_prefix + len;
+                            if end > skip {
+                                let from = skip.saturating_sub(in_prefix);
+                                self.prefix
+                                    .extend_from_slice(&self.window[at + from..at + len]);
+                            }
+                            in_prefix = end;
+                        }
+                        at += len;
+                    }
+                }
+                prefix_end = self.prefix.len();
+                for (_, range) in &parsed {
+                    self.prefix.extend_from_slice(&self.window[range.clone()]);
                 }
                 self.after_copy = matches!(parsed.last(), Some((DeltaCommand::Copy { .. }, _)))
                     && covered == self.window.len();
                 self.matches = parsed;
             }
         }
-        let literals = match self.basis {
-            None => &self.window[..covered],
-            Some(_) => &self.literal_bytes[..],
-        };
         let windowed = self.literals.is_windowed();
         if windowed
-            && !literals.is_empty()
+            && self.basis.is_none()
+            && covered > 0
             && let Some(body) = &self.basis_body
         {
             let range = super::basis_slice(self.summary.body_len, covered as u64, body.size());
@@ -516,14 +535,22 @@ impl Encoder {
                 covered as u64,
                 &mut self.prefix,
             );
+            full_prefix_len = self.prefix.len();
+            prefix_end = full_prefix_len;
         }
+        let literals = match self.basis {
+            None => &self.window[..covered],
+            Some(_) => &self.prefix[prefix_end..],
+        };
         // Without a basis the prefix is the context's tail (what
         // `window_prefix` would copy out of it).
         let reference = if windowed && self.basis.is_none() && self.basis_body.is_none() {
             let tail = super::context_tail(&self.context, covered as u64);
-            &tail[tail.len().saturating_sub(MAX_PREFIX_LEN)..]
+            let tail = &tail[tail.len().saturating_sub(MAX_PREFIX_LEN)..];
+            full_prefix_len = tail.len();
+            tail
         } else {
-            &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..]
+            &self.prefix[prefix_end.saturating_sub(MAX_PREFIX_LEN)..prefix_end]
         };
         // The prefix is [basis slice | context tail], cut from the front.
         let basis_in_prefix = match &self.basis_body {
@@ -554,7 +581,7 @@ impl Encoder {
         super::frame::write_delta_with(&self.commands, out, |out| {
             let before = out.len();
             self.literals
-                .compress(literals, reference, basis_in_prefix, out)?;
+                .compress(literals, reference, full_prefix_len, basis_in_prefix, out)?;
             literal_wire_bytes = out.len() - before;
             Ok::<_, std::io::Error>(())
         })?;
