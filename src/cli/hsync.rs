@@ -253,16 +253,17 @@ fn read_capped(path: &Path, max: usize) -> anyhow::Result<Vec<u8>> {
 
 fn encode_to(
     mut encoder: Encoder,
-    input: impl Read,
+    mut input: impl Read,
     mut out: impl Write,
 ) -> anyhow::Result<EncodeSummary> {
     let mut frames = Vec::new();
-    for_each_chunk(input, |chunk| {
-        encoder.push(chunk, &mut frames)?;
+    // Straight into the encoder's window: no copy through a buffer here.
+    while encoder.read_from(&mut input, &mut frames)? > 0 {
         out.write_all(&frames)?;
         frames.clear();
-        Ok(())
-    })?;
+    }
+    out.write_all(&frames)?;
+    frames.clear();
     let summary = encoder.finish(&mut frames)?;
     out.write_all(&frames)?;
     out.flush()?;

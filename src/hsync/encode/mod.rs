@@ -34,6 +34,9 @@ pub enum EncodeError {
     /// Reading the basis body failed.
     #[error("reading the basis body failed: {0}")]
     Basis(std::io::Error),
+    /// Reading the new body failed ([`Encoder::read_from`]).
+    #[error("reading the body failed: {0}")]
+    Input(std::io::Error),
 }
 
 /// Encoder settings; the defaults are what the proxies use.
@@ -365,6 +368,37 @@ impl Encoder {
             }
         }
         Ok(())
+    }
+
+    /// Reads the next bytes of the body from `input` straight into the
+    /// window, until the window is full (then encodes it, appending its
+    /// frames to `out`, as [`push`](Self::push) would) or `input` ends.
+    /// For a caller that reads the body from a file or pipe: `push` would
+    /// copy each byte from the caller's buffer into the window (6 % of
+    /// the command-line encoder's instructions), and std's `read_to_end`
+    /// reads into the window's spare capacity without zeroing it first.
+    /// Returns the bytes read: 0 once `input` is at its end.
+    ///
+    /// # Errors
+    /// [`EncodeError::Input`] when reading fails; the literal compressor
+    /// failed.
+    pub fn read_from(
+        &mut self,
+        input: &mut (impl std::io::Read + ?Sized),
+        out: &mut Vec<u8>,
+    ) -> Result<usize, EncodeError> {
+        use std::io::Read;
+        self.write_header(out);
+        let room = self.window_bytes - self.window.len();
+        self.window.reserve(room);
+        let read = input
+            .take(room as u64)
+            .read_to_end(&mut self.window)
+            .map_err(EncodeError::Input)?;
+        if self.window.len() == self.window_bytes {
+            self.encode_window(false, out)?;
+        }
+        Ok(read)
     }
 
     /// Ends the body: encodes what is left, then the last SIG entries and
