@@ -216,6 +216,7 @@ impl BlockIndex {
                 .take()
                 .map_or_else(|| WeakSum::of(&data[here..here + block]), WeakSum::from_u32);
             loop {
+                (here, weak) = self.next_candidate(data, here, weak);
                 let value = weak.value();
                 if self.may_contain(value)
                     && collisions
@@ -259,6 +260,26 @@ impl BlockIndex {
             }
         }
         emitter.finish(data.len());
+    }
+
+    /// Rolls the weak sum `weak` of the block at `here` on to the first
+    /// position whose sum passes the filter, or to the last position of
+    /// `data` (where it may not): that position and its sum. The scan's
+    /// inner loop, kept to the roll and the filter test, without bounds
+    /// checks: a byte costs a few instructions, and the scan covers every
+    /// literal byte.
+    #[inline]
+    fn next_candidate(&self, data: &[u8], here: usize, mut weak: WeakSum) -> (usize, WeakSum) {
+        let block = self.params.block_size as usize;
+        let leaving = &data[here..data.len() - block];
+        let entering = &data[here + block..];
+        for (i, (&old, &new)) in leaving.iter().zip(entering).enumerate() {
+            if self.may_contain(weak.value()) {
+                return (here + i, weak);
+            }
+            weak = weak.rotate(block as u16, old, new);
+        }
+        (data.len() - block, weak)
     }
 
     /// Follows a run through the entries of the blocks from `here` on:
