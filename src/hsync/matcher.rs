@@ -269,8 +269,9 @@ impl BlockIndex {
     /// `data` (where it may not): that position and its sum. The scan's
     /// inner loop, kept to the roll and the filter test, without bounds
     /// checks: a byte costs a few instructions, and the scan covers every
-    /// literal byte.
-    #[inline]
+    /// literal byte. Not inlined: inside `diff` its loop ran short of
+    /// registers and reloaded three of them from the stack on every byte.
+    #[inline(never)]
     fn next_candidate(&self, data: &[u8], here: usize, mut weak: WeakSum) -> (usize, WeakSum) {
         let block = self.params.block_size as usize;
         let leaving = &data[here..data.len() - block];
