@@ -272,17 +272,29 @@ impl BlockIndex {
     /// literal byte. Not inlined: inside `diff` its loop ran short of
     /// registers and reloaded three of them from the stack on every byte.
     #[inline(never)]
-    fn next_candidate(&self, data: &[u8], here: usize, mut weak: WeakSum) -> (usize, WeakSum) {
+    fn next_candidate(&self, data: &[u8], here: usize, weak: WeakSum) -> (usize, WeakSum) {
         let block = self.params.block_size as usize;
+        // The sums roll in u32: wrapping arithmetic modulo 2^32 agrees
+        // with it modulo 2^16, so their low halves are `WeakSum::rotate`'s,
+        // without narrowing every step.
+        let (mut s1, mut s2) = (u32::from(weak.s1), u32::from(weak.s2));
+        let sum = |s1: u32, s2: u32| WeakSum {
+            s1: s1 as u16,
+            s2: s2 as u16,
+        };
         let leaving = &data[here..data.len() - block];
         let entering = &data[here + block..];
         for (i, (&old, &new)) in leaving.iter().zip(entering).enumerate() {
-            if self.may_contain(weak.value()) {
-                return (here + i, weak);
+            if self.may_contain((s1 & 0xFFFF) | (s2 << 16)) {
+                return (here + i, sum(s1, s2));
             }
-            weak = weak.rotate(block as u16, old, new);
+            let old = u32::from(old);
+            s1 = s1.wrapping_add(u32::from(new)).wrapping_sub(old);
+            s2 = s2
+                .wrapping_add(s1)
+                .wrapping_sub((block as u32).wrapping_mul(old + u32::from(CHAR_OFFSET)));
         }
-        (data.len() - block, weak)
+        (data.len() - block, sum(s1, s2))
     }
 
     /// Follows a run through the entries of the blocks from `here` on:

@@ -770,6 +770,58 @@ mod tests {
     /// Releasing the buffers between pushes changes nothing in the stream,
     /// for each codec that keeps context between windows; a push shorter
     /// than the window's room only copies.
+    /// `read_from` gives the stream that `push` gives, whatever pieces the
+    /// reader hands out, for each codec's encoder.
+    #[test]
+    fn reading_from_a_reader_gives_the_pushed_stream() {
+        use crate::hsync::{SignatureBuilder, SignatureParams};
+        use std::io::Read;
+        /// Hands out at most `piece` bytes per read.
+        struct Trickle<'a>(&'a [u8], usize);
+        impl Read for Trickle<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.len().min(self.1).min(buf.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let options = EncoderOptions {
+            window_bytes: 64 << 10,
+            ..EncoderOptions::default()
+        };
+        let basis = words(300 << 10, 4);
+        let mut new = basis.clone();
+        new.splice(70_000..70_000, random_base64(3000, 5));
+        let mut builder = SignatureBuilder::new(SignatureParams {
+            block_size: 2048,
+            strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+        });
+        builder.update(&basis);
+        builder.finish();
+        let signature = builder.to_signature_bytes();
+        let encoders = || {
+            [
+                super::Encoder::new(None, None, options),
+                super::Encoder::new(Some(&signature), None, options),
+                super::Encoder::with_basis_body(Box::new(basis.clone()), None, options),
+            ]
+        };
+        for piece in [1000, 100_000] {
+            for (mut pushed, mut read) in encoders().into_iter().zip(encoders()) {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for chunk in new.chunks(7000) {
+                    pushed.push(chunk, &mut a).unwrap();
+                }
+                let mut input = Trickle(&new, piece);
+                while read.read_from(&mut input, &mut b).unwrap() > 0 {}
+                let (sa, sb) = (pushed.finish(&mut a).unwrap(), read.finish(&mut b).unwrap());
+                assert!(a == b, "piece {piece}: streams differ");
+                assert_eq!(sa.body_len, sb.body_len);
+            }
+        }
+    }
+
     #[test]
     fn releasing_buffers_between_pushes_leaves_the_stream_unchanged() {
         use crate::hsync::{SignatureBuilder, SignatureParams};
