@@ -284,7 +284,8 @@ fn encode(args: EncodeArgs) -> anyhow::Result<()> {
         Some(path) => {
             let file = File::open(path)
                 .with_context(|| format!("cannot open basis body {}", path.display()))?;
-            Encoder::with_basis_body(Box::new(FileBasis::new(file)?), len, options)
+            // Opened here for the basis alone: nothing else moves its offset.
+            Encoder::with_basis_body(Box::new(FileBasis::sole(file)?), len, options)
         }
         None => Encoder::new(signature.as_deref(), len, options),
     };
@@ -359,7 +360,8 @@ fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let basis = File::open(&args.basis)
         .with_context(|| format!("cannot open basis {}", args.basis.display()))?;
     let mut decoder = Decoder::new(
-        FileBasis::new(basis)?,
+        // Opened here for the basis alone: nothing else moves its offset.
+        FileBasis::sole(basis)?,
         DecodeLimits {
             max_output: args.max_output,
             ..DecodeLimits::default()
