@@ -253,16 +253,17 @@ fn read_capped(path: &Path, max: usize) -> anyhow::Result<Vec<u8>> {
 
 fn encode_to(
     mut encoder: Encoder,
-    input: impl Read,
+    mut input: impl Read,
     mut out: impl Write,
 ) -> anyhow::Result<EncodeSummary> {
     let mut frames = Vec::new();
-    for_each_chunk(input, |chunk| {
-        encoder.push(chunk, &mut frames)?;
+    // Straight into the encoder's window: no copy through a buffer here.
+    while encoder.read_from(&mut input, &mut frames)? > 0 {
         out.write_all(&frames)?;
         frames.clear();
-        Ok(())
-    })?;
+    }
+    out.write_all(&frames)?;
+    frames.clear();
     let summary = encoder.finish(&mut frames)?;
     out.write_all(&frames)?;
     out.flush()?;
@@ -283,7 +284,8 @@ fn encode(args: EncodeArgs) -> anyhow::Result<()> {
         Some(path) => {
             let file = File::open(path)
                 .with_context(|| format!("cannot open basis body {}", path.display()))?;
-            Encoder::with_basis_body(Box::new(FileBasis::new(file)?), len, options)
+            // Opened here for the basis alone: nothing else moves its offset.
+            Encoder::with_basis_body(Box::new(FileBasis::sole(file)?), len, options)
         }
         None => Encoder::new(signature.as_deref(), len, options),
     };
@@ -358,12 +360,20 @@ fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let basis = File::open(&args.basis)
         .with_context(|| format!("cannot open basis {}", args.basis.display()))?;
     let mut decoder = Decoder::new(
-        FileBasis::new(basis)?,
+        // Opened here for the basis alone: nothing else moves its offset.
+        FileBasis::sole(basis)?,
         DecodeLimits {
             max_output: args.max_output,
             ..DecodeLimits::default()
         },
     );
+    if args.signature_out.is_none() {
+        // Nothing here needs the new body's signature: END's blake3
+        // verifies the body, so its MD4 is not recomputed just to be
+        // compared with the SIG entries (nothing is written as final before
+        // END either way; stdout streams unverified bytes regardless).
+        decoder.trust_signature_entries();
+    }
     let (input, _) = open_input(&args.stream)?;
     let to_stdout = args.output == Path::new("-");
     let mut pending = if to_stdout {

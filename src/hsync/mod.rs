@@ -85,8 +85,10 @@
 //! no optional frames; SIG frames are left out only by the NO_SIG flag,
 //! and one in such a stream is an error). The decoder never trusts the SIG entries: it
 //! recomputes the signature from the bytes it rebuilt and rejects a stream
-//! whose entries disagree, and it rejects a stream whose END does not match
-//! what it rebuilt.
+//! whose entries disagree (unless its caller needs neither the signature
+//! checked nor bytes vouched for before END, and says so:
+//! `Decoder::trust_signature_entries`), and it rejects a stream whose END
+//! does not match what it rebuilt.
 
 mod basis;
 mod decode;
@@ -297,6 +299,72 @@ mod tests {
         let decoded = decoder.finish().unwrap();
         assert_eq!(decoded.len, new.len() as u64);
         (body, stream, summary)
+    }
+
+    /// A decoder that takes the SIG entries as the signature gives the
+    /// recomputed one for a good stream, still refuses a wrong body, and
+    /// with a SIG entry changed still rebuilds the right body (END vouches
+    /// for it) but hands the entry on as sent.
+    #[test]
+    fn trusted_signature_entries_verify_the_body_by_blake3() {
+        let basis: Vec<u8> = (0..200_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+            .collect();
+        let mut new = basis.clone();
+        new.splice(50_000..50_004, b"edit".iter().copied());
+        let (_, stream, _) = round_trip(&basis, &new, 1 << 20, EncoderOptions::default());
+        let decode = |stream: &[u8], trust: bool| -> Result<(Vec<u8>, Decoded), DecodeError> {
+            let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
+            if trust {
+                decoder.trust_signature_entries();
+            }
+            let mut body = Vec::new();
+            decoder.push(stream, &mut body)?;
+            assert_eq!(decoder.verified_len(), body.len() as u64);
+            decoder.finish().map(|decoded| (body, decoded))
+        };
+        let (body, strict) = decode(&stream, false).unwrap();
+        let (trusted_body, trusted) = decode(&stream, true).unwrap();
+        assert_eq!((&body, &strict), (&trusted_body, &trusted));
+        assert_eq!(body, new);
+
+        // The first SIG frame: kind 2 after the header and the DELTA frame.
+        let frame_len = |at: usize| {
+            FRAME_PREFIX_LEN
+                + u32::from_be_bytes(stream[at + 1..at + 5].try_into().unwrap()) as usize
+        };
+        let sig_at = HEADER_LEN + frame_len(HEADER_LEN);
+        assert_eq!(stream[sig_at], 2, "a SIG frame follows the first DELTA");
+        let mut wrong_entry = stream.clone();
+        wrong_entry[sig_at + FRAME_PREFIX_LEN + 5] ^= 1;
+        assert!(matches!(
+            decode(&wrong_entry, false),
+            Err(DecodeError::SignatureMismatch { block: 0 })
+        ));
+        let (body, decoded) = decode(&wrong_entry, true).unwrap();
+        assert_eq!(body, new);
+        assert_ne!(decoded.signature, strict.signature);
+        assert_eq!(decoded.signature.len(), strict.signature.len());
+
+        // A wrong body still fails; so does a missing entry.
+        let mut wrong_digest = stream.clone();
+        let last = wrong_digest.len() - 1;
+        wrong_digest[last] ^= 1;
+        assert_eq!(
+            decode(&wrong_digest, true).unwrap_err(),
+            DecodeError::DigestMismatch
+        );
+        let mut short_sig = stream[..sig_at].to_vec();
+        let sig_len = frame_len(sig_at);
+        let entry_len = (sig_len - FRAME_PREFIX_LEN) as u32 - 12;
+        short_sig.push(2);
+        short_sig.extend_from_slice(&entry_len.to_be_bytes());
+        short_sig.extend_from_slice(&stream[sig_at + FRAME_PREFIX_LEN..sig_at + sig_len - 12]);
+        short_sig.extend_from_slice(&stream[sig_at + sig_len..]);
+        assert!(matches!(
+            decode(&short_sig, true),
+            Err(DecodeError::SignatureMismatch { .. })
+        ));
     }
 
     #[test]

@@ -199,6 +199,9 @@ pub struct Decoder<B> {
     rebuilt: u64,
     verified: Option<Decoded>,
     failed: bool,
+    /// The SIG entries are the signature, not recomputed
+    /// ([`Decoder::trust_signature_entries`]).
+    trust_entries: bool,
     literal_buf: Vec<u8>,
     /// The window handed to `push_to`'s sink.
     window_out: Vec<u8>,
@@ -226,12 +229,37 @@ impl<B: Basis> Decoder<B> {
             rebuilt: 0,
             verified: None,
             failed: false,
+            trust_entries: false,
             literal_buf: Vec::new(),
             window_out: Vec::new(),
             context: Vec::new(),
             basis_part: Vec::new(),
             prefix: Vec::new(),
         }
+    }
+
+    /// Takes the stream's SIG entries as the new body's signature instead
+    /// of recomputing it from the rebuilt bytes (MD4 and rollsum over every
+    /// byte: a quarter of the decoder's CPU), for a caller that hands out
+    /// nothing as final before [`finish`](Self::finish) succeeds and does
+    /// not need [`verified_len`](Self::verified_len) (it stays 0 until END
+    /// verified). Call it before the first [`push`](Self::push).
+    ///
+    /// Why the body stays as safe: END's length and blake3 are checked as
+    /// ever, over every rebuilt byte, so no wrong byte is ever accepted.
+    /// The entries are still checked for form (whole entries, never ahead
+    /// of the rebuilt blocks, within the signature limit, and exactly one
+    /// per block at END); they are only not compared with the bytes. What
+    /// they then affect is the next transfer, in which they are the basis
+    /// signature: a wrong entry (a broken or hostile accelerator, the only
+    /// party that could write it) makes that delta worse (a block not
+    /// found) or makes its body fail blake3 (a COPY matched on a wrong
+    /// entry), and a body that fails is refused like any corrupt stream.
+    /// Whoever can write the entries can write the delta too, so trusting
+    /// them hands nobody a new power over the bytes. The proxy keeps the
+    /// default: it releases bytes as their SIG entries vouch for them.
+    pub fn trust_signature_entries(&mut self) {
+        self.trust_entries = true;
     }
 
     /// Bytes of body rebuilt so far.
@@ -594,7 +622,9 @@ impl<B: Basis> Decoder<B> {
             .signature
             .as_mut()
             .expect("header parsed before frames");
-        signature.update(window);
+        if !self.trust_entries {
+            signature.update(window);
+        }
         self.rebuilt += window.len() as u64;
         if signature.entries().len() > self.limits.max_signature_bytes {
             return Err(DecodeError::SignatureTooLarge {
@@ -642,6 +672,9 @@ impl<B: Basis> Decoder<B> {
     /// Compares received SIG entries with the recomputed ones, as far as
     /// both go.
     fn check_entries(&mut self) -> Result<(), DecodeError> {
+        if self.trust_entries {
+            return Ok(());
+        }
         let signature = self
             .signature
             .as_ref()
@@ -669,6 +702,9 @@ impl<B: Basis> Decoder<B> {
                 declared,
                 rebuilt: self.rebuilt,
             });
+        }
+        if self.trust_entries {
+            return self.end_trusted(digest);
         }
         let signature = self
             .signature
@@ -700,6 +736,36 @@ impl<B: Basis> Decoder<B> {
         Ok(())
     }
 
+    /// END with [`trust_signature_entries`](Self::trust_signature_entries):
+    /// one entry per block, then the digest, then the entries are the
+    /// signature.
+    fn end_trusted(&mut self, digest: [u8; 32]) -> Result<(), DecodeError> {
+        let params = self
+            .signature
+            .as_ref()
+            .expect("header parsed before frames")
+            .params();
+        let blocks = self.rebuilt.div_ceil(u64::from(params.block_size));
+        if self.unchecked_entries.len() as u64 != blocks * params.entry_len() as u64 {
+            return Err(DecodeError::SignatureMismatch {
+                block: self.unchecked_entries.len() / params.entry_len(),
+            });
+        }
+        if *self.hasher.finalize().as_bytes() != digest {
+            return Err(DecodeError::DigestMismatch);
+        }
+        let mut signature =
+            Vec::with_capacity(super::SIGNATURE_HEADER_LEN + self.unchecked_entries.len());
+        signature.extend_from_slice(&params.header_bytes());
+        signature.extend_from_slice(&self.unchecked_entries);
+        self.verified = Some(Decoded {
+            len: self.rebuilt,
+            digest,
+            signature,
+        });
+        Ok(())
+    }
+
     /// Ends the stream: the verified body's length, digest and signature.
     ///
     /// # Errors
@@ -721,14 +787,21 @@ impl<B: Basis> Decoder<B> {
     /// What an interrupted stream leaves: the length of the prefix handed
     /// out so far and its signature. The prefix is unverified: fit to be a
     /// basis (a wrong basis costs bandwidth, never correctness, because the
-    /// next body is verified), never to be served.
+    /// next body is verified), never to be served. With
+    /// [`trust_signature_entries`](Self::trust_signature_entries) the
+    /// signature is the entries received, which may describe fewer blocks
+    /// than the prefix holds.
     pub fn into_partial(self) -> Partial {
+        let trusted = self.trust_entries.then_some(self.unchecked_entries);
         Partial {
             len: self.rebuilt,
             digest: *self.hasher.finalize().as_bytes(),
-            signature: self.signature.map(|mut s| {
-                s.finish();
-                s.to_signature_bytes()
+            signature: self.signature.map(|mut s| match trusted {
+                Some(entries) => [&s.params().header_bytes()[..], &entries].concat(),
+                None => {
+                    s.finish();
+                    s.to_signature_bytes()
+                }
             }),
         }
     }

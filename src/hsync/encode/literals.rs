@@ -217,19 +217,62 @@ impl LiteralCompressor {
         }
     }
 
+    /// Whether `data_len` literal bytes against a prefix of `prefix_len`
+    /// bytes go at the high level (`ZstdWindow` only).
+    fn high_level(&self, data_len: usize, prefix_len: usize) -> bool {
+        let LiteralCompressor::ZstdWindow { budget, .. } = self else {
+            return false;
+        };
+        // The high level's cost is mostly indexing the prefix: only
+        // worth it when the literals are not a sliver of it (an
+        // unchanged 1 MiB body spent 370 ms at level 19 on 64
+        // literal bytes).
+        let worth_it = data_len.saturating_mul(HIGH_LEVEL_PREFIX_RATIO) >= prefix_len;
+        worth_it && *budget >= (prefix_len + data_len) as u64
+    }
+
+    /// How many bytes at the end of a `prefix_len`-byte prefix
+    /// [`compress`](Self::compress) will use for `data_len` literal bytes
+    /// (codec 2, no long-distance matching): the caller builds no more.
+    pub(super) fn prefix_needed(&self, data_len: usize, prefix_len: usize) -> usize {
+        match self {
+            LiteralCompressor::ZstdWindow { .. } if data_len == 0 => 0,
+            LiteralCompressor::ZstdWindow {
+                long_distance: true,
+                ..
+            } => prefix_len,
+            LiteralCompressor::ZstdWindow { .. } if self.high_level(data_len, prefix_len) => {
+                prefix_len
+            }
+            LiteralCompressor::ZstdWindow {
+                entropy_coding: false,
+                little_redundancy: true,
+                ..
+            } => 0,
+            LiteralCompressor::ZstdWindow { .. } => fast_prefix_len(data_len).min(prefix_len),
+            _ => 0,
+        }
+    }
+
     /// Compresses `data`, appending to `out`, so that it decodes from those
-    /// bytes alone (given `prefix`, for `ZstdWindow`; its first
-    /// `basis_in_prefix` bytes are basis text, for `ZstdBasis`).
+    /// bytes alone (given the window's whole reference prefix, for
+    /// `ZstdWindow`, of `full_prefix_len` bytes; `prefix` is its tail, at
+    /// least [`prefix_needed`](Self::prefix_needed) bytes of it, and its
+    /// first `basis_in_prefix` bytes are basis text, for `ZstdBasis`). When
+    /// `data` follows `prefix` in memory, zstd's match finder takes them as
+    /// one stretch of text, which is faster than a prefix apart.
     pub(super) fn compress(
         &mut self,
         data: &[u8],
         prefix: &[u8],
+        full_prefix_len: usize,
         basis_in_prefix: usize,
         out: &mut Vec<u8>,
     ) -> std::io::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
+        let high_level = self.high_level(data.len(), full_prefix_len);
         match self {
             LiteralCompressor::None => out.extend_from_slice(data),
             LiteralCompressor::Zstd(encoder) => {
@@ -248,18 +291,14 @@ impl LiteralCompressor {
             } => {
                 // The zstd window must reach from the literals back to the
                 // start of the prefix.
-                let span = (prefix.len() + data.len()) as u64;
-                // The high level's cost is mostly indexing the prefix: only
-                // worth it when the literals are not a sliver of it (an
-                // unchanged 1 MiB body spent 370 ms at level 19 on 64
-                // literal bytes).
-                let worth_it = data.len().saturating_mul(HIGH_LEVEL_PREFIX_RATIO) >= prefix.len();
+                let span = (full_prefix_len + data.len()) as u64;
                 // Long-distance matching finds basis text in a prefix of
                 // several MiB; a small basis slice (a 1 KiB file chosen as
                 // the basis of a 1 GiB body) gains nothing from it, and it
                 // took a quarter of such an encoder's time.
                 let long_distance = *long_distance && basis_in_prefix >= LONG_DISTANCE_PREFIX;
-                if worth_it && *budget >= span {
+                if high_level {
+                    debug_assert_eq!(prefix.len(), full_prefix_len);
                     // The high level finds nothing more than the entropy
                     // level in literals with little redundancy (random
                     // text, images, anything compressed) at 30-100 times
@@ -345,22 +384,28 @@ mod tests {
         let random = random_base64(256 << 10, 7);
         let text = b"the quick brown fox jumps over the lazy dog; ".repeat(6000);
         let mut out = Vec::new();
-        compressor.compress(&text, &[], 0, &mut out).unwrap();
+        compressor.compress(&text, &[], 0, 0, &mut out).unwrap();
         assert!(!little_redundancy(&compressor));
         assert!(out.len() * 10 < text.len(), "{}", out.len());
 
         out.clear();
-        compressor.compress(&random, &text, 0, &mut out).unwrap();
+        compressor
+            .compress(&random, &text, text.len(), 0, &mut out)
+            .unwrap();
         assert!(little_redundancy(&compressor));
         // Entropy coding still takes its quarter off.
         assert!(out.len() * 100 < random.len() * 80, "{}", out.len());
 
         // At the entropy level, random stays there and text comes back.
         out.clear();
-        compressor.compress(&random, &random, 0, &mut out).unwrap();
+        compressor
+            .compress(&random, &random, random.len(), 0, &mut out)
+            .unwrap();
         assert!(little_redundancy(&compressor));
         out.clear();
-        compressor.compress(&text, &random, 0, &mut out).unwrap();
+        compressor
+            .compress(&text, &random, random.len(), 0, &mut out)
+            .unwrap();
         assert!(!little_redundancy(&compressor));
         assert!(out.len() * 10 < text.len(), "{}", out.len());
     }
@@ -383,7 +428,7 @@ mod tests {
         let budget = high_level_budget(&compressor);
         let random = random_base64(64 << 10, 3);
         let mut out = Vec::new();
-        compressor.compress(&random, &[], 0, &mut out).unwrap();
+        compressor.compress(&random, &[], 0, 0, &mut out).unwrap();
         assert_eq!(high_level_budget(&compressor), budget);
         assert!(out.len() * 100 < random.len() * 80, "{}", out.len());
         let mut probe = Vec::new();
@@ -392,7 +437,7 @@ mod tests {
 
         let text = words(64 << 10, 5);
         out.clear();
-        compressor.compress(&text, &[], 0, &mut out).unwrap();
+        compressor.compress(&text, &[], 0, 0, &mut out).unwrap();
         assert_eq!(high_level_budget(&compressor), budget - text.len() as u64);
         probe.clear();
         compress_frame(options.entropy_zstd_level, &[], false, &text, &mut probe).unwrap();
@@ -427,14 +472,16 @@ mod tests {
         let random = random_base64(256 << 10, 9);
         let text = b"the quick brown fox jumps over the lazy dog; ".repeat(6000);
         let mut out = Vec::new();
-        compressor.compress(&random, &[], 0, &mut out).unwrap();
+        compressor.compress(&random, &[], 0, 0, &mut out).unwrap();
         assert!(little_redundancy(&compressor));
         let LiteralCompressor::ZstdWindow { entropy_coding, .. } = &mut compressor else {
             unreachable!()
         };
         *entropy_coding = false;
         out.clear();
-        compressor.compress(&random, &random, 0, &mut out).unwrap();
+        compressor
+            .compress(&random, &random, random.len(), 0, &mut out)
+            .unwrap();
         let mut stored = Vec::new();
         store_frame(&random, &mut stored);
         assert!(out == stored);
@@ -448,7 +495,9 @@ mod tests {
         };
         *little_redundancy = false;
         out.clear();
-        compressor.compress(&text, &random, 0, &mut out).unwrap();
+        compressor
+            .compress(&text, &random, random.len(), 0, &mut out)
+            .unwrap();
         assert!(out.len() * 10 < text.len(), "{}", out.len());
         assert!(zstd::bulk::decompress(&out, text.len()).unwrap() == text);
     }
@@ -460,7 +509,7 @@ mod tests {
         let text = b"the quick brown fox jumps over the lazy dog; ".repeat(100);
         let mut compressor = LiteralCompressor::new(LiteralCodec::ZstdWindow, &options, None);
         let mut out = b"kept".to_vec();
-        compressor.compress(&text, &[], 0, &mut out).unwrap();
+        compressor.compress(&text, &[], 0, 0, &mut out).unwrap();
         assert_eq!(&out[..4], b"kept");
         let decoded = zstd::bulk::decompress(&out[4..], text.len()).unwrap();
         assert_eq!(decoded, text);

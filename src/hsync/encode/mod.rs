@@ -34,6 +34,9 @@ pub enum EncodeError {
     /// Reading the basis body failed.
     #[error("reading the basis body failed: {0}")]
     Basis(std::io::Error),
+    /// Reading the new body failed ([`Encoder::read_from`]).
+    #[error("reading the body failed: {0}")]
+    Input(std::io::Error),
 }
 
 /// Encoder settings; the defaults are what the proxies use.
@@ -164,7 +167,6 @@ pub struct Encoder {
     /// The last window ended with a copy (nothing held back).
     after_copy: bool,
     commands: Vec<u8>,
-    literal_bytes: Vec<u8>,
     /// The body's last bytes before the window (codecs 2 and 3).
     context: Vec<u8>,
     /// The basis slice (`ZstdBasis`) and the window's reference prefix
@@ -263,7 +265,6 @@ impl Encoder {
             matches: Vec::new(),
             after_copy: false,
             commands: Vec::new(),
-            literal_bytes: Vec::new(),
             context: Vec::new(),
             basis_part: Vec::new(),
             prefix: Vec::new(),
@@ -352,7 +353,6 @@ impl Encoder {
     pub fn release_buffers(&mut self) {
         self.matches = Vec::new();
         self.commands = Vec::new();
-        self.literal_bytes = Vec::new();
         self.basis_part = Vec::new();
         self.prefix = Vec::new();
         self.window.shrink_to_fit();
@@ -378,6 +378,37 @@ impl Encoder {
             }
         }
         Ok(())
+    }
+
+    /// Reads the next bytes of the body from `input` straight into the
+    /// window, until the window is full (then encodes it, appending its
+    /// frames to `out`, as [`push`](Self::push) would) or `input` ends.
+    /// For a caller that reads the body from a file or pipe: `push` would
+    /// copy each byte from the caller's buffer into the window (6 % of
+    /// the command-line encoder's instructions), and std's `read_to_end`
+    /// reads into the window's spare capacity without zeroing it first.
+    /// Returns the bytes read: 0 once `input` is at its end.
+    ///
+    /// # Errors
+    /// [`EncodeError::Input`] when reading fails; the literal compressor
+    /// failed.
+    pub fn read_from(
+        &mut self,
+        input: &mut (impl std::io::Read + ?Sized),
+        out: &mut Vec<u8>,
+    ) -> Result<usize, EncodeError> {
+        use std::io::Read;
+        self.write_header(out);
+        let room = self.window_bytes - self.window.len();
+        self.window.reserve(room);
+        let read = input
+            .take(room as u64)
+            .read_to_end(&mut self.window)
+            .map_err(EncodeError::Input)?;
+        if self.window.len() == self.window_bytes {
+            self.encode_window(false, out)?;
+        }
+        Ok(read)
     }
 
     /// Ends the body: encodes what is left, then the last SIG entries and
@@ -435,9 +466,13 @@ impl Encoder {
     /// held back for the next window, where it may start a match.
     fn encode_window(&mut self, is_last: bool, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         self.commands.clear();
-        self.literal_bytes.clear();
         self.prefix.clear();
         let mut covered = self.window.len();
+        // With a basis signature, `prefix` holds the reference prefix's
+        // tail and then the literals, which start at `prefix_end`; the
+        // whole prefix would be `full_prefix_len` bytes.
+        let mut prefix_end = 0;
+        let mut full_prefix_len = 0;
         match &self.basis {
             None => {
                 DeltaCommand::Literal {
@@ -472,43 +507,61 @@ impl Encoder {
                     }
                 }
                 // Codec 2's prefix is the context and then the window's
-                // copied bytes (see `window_prefix`): built here directly.
-                let wants_copies = self.literals.is_windowed() && self.basis_body.is_none();
-                if wants_copies {
-                    self.prefix
-                        .extend_from_slice(super::context_tail(&self.context, covered as u64));
-                }
-                let mut at = 0;
-                for (command, range) in &parsed {
+                // copied bytes (see `window_prefix`). Only the tail that
+                // the compressor will use is built (at the fast level a
+                // few times the literals, not the window's megabytes of
+                // copies), and the literals go right after it in the same
+                // buffer: zstd then takes them as the continuation of the
+                // prefix, not as data against an external dictionary, and
+                // its faster contiguous match finder runs.
+                let (mut copied, mut literal_len) = (0, 0);
+                for (command, _) in &parsed {
                     command.write(&mut self.commands);
                     match *command {
-                        DeltaCommand::Copy { len, .. } => {
-                            self.summary.copied_bytes += len;
-                            if wants_copies {
-                                self.prefix
-                                    .extend_from_slice(&self.window[at..at + len as usize]);
-                            }
-                        }
-                        DeltaCommand::Literal { len } => {
-                            self.summary.literal_bytes += len;
-                            self.literal_bytes
-                                .extend_from_slice(&self.window[range.clone()]);
-                        }
+                        DeltaCommand::Copy { len, .. } => copied += len as usize,
+                        DeltaCommand::Literal { len } => literal_len += len as usize,
                     }
-                    at += command.output_len() as usize;
+                }
+                self.summary.copied_bytes += copied as u64;
+                self.summary.literal_bytes += literal_len as u64;
+                if self.literals.is_windowed() {
+                    let context = super::context_tail(&self.context, covered as u64);
+                    let whole = context.len() + copied;
+                    full_prefix_len = whole.min(MAX_PREFIX_LEN);
+                    let keep = self.literals.prefix_needed(literal_len, full_prefix_len);
+                    let skip = whole - keep;
+                    self.prefix.reserve(keep + literal_len);
+                    self.prefix
+                        .extend_from_slice(&context[skip.min(context.len())..]);
+                    // `in_prefix`: where the next copy starts in [context | copies].
+                    let (mut at, mut in_prefix) = (0, context.len());
+                    for (command, _) in &parsed {
+                        let len = command.output_len() as usize;
+                        if let DeltaCommand::Copy { .. } = command {
+                            let end = in_prefix + len;
+                            if end > skip {
+                                let from = skip.saturating_sub(in_prefix);
+                                self.prefix
+                                    .extend_from_slice(&self.window[at + from..at + len]);
+                            }
+                            in_prefix = end;
+                        }
+                        at += len;
+                    }
+                }
+                prefix_end = self.prefix.len();
+                for (_, range) in &parsed {
+                    self.prefix.extend_from_slice(&self.window[range.clone()]);
                 }
                 self.after_copy = matches!(parsed.last(), Some((DeltaCommand::Copy { .. }, _)))
                     && covered == self.window.len();
                 self.matches = parsed;
             }
         }
-        let literals = match self.basis {
-            None => &self.window[..covered],
-            Some(_) => &self.literal_bytes[..],
-        };
         let windowed = self.literals.is_windowed();
         if windowed
-            && !literals.is_empty()
+            && self.basis.is_none()
+            && covered > 0
             && let Some(body) = &self.basis_body
         {
             let range = super::basis_slice(self.summary.body_len, covered as u64, body.size());
@@ -526,14 +579,22 @@ impl Encoder {
                 covered as u64,
                 &mut self.prefix,
             );
+            full_prefix_len = self.prefix.len();
+            prefix_end = full_prefix_len;
         }
+        let literals = match self.basis {
+            None => &self.window[..covered],
+            Some(_) => &self.prefix[prefix_end..],
+        };
         // Without a basis the prefix is the context's tail (what
         // `window_prefix` would copy out of it).
         let reference = if windowed && self.basis.is_none() && self.basis_body.is_none() {
             let tail = super::context_tail(&self.context, covered as u64);
-            &tail[tail.len().saturating_sub(MAX_PREFIX_LEN)..]
+            let tail = &tail[tail.len().saturating_sub(MAX_PREFIX_LEN)..];
+            full_prefix_len = tail.len();
+            tail
         } else {
-            &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..]
+            &self.prefix[prefix_end.saturating_sub(MAX_PREFIX_LEN)..prefix_end]
         };
         // The prefix is [basis slice | context tail], cut from the front.
         let basis_in_prefix = match &self.basis_body {
@@ -564,7 +625,7 @@ impl Encoder {
         super::frame::write_delta_with(&self.commands, out, |out| {
             let before = out.len();
             self.literals
-                .compress(literals, reference, basis_in_prefix, out)?;
+                .compress(literals, reference, full_prefix_len, basis_in_prefix, out)?;
             literal_wire_bytes = out.len() - before;
             Ok::<_, std::io::Error>(())
         })?;
@@ -724,6 +785,58 @@ mod tests {
     /// Releasing the buffers between pushes changes nothing in the stream,
     /// for each codec that keeps context between windows; a push shorter
     /// than the window's room only copies.
+    /// `read_from` gives the stream that `push` gives, whatever pieces the
+    /// reader hands out, for each codec's encoder.
+    #[test]
+    fn reading_from_a_reader_gives_the_pushed_stream() {
+        use crate::hsync::{SignatureBuilder, SignatureParams};
+        use std::io::Read;
+        /// Hands out at most `piece` bytes per read.
+        struct Trickle<'a>(&'a [u8], usize);
+        impl Read for Trickle<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.len().min(self.1).min(buf.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let options = EncoderOptions {
+            window_bytes: 64 << 10,
+            ..EncoderOptions::default()
+        };
+        let basis = words(300 << 10, 4);
+        let mut new = basis.clone();
+        new.splice(70_000..70_000, random_base64(3000, 5));
+        let mut builder = SignatureBuilder::new(SignatureParams {
+            block_size: 2048,
+            strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+        });
+        builder.update(&basis);
+        builder.finish();
+        let signature = builder.to_signature_bytes();
+        let encoders = || {
+            [
+                super::Encoder::new(None, None, options),
+                super::Encoder::new(Some(&signature), None, options),
+                super::Encoder::with_basis_body(Box::new(basis.clone()), None, options),
+            ]
+        };
+        for piece in [1000, 100_000] {
+            for (mut pushed, mut read) in encoders().into_iter().zip(encoders()) {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for chunk in new.chunks(7000) {
+                    pushed.push(chunk, &mut a).unwrap();
+                }
+                let mut input = Trickle(&new, piece);
+                while read.read_from(&mut input, &mut b).unwrap() > 0 {}
+                let (sa, sb) = (pushed.finish(&mut a).unwrap(), read.finish(&mut b).unwrap());
+                assert!(a == b, "piece {piece}: streams differ");
+                assert_eq!(sa.body_len, sb.body_len);
+            }
+        }
+    }
+
     #[test]
     fn releasing_buffers_between_pushes_leaves_the_stream_unchanged() {
         use crate::hsync::{SignatureBuilder, SignatureParams};
