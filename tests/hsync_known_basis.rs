@@ -262,3 +262,29 @@ fn decode_error_for_a_wrong_basis_is_a_digest_or_literal_error() {
         run.result
     );
 }
+
+/// A decoder told to trust SIG entries computes the signature itself from
+/// a stream that has none.
+#[test]
+fn trusting_sig_entries_of_a_stream_without_them_computes_the_signature() {
+    let basis = pseudo_text(8, 100_000);
+    let mut new = basis.clone();
+    new[50_000] ^= 1;
+    let mut encoder = Encoder::with_basis_body(
+        Box::new(basis.clone()),
+        Some(new.len() as u64),
+        fast(1 << 20),
+    );
+    encoder.leave_out_sig_frames();
+    let mut stream = Vec::new();
+    encoder.push(&new, &mut stream).unwrap();
+    encoder.finish(&mut stream).unwrap();
+    let (_, computed) = decode_ok(&basis, &stream);
+    let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
+    decoder.trust_signature_entries();
+    let mut out = Vec::new();
+    decoder.push(&stream, &mut out).unwrap();
+    let decoded = decoder.finish().unwrap();
+    assert!(out == new);
+    assert_eq!(decoded.signature, computed.signature);
+}

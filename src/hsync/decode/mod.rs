@@ -440,6 +440,9 @@ impl<B: Basis> Decoder<B> {
 
     fn start(&mut self, header: Header) {
         self.header = Some(header);
+        // Without SIG frames there are no entries to trust: the signature
+        // is computed from the bytes.
+        self.trust_entries &= header.sig_frames;
         self.literals = Some(LiteralDecompressor::new(header.codec));
         self.signature = Some(SignatureBuilder::new(SignatureParams {
             block_size: header.block_size,
