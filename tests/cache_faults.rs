@@ -188,6 +188,7 @@ async fn start_accelerator(origin: SocketAddr) -> Accelerator {
     let mut config = AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap());
     config.encoder.window_bytes = 64 << 10;
     config.encoder.zstd_level = 3;
+    config.basis_disk = None;
     Accelerator::start(config).await
 }
 

@@ -21,7 +21,7 @@ use http::{HeaderMap, Method, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 
 use crate::cache::freshness::Storability;
-use crate::hsync::{Basis, Encoder, EncoderOptions};
+use crate::hsync::{Encoder, EncoderOptions};
 use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
@@ -35,7 +35,7 @@ use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
 
 use super::AcceleratorConfig;
-use super::basis_store::{BasisStore, shareable};
+use super::basis_store::{BasisStore, DiskTier, shareable};
 use super::coding::Coding;
 use super::pace::Pacer;
 use super::stats::Stats;
@@ -59,6 +59,8 @@ pub struct CoderConfig {
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
     pub max_stored_body: usize,
+    /// The disk tier of the basis store, for larger bodies (`None`: off).
+    pub basis_disk: Option<DiskTier>,
     /// Keep every coded body there, shareable or not (D-B3).
     pub basis_store_private: bool,
     /// Encoders that run at once (0: one per core).
@@ -84,6 +86,7 @@ impl From<&AcceleratorConfig> for CoderConfig {
             max_signature_bytes: config.max_signature_bytes,
             basis_store_bytes: config.basis_store_bytes,
             max_stored_body: config.max_stored_body,
+            basis_disk: config.basis_disk.clone(),
             basis_store_private: config.basis_store_private,
             max_encoders: config.max_encoders,
             spool_dir: config.spool_dir.clone(),
@@ -177,10 +180,10 @@ impl Coder {
         });
         Coder {
             disk,
-            bodies: Arc::new(BasisStore::new(
-                config.basis_store_bytes,
-                config.max_stored_body,
-            )),
+            bodies: Arc::new(
+                BasisStore::new(config.basis_store_bytes, config.max_stored_body)
+                    .with_disk_or_log(config.basis_disk.as_ref()),
+            ),
             memory,
             encoders: Encoders::new(encoders),
             parking,
@@ -287,8 +290,7 @@ impl Coder {
         // A basis we served and still hold: compress against the body itself.
         let held = offer
             .basis_digest
-            .and_then(|digest| self.bodies.get(&digest))
-            .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
+            .and_then(|digest| self.bodies.get(&digest));
         let encoder = match held {
             Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
             None => Encoder::new(
@@ -298,7 +300,7 @@ impl Coder {
             ),
         };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
-        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
+        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body())
             && self.may_keep(request, &parts.headers);
         let store = keep.then(|| self.bodies.clone());
         // With the longest body kept: one of unknown length (a chain's
@@ -354,7 +356,7 @@ impl Coder {
                 // for the basis store.
                 coded_transfer_cost(self.config.encoder.window_bytes, content_length)
                     + if keep {
-                        content_length.unwrap_or(self.bodies.max_body() as u64)
+                        self.bodies.collecting_memory(content_length)
                     } else {
                         0
                     },

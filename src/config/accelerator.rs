@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::shared::{LogSettings, health_policy, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
+use crate::accelerator::basis_store::DiskTier;
 use crate::accelerator::{
     AcceleratorConfig, CoderConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
 };
@@ -30,6 +31,12 @@ use crate::queue::QueueConfig;
 pub(crate) const LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
 /// What `--bulk-level` takes: zstd's fast levels too.
 pub(crate) const BULK_LEVELS: std::ops::RangeInclusive<i32> = -7..=19;
+
+/// The `basis-dir` that turns the basis store's disk tier off.
+const BASIS_DIR_OFF: &str = "off";
+
+/// The basis store's directory inside the spool directory, by default.
+pub const DEFAULT_BASIS_DIR: &str = "rproxy-basis";
 
 /// The origin `rproxy accelerator` fronts when neither `--origin` nor a
 /// `[[site]]` says.
@@ -187,6 +194,11 @@ pub struct AcceleratorSettings {
     pub health_max_down_time: Duration,
     pub basis_store: Size,
     pub max_stored_body: Size,
+    /// None: `rproxy-basis` in the spool directory; "off": no disk tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basis_dir: Option<PathBuf>,
+    pub basis_disk: Size,
+    pub max_disk_body: Size,
     pub basis_store_private: bool,
     pub inetd: bool,
     pub slots: u32,
@@ -242,6 +254,9 @@ impl Default for AcceleratorSettings {
             health_max_down_time: health.max_down_time,
             basis_store: Size::mib(256),
             max_stored_body: Size::mib(8),
+            basis_dir: None,
+            basis_disk: Size::gib(4),
+            max_disk_body: Size::gib(1),
             basis_store_private: false,
             inetd: false,
             slots: 0,
@@ -270,6 +285,9 @@ impl Settings for AcceleratorSettings {
         "transfer-memory",
         "basis-store",
         "max-stored-body",
+        "basis-dir",
+        "basis-disk",
+        "max-disk-body",
         "slots",
         "queue-max",
         "queue-per-address",
@@ -420,6 +438,7 @@ impl AcceleratorSettings {
             tunnel_idle_timeout: self.limits.idle_timeout,
             basis_store_bytes: saturating_usize(self.basis_store),
             max_stored_body: saturating_usize(self.max_stored_body),
+            basis_disk: self.basis_disk_tier(),
             basis_store_private: self.basis_store_private,
             queue: NonZeroU32::new(self.slots).map(|slots| {
                 let mut queue = QueueConfig::new(slots, self.queue_max);
@@ -431,11 +450,32 @@ impl AcceleratorSettings {
             }),
             queue_state: self.queue_state.clone(),
             max_encoders: self.max_encoders,
-            spool_dir: self.spool_dir.clone().unwrap_or_else(std::env::temp_dir),
+            spool_dir: self.spool_dir(),
             max_spool: self.max_spool.0,
             max_spool_total: self.max_spool_total.0,
             transfer_memory: self.transfer_memory.0,
         }
+    }
+
+    /// The spool directory: `spool-dir`, or the system's temp directory.
+    fn spool_dir(&self) -> PathBuf {
+        self.spool_dir.clone().unwrap_or_else(std::env::temp_dir)
+    }
+
+    /// The basis store's disk tier: `basis-dir` (by default
+    /// `rproxy-basis` in the spool directory), unless it is "off" or
+    /// either of its sizes is 0.
+    fn basis_disk_tier(&self) -> Option<DiskTier> {
+        let dir = match &self.basis_dir {
+            Some(dir) if dir.as_os_str() == BASIS_DIR_OFF => return None,
+            Some(dir) => dir.clone(),
+            None => self.spool_dir().join(DEFAULT_BASIS_DIR),
+        };
+        (self.basis_disk.0 > 0 && self.max_disk_body.0 > 0).then_some(DiskTier {
+            dir,
+            budget: self.basis_disk.0,
+            max_body: self.max_disk_body.0,
+        })
     }
 
     /// The encoder's settings: the codec's defaults, with `level` and
@@ -461,6 +501,7 @@ pub fn default_coding() -> CoderConfig {
         .config_with(Vec::new(), HeaderValue::from_static("accelerator"));
     CoderConfig {
         basis_store_bytes: 32 << 20,
+        basis_disk: None,
         ..CoderConfig::from(&config)
     }
 }
