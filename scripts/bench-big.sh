@@ -8,10 +8,13 @@
 # sender holds the old version), and gzip -9 of the new version.
 #
 # Three cases, each with a fresh pair and cache:
-#   cold         the accelerator never saw the old version (--basis-store 0)
+#   cold         the accelerator never saw the old version (--basis-store 0
+#                --basis-dir off: no kept body at all)
 #   kept         it served the old version just before (default settings:
-#                bodies over --max-stored-body, 8M, are not kept)
-#   kept, large  the same with --basis-store 1G --max-stored-body 128M
+#                bodies over --max-stored-body, 8M, are kept on disk, in
+#                rproxy-basis in the spool dir, up to --max-disk-body, 1G)
+#   kept, memory the same kept in memory: --basis-store 1G
+#                --max-stored-body 128M --basis-dir off
 #
 # Usage: scripts/bench-big.sh     (MB=50 EDITS=100; RPROXY=PATH to skip the build)
 # Needs: nginx, curl, zstd, gzip, python3.
@@ -86,7 +89,7 @@ run() {
     if [[ -n ${lab_client_pid:-} ]]; then
         kill "$lab_accel_pid" "$lab_client_pid" 2>/dev/null || true
         wait "$lab_accel_pid" "$lab_client_pid" 2>/dev/null || true
-        rm -rf "$lab_tmp/cache"
+        rm -rf "$lab_tmp/cache" "$lab_tmp/spool"
     fi
     # shellcheck disable=SC2119 # no client wrapper
     ACCEL_ARGS=$2 CACHE_SIZE=4G lab_start_pair
@@ -94,6 +97,6 @@ run() {
 }
 
 lab_log "new.txt: $size B, $edits edits of 8 B; gzip -9 $gzip9 B; zstd -19 --long=27 --patch-from $zstd_patch B"
-run cold "--basis-store 0"
+run cold "--basis-store 0 --basis-dir off"
 run kept ""
-run "kept, large" "--basis-store 1G --max-stored-body 128M"
+run "kept, memory" "--basis-store 1G --max-stored-body 128M --basis-dir off"

@@ -347,15 +347,20 @@ impl Disk {
     /// Makes the written body visible under `digest`: fsync, evict to make
     /// room, rename, fsync the directory. Any failure leaves no file.
     fn commit(&self, mut writer: DiskWriter, digest: [u8; 32]) -> io::Result<()> {
+        let len = writer.len;
+        if self.lock().files.contains_key(&digest) || len > self.budget {
+            // Held already (a body served again): no fsync for a copy that
+            // the writer's drop removes.
+            return Ok(());
+        }
         let file = writer.file.take().expect("open until commit or drop");
         let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
         file.sync()?;
-        let len = writer.len;
         let path = self.path_of(&digest);
         {
             let mut st = self.lock();
-            if st.files.contains_key(&digest) || len > self.budget {
-                // Held already (the writer's drop removes the copy).
+            if st.files.contains_key(&digest) {
+                // Kept meanwhile by another writer of the same body.
                 return Ok(());
             }
             while st.used + len > self.budget {
