@@ -35,7 +35,7 @@ use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
 
 use super::AcceleratorConfig;
-use super::basis_store::{BasisStore, DiskTier, shareable};
+use super::basis_store::{BasisStore, DiskTier, SharedTier, shareable};
 use super::coding::Coding;
 use super::pace::Pacer;
 use super::stats::Stats;
@@ -61,6 +61,8 @@ pub struct CoderConfig {
     pub max_stored_body: usize,
     /// The disk tier of the basis store, for larger bodies (`None`: off).
     pub basis_disk: Option<DiskTier>,
+    /// The basis store shared with other accelerators (`None`: none).
+    pub basis_shared: Option<SharedTier>,
     /// Keep every coded body there, shareable or not (D-B3).
     pub basis_store_private: bool,
     /// Encoders that run at once (0: one per core).
@@ -87,6 +89,7 @@ impl From<&AcceleratorConfig> for CoderConfig {
             basis_store_bytes: config.basis_store_bytes,
             max_stored_body: config.max_stored_body,
             basis_disk: config.basis_disk.clone(),
+            basis_shared: config.basis_shared.clone(),
             basis_store_private: config.basis_store_private,
             max_encoders: config.max_encoders,
             spool_dir: config.spool_dir.clone(),
@@ -182,7 +185,8 @@ impl Coder {
             disk,
             bodies: Arc::new(
                 BasisStore::new(config.basis_store_bytes, config.max_stored_body)
-                    .with_disk_or_log(config.basis_disk.as_ref()),
+                    .with_disk_or_log(config.basis_disk.as_ref())
+                    .with_shared_or_log(config.basis_shared.as_ref()),
             ),
             memory,
             encoders: Encoders::new(encoders),
@@ -288,9 +292,15 @@ impl Coder {
         }
         parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
         // A basis we served and still hold: compress against the body itself.
-        let held = offer
-            .basis_digest
-            .and_then(|digest| self.bodies.get(&digest));
+        let held = match &offer.basis_digest {
+            Some(digest) => self.bodies.get(digest).await.unwrap_or_else(|_| {
+                // Redis slow or down: rsync against the client's
+                // signature, as on a miss (never an error to the user).
+                Stats::add(&self.stats.basis_fallbacks, 1);
+                None
+            }),
+            None => None,
+        };
         let encoder = match held {
             Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
             None => Encoder::new(
@@ -308,7 +318,7 @@ impl Coder {
         if keep {
             parts
                 .headers
-                .insert(HSYNC_HELD, HeaderValue::from(self.bodies.max_body()));
+                .insert(HSYNC_HELD, HeaderValue::from(self.bodies.held_limit()));
         }
         if let Some(mut plain_headers) = plain_headers {
             let origin = OriginBody {

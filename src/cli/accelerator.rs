@@ -176,6 +176,24 @@ pub struct AcceleratorArgs {
     /// Largest body kept in --basis-dir (64K, 1G or bytes).
     #[arg(long, value_name = "SIZE")]
     pub max_disk_body: Option<Size>,
+    /// Share kept bodies with other accelerators on Redis
+    /// (redis://[user:password@]host[:port][/db]): where several run
+    /// behind a load balancer, the one a client's next request reaches
+    /// finds the body another one served. A body neither memory nor disk
+    /// holds is looked up there; one that does not come within
+    /// --basis-redis-timeout, or a Redis that is down, costs bytes (the
+    /// body is coded against the client's signature), never an error.
+    /// Bound Redis's memory with its own maxmemory and
+    /// maxmemory-policy allkeys-lru.
+    #[arg(long, value_name = "URL")]
+    pub basis_redis: Option<String>,
+    /// Time a lookup in --basis-redis may take (50ms, 1s...).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub basis_redis_timeout: Option<Duration>,
+    /// Largest body shared in --basis-redis (64K, 16M or bytes; at most
+    /// 512M, Redis's own limit). Bodies are collected in memory for it.
+    #[arg(long, value_name = "SIZE")]
+    pub max_redis_body: Option<Size>,
     /// Dangerous: keep every coded body in the basis store, including
     /// Cache-Control private and no-store responses, those that set a
     /// cookie and answers to requests with Authorization or Cookie. Any
@@ -251,9 +269,9 @@ impl AcceleratorArgs {
         override_with_flags!(settings, self;
             plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
-                max_stored_body, basis_disk, max_disk_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
+                max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
                 health_down_time, health_max_down_time;
-            optional: origin, via_name, spool_dir, basis_dir, queue_per_address, queue_state, tls_cert, tls_key,
+            optional: origin, via_name, spool_dir, basis_dir, basis_redis, queue_per_address, queue_state, tls_cert, tls_key,
                 health_path;
             switches: no_adapt, basis_store_private, inetd);
         self.auth.apply(&mut settings.auth);

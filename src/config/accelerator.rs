@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::shared::{LogSettings, health_policy, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
-use crate::accelerator::basis_store::DiskTier;
+use crate::accelerator::basis_store::{DiskTier, SharedTier};
 use crate::accelerator::{
     AcceleratorConfig, CoderConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
 };
@@ -129,6 +129,25 @@ impl SiteSettings {
     }
 }
 
+/// A `basis-redis` URL Redis's client takes: `redis://[user:password@]host[:port][/db]`
+/// or `redis+unix:///path`. The password is never repeated in the error.
+fn check_redis_url(url: &str) -> Result<(), UsageError> {
+    let shown = SharedTier {
+        url: url.into(),
+        timeout: Duration::ZERO,
+        max_body: 0,
+    }
+    .redacted_url();
+    if !(url.starts_with("redis://") || url.starts_with("redis+unix://")) {
+        return Err(UsageError(format!(
+            "--basis-redis {shown}: use redis://host[:port][/db] or redis+unix:///path"
+        )));
+    }
+    redis::Client::open(url)
+        .map(drop)
+        .map_err(|e| UsageError(format!("--basis-redis {shown}: {e}")))
+}
+
 /// `http[s]://host[:port]`, checked.
 fn origin_url(text: &str) -> Result<Uri, UsageError> {
     server_url("origin", text, &format!(" or \"{PARENT}\""))
@@ -199,6 +218,12 @@ pub struct AcceleratorSettings {
     pub basis_dir: Option<PathBuf>,
     pub basis_disk: Size,
     pub max_disk_body: Size,
+    /// None: no shared store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basis_redis: Option<String>,
+    #[serde(with = "units::duration")]
+    pub basis_redis_timeout: Duration,
+    pub max_redis_body: Size,
     pub basis_store_private: bool,
     pub inetd: bool,
     pub slots: u32,
@@ -257,6 +282,9 @@ impl Default for AcceleratorSettings {
             basis_dir: None,
             basis_disk: Size::gib(4),
             max_disk_body: Size::gib(1),
+            basis_redis: None,
+            basis_redis_timeout: Duration::from_millis(50),
+            max_redis_body: Size::mib(16),
             basis_store_private: false,
             inetd: false,
             slots: 0,
@@ -288,6 +316,9 @@ impl Settings for AcceleratorSettings {
         "basis-dir",
         "basis-disk",
         "max-disk-body",
+        "basis-redis",
+        "basis-redis-timeout",
+        "max-redis-body",
         "slots",
         "queue-max",
         "queue-per-address",
@@ -353,6 +384,14 @@ impl AcceleratorSettings {
             self.health_down_time,
             self.health_max_down_time,
         )?;
+        if let Some(url) = &self.basis_redis {
+            check_redis_url(url)?;
+            if self.basis_redis_timeout.is_zero() {
+                return Err(UsageError(
+                    "--basis-redis-timeout 0: give the time a lookup may take, such as 50ms".into(),
+                ));
+            }
+        }
         let via_name = via_name(self.via_name.as_deref(), address)?;
         Ok(self.config_with(sites, via_name))
     }
@@ -439,6 +478,11 @@ impl AcceleratorSettings {
             basis_store_bytes: saturating_usize(self.basis_store),
             max_stored_body: saturating_usize(self.max_stored_body),
             basis_disk: self.basis_disk_tier(),
+            basis_shared: self.basis_redis.as_ref().map(|url| SharedTier {
+                url: url.clone(),
+                timeout: self.basis_redis_timeout,
+                max_body: self.max_redis_body.0,
+            }),
             basis_store_private: self.basis_store_private,
             queue: NonZeroU32::new(self.slots).map(|slots| {
                 let mut queue = QueueConfig::new(slots, self.queue_max);
@@ -502,6 +546,7 @@ pub fn default_coding() -> CoderConfig {
     CoderConfig {
         basis_store_bytes: 32 << 20,
         basis_disk: None,
+        basis_shared: None,
         ..CoderConfig::from(&config)
     }
 }
@@ -625,6 +670,38 @@ allow-addresses = ["192.168.0.0/16"]
         let never: AcceleratorSettings =
             toml::from_str("health-failures = 0\nhealth-down-time = 0").unwrap();
         assert_eq!(never.to_config(address).unwrap().health.failures, 0);
+    }
+
+    #[test]
+    fn a_redis_url_is_checked_and_its_password_never_shown() {
+        let address = "127.0.0.1:8081".parse().unwrap();
+        let settings: AcceleratorSettings = toml::from_str(
+            "basis-redis = \"redis://:s3cret@10.0.0.5:6379/2\"\nbasis-redis-timeout = \"20ms\"",
+        )
+        .unwrap();
+        let shared = settings.to_config(address).unwrap().basis_shared.unwrap();
+        assert_eq!(shared.timeout, Duration::from_millis(20));
+        assert_eq!(shared.max_body, 16 << 20);
+        assert!(!format!("{shared:?}").contains("s3cret"), "{shared:?}");
+        for (text, expected) in [
+            ("basis-redis = \"http://:s3cret@host\"", "use redis://"),
+            (
+                "basis-redis = \"redis://h\"\nbasis-redis-timeout = 0",
+                "--basis-redis-timeout 0",
+            ),
+        ] {
+            let settings: AcceleratorSettings = toml::from_str(text).unwrap();
+            let error = settings.to_config(address).unwrap_err();
+            assert!(error.0.contains(expected), "{text}: {error}");
+            assert!(!error.0.contains("s3cret"), "{error}");
+        }
+        assert!(
+            AcceleratorSettings::default()
+                .to_config(address)
+                .unwrap()
+                .basis_shared
+                .is_none()
+        );
     }
 
     #[test]

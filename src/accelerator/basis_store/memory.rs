@@ -83,6 +83,11 @@ impl Memory {
         st.bodies.insert(digest, (body, tick));
     }
 
+    /// Whether the body whose blake3 is `digest` is held (not a use).
+    pub(super) fn contains(&self, digest: &[u8; 32]) -> bool {
+        self.lock().bodies.contains_key(digest)
+    }
+
     /// Bytes held.
     pub(super) fn used(&self) -> usize {
         self.lock().used

@@ -5,7 +5,9 @@
 //!
 //! Two tiers, bounded each by a byte budget, least recently used first
 //! out: small bodies in memory ([`memory`]), larger ones on disk
-//! ([`disk`], crash-safe, surviving a restart). The accelerator stays
+//! ([`disk`], crash-safe, surviving a restart). Accelerators behind one
+//! load balancer may share their bodies on Redis too ([`shared`]): a body
+//! held by neither local tier is looked up there, within a short timeout. The accelerator stays
 //! correct without either (a miss falls back to rsync), so losing a body
 //! costs only bandwidth. Bodies on their way in ([`Collecting`], while they
 //! stream) share a quarter of each tier's budget more, so that many
@@ -23,8 +25,10 @@
 
 mod disk;
 mod memory;
+mod shared;
 
 pub use disk::DiskError;
+pub use shared::{SharedError, SharedTier, Unavailable};
 
 use std::sync::Arc;
 
@@ -37,6 +41,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::disk::{Disk, DiskWriter};
 use self::memory::Memory;
+use self::shared::Shared;
 use crate::hsync::Basis;
 
 use crate::cache::freshness::{Storability, storability};
@@ -77,7 +82,10 @@ pub fn shareable(request: &HeaderMap, response: &HeaderMap) -> Storability {
 #[derive(Debug)]
 pub struct BasisStore {
     memory: Memory,
+    /// The memory tier's budget (bytes).
+    memory_budget: usize,
     disk: Option<Arc<Disk>>,
+    shared: Option<Arc<Shared>>,
     /// Bytes that bodies being collected in memory may hold, in all.
     collecting: Arc<Semaphore>,
 }
@@ -103,7 +111,9 @@ impl BasisStore {
     pub fn new(budget: usize, max_body: usize) -> Self {
         BasisStore {
             memory: Memory::new(budget, max_body),
+            memory_budget: budget,
             disk: None,
+            shared: None,
             collecting: Arc::new(Semaphore::new(
                 (budget / COLLECTING_SHARE).min(Semaphore::MAX_PERMITS),
             )),
@@ -140,6 +150,47 @@ impl BasisStore {
         }
     }
 
+    /// This store sharing its bodies on Redis as `tier` says, if it can;
+    /// without, and an error logged, if not (the URL was checked with the
+    /// configuration, so that is not expected).
+    pub fn with_shared_or_log(self, tier: Option<&SharedTier>) -> Self {
+        let Some(tier) = tier else {
+            return self;
+        };
+        match Shared::new(tier) {
+            Ok(shared) => {
+                // Bodies sent to Redis are collected in memory first: room
+                // for one of the largest at least.
+                let share = (self.memory_budget / COLLECTING_SHARE)
+                    .max(usize::try_from(tier.max_body).unwrap_or(usize::MAX));
+                BasisStore {
+                    shared: Some(Arc::new(shared)),
+                    collecting: Arc::new(Semaphore::new(share.min(Semaphore::MAX_PERMITS))),
+                    ..self
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "no shared basis store");
+                self
+            }
+        }
+    }
+
+    /// Largest body collected in memory (bytes): the memory tier's, or
+    /// the shared store's if that is more.
+    fn memory_collect_limit(&self) -> u64 {
+        let memory = self.memory.max_body() as u64;
+        self.shared
+            .as_ref()
+            .map_or(memory, |shared| shared.max_body().max(memory))
+    }
+
+    /// Lookups in the shared store that failed (or were skipped while it
+    /// was failing) and fell back to coding without it.
+    pub fn shared_failures(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |shared| shared.failures())
+    }
+
     /// Room for `len` more bytes of a body being collected in memory, out
     /// of the budget that all such bodies share (a quarter of the memory
     /// tier's): `None` when it is spent. The room comes back when the
@@ -152,10 +203,23 @@ impl BasisStore {
     /// Largest body kept, by any tier (bytes): what `Hsync-Held`
     /// announces, and past which callers do not collect a body.
     pub fn max_body(&self) -> u64 {
-        let memory = self.memory.max_body() as u64;
+        let memory = self.memory_collect_limit();
         self.disk
             .as_ref()
             .map_or(memory, |disk| disk.max_body().max(memory))
+    }
+
+    /// Longest body announced held (`Hsync-Held`), so that a client names
+    /// such a body by its digest alone: the longest kept, or with a shared
+    /// store the longest shared. Behind a load balancer the next request
+    /// may reach another accelerator, which finds only what is shared; a
+    /// longer body is still coded against when this one holds it, the
+    /// client having sent its signature too.
+    pub fn held_limit(&self) -> u64 {
+        match &self.shared {
+            Some(shared) => shared.max_body(),
+            None => self.max_body(),
+        }
     }
 
     /// Memory that collecting a body announced `expected` bytes long may
@@ -163,7 +227,7 @@ impl BasisStore {
     /// tier's limit if its length is unknown (past it, it moves to disk),
     /// nothing for a body that goes straight to disk.
     pub fn collecting_memory(&self, expected: Option<u64>) -> u64 {
-        let memory = self.memory.max_body() as u64;
+        let memory = self.memory_collect_limit();
         match expected {
             Some(len) if len <= memory => len,
             Some(_) if self.disk.is_some() => 0,
@@ -174,8 +238,32 @@ impl BasisStore {
 
     /// The body whose blake3 is `digest`, if held, as a basis the encoder
     /// reads (a disk tier's body by offset, on the encoder's thread);
-    /// counts as a use.
-    pub fn get(&self, digest: &[u8; 32]) -> Option<Box<dyn Basis + Send + Sync>> {
+    /// counts as a use. Held by neither local tier, it is looked up in the
+    /// shared store, within its timeout, and kept in memory if found.
+    ///
+    /// # Errors
+    /// The shared store failed or did not answer in time ([`Unavailable`]):
+    /// the caller codes without a held body, as on a miss, and counts it.
+    pub async fn get(
+        &self,
+        digest: &[u8; 32],
+    ) -> Result<Option<Box<dyn Basis + Send + Sync>>, Unavailable> {
+        if let Some(held) = self.get_local(digest) {
+            return Ok(Some(held));
+        }
+        let Some(shared) = &self.shared else {
+            return Ok(None);
+        };
+        let Some(body) = shared.get(digest).await? else {
+            return Ok(None);
+        };
+        let body: Arc<[u8]> = body.into();
+        self.memory.insert(*digest, body.clone());
+        Ok(Some(Box::new(body)))
+    }
+
+    /// The body whose blake3 is `digest`, if a local tier holds it.
+    pub fn get_local(&self, digest: &[u8; 32]) -> Option<Box<dyn Basis + Send + Sync>> {
         if let Some(body) = self.memory.get(digest) {
             return Some(Box::new(body));
         }
@@ -185,8 +273,15 @@ impl BasisStore {
 
     /// Keeps `body` (a small body, coded whole) under its blake3 `digest`
     /// in the memory tier, evicting least recently used bodies to make
-    /// room. Bodies over the memory tier's limit are not kept.
+    /// room, and sends it to the shared store. Bodies over a tier's limit
+    /// are not kept there.
     pub fn insert(&self, digest: [u8; 32], body: Arc<[u8]>) {
+        // A body served again (a popular one) is sent once, not each time.
+        if let Some(shared) = &self.shared
+            && !self.memory.contains(&digest)
+        {
+            shared.put(digest, body.clone());
+        }
         self.memory.insert(digest, body);
     }
 
@@ -195,7 +290,7 @@ impl BasisStore {
     /// collecting budgets are spent.
     pub fn collect(self: &Arc<Self>, expected: Option<u64>) -> Option<Collecting> {
         let to = match expected {
-            Some(len) if len > self.memory.max_body() as u64 => {
+            Some(len) if len > self.memory_collect_limit() => {
                 Destination::Disk(self.disk.as_ref()?.begin(expected)?)
             }
             _ => Destination::Memory {
@@ -249,7 +344,7 @@ impl Collecting {
         match &mut self.to {
             Destination::Disk(writer) => writer.add(chunk),
             Destination::Memory { chunks, len, room } => {
-                if *len + chunk.len() <= store.memory.max_body() {
+                if (*len + chunk.len()) as u64 <= store.memory_collect_limit() {
                     let Some(more) = store.reserve(chunk.len()) else {
                         return false;
                     };
@@ -280,7 +375,17 @@ impl Collecting {
                 for chunk in &chunks {
                     body.extend_from_slice(chunk);
                 }
-                self.store.memory.insert(digest, body.into());
+                let body: Arc<[u8]> = body.into();
+                let store = &self.store;
+                // Collected in memory for the shared store, and too large
+                // for the memory tier: the disk tier keeps it.
+                if len > store.memory.max_body()
+                    && let Some(mut writer) = store.disk.as_ref().and_then(|disk| disk.begin(None))
+                    && writer.add(&body)
+                {
+                    writer.commit(digest);
+                }
+                store.insert(digest, body);
                 drop(room);
             }
             Destination::Disk(writer) => writer.commit(digest),
@@ -353,7 +458,7 @@ mod tests {
 
     /// The whole body held under `digest`, if any.
     fn held(store: &BasisStore, digest: &[u8; 32]) -> Option<Vec<u8>> {
-        let basis = store.get(digest)?;
+        let basis = store.get_local(digest)?;
         let mut out = Vec::new();
         basis
             .append_range(0, basis.size() as usize, &mut out)
@@ -376,7 +481,11 @@ mod tests {
         store.insert(d, body_d);
         // b was the least recently used.
         assert!(held(&store, &b).is_none());
-        assert!(store.get(&a).is_some() && store.get(&c).is_some() && store.get(&d).is_some());
+        assert!(
+            store.get_local(&a).is_some()
+                && store.get_local(&c).is_some()
+                && store.get_local(&d).is_some()
+        );
         assert_eq!(store.used(), 300);
     }
 
@@ -387,8 +496,8 @@ mod tests {
         store.insert(a, body_a);
         let (big, body_big) = body(9, 201);
         store.insert(big, body_big);
-        assert!(store.get(&big).is_none());
-        assert!(store.get(&a).is_some());
+        assert!(store.get_local(&big).is_none());
+        assert!(store.get_local(&a).is_some());
         assert_eq!(store.used(), 100);
     }
 
@@ -463,7 +572,7 @@ mod tests {
         let (d, body_d) = body(4, 1000);
         assert!(stream(&store, &body_d, true));
         // b was the least recently used; its file is gone too.
-        assert!(store.get(&b).is_none());
+        assert!(store.get_local(&b).is_none());
         let mut expected = vec![hex(&a), hex(&c), hex(&d)];
         expected.sort();
         assert_eq!(names(dir.path()), expected);
@@ -539,8 +648,8 @@ mod tests {
             .set_modified(past)
             .unwrap();
         let store = with_disk(dir.path(), 1500).unwrap();
-        assert!(store.get(&b).is_none(), "over the smaller budget");
-        assert!(store.get(&a).is_some());
+        assert!(store.get_local(&b).is_none(), "over the smaller budget");
+        assert!(store.get_local(&a).is_some());
         assert_eq!(store.disk_used(), 1000);
     }
 
@@ -551,7 +660,7 @@ mod tests {
         let (a, body_a) = body(1, 1000);
         assert!(stream(&store, &body_a, true));
         std::fs::write(dir.path().join(hex(&a)), &body_a[..999]).unwrap();
-        assert!(store.get(&a).is_none());
+        assert!(store.get_local(&a).is_none());
         assert_eq!(store.disk_used(), 0);
         assert!(names(dir.path()).is_empty());
     }
