@@ -2,8 +2,9 @@
 //! round-robin balancer share one `redis-server`, so a client whose first
 //! request reached one and whose next reaches the other still gets a
 //! delta against the body the first one served (by its digest alone).
-//! With Redis killed, every request is still answered, coded without the
-//! held body (the rsync fallback), never an error.
+//! With Redis killed, or answering nothing, every request is still
+//! answered, coded without the held body (the rsync fallback) and within
+//! the lookup's timeout, never an error.
 //!
 //! Starts Debian's `redis-server` on a free loopback port; skipped, with
 //! a line saying so, where it is not installed.
@@ -278,4 +279,35 @@ async fn with_redis_gone_the_answers_come_coded_without_a_held_body() {
         // Each accelerator leaves Redis alone for a second after a failure.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A "Redis" that accepts connections and never answers: a lookup times
+/// out, and the request is answered all the same, coded without the held
+/// body, having waited no longer than the timeout (200 ms here).
+#[tokio::test]
+async fn a_redis_that_does_not_answer_costs_a_timeout_and_no_error() {
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("redis://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            connections.push(connection);
+        }
+    });
+    let origin = releases().await;
+    let first = accelerator(origin.addr, &silent_url).await;
+    let second = accelerator(origin.addr, &silent_url).await;
+    let balancer = Balancer::start(vec![first.addr, second.addr]).await;
+    let proxy = ClientProxy::start(client_config(&format!("http://{}", balancer.addr))).await;
+    let url = origin.url("/lib.js");
+    update(&proxy, &url, 0).await;
+    balancer.cut();
+    let started = std::time::Instant::now();
+    let (link, _) = update(&proxy, &url, 1).await;
+    let took = started.elapsed();
+    assert!(link > 10_000, "coded without a basis: {link} B");
+    assert_eq!(second.stats().await["basis_fallbacks"], 1);
+    assert!(took < Duration::from_secs(3), "the update took {took:?}");
+    assert_eq!(proxy.stats().upstream_errors, 0);
+    held.abort();
 }
