@@ -22,7 +22,9 @@
 //! without a basis when it does not match. The length is checked on every
 //! read, which catches a truncated file for nothing.
 //!
-//! The directory is locked (`flock` on `lock`) by one process: a second
+//! The directory must be ours and writable by no one else (the default is
+//! in the temp directory, where another user could make it first); it is
+//! made mode 0700. It is locked (`flock` on `lock`) by one process: a second
 //! accelerator given the same one runs without the tier, rather than
 //! removing the first one's temp files and overrunning their budget.
 //!
@@ -160,7 +162,7 @@ impl Disk {
             move |source| DiskError::Io { path, source }
         };
         let max_body = max_body.min(budget);
-        std::fs::create_dir_all(dir).map_err(at(dir))?;
+        ensure_private_dir(&*fs, dir).map_err(at(dir))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -438,6 +440,35 @@ impl Drop for DiskWriter {
             tracing::warn!(path = %self.tmp.display(), error = %e, "cannot remove a basis temp file");
         }
     }
+}
+
+/// Creates `dir` (mode 0700) if missing, and checks that it is a real
+/// directory (not a symlink) of ours that no one else may write to: the
+/// default one is in the temp directory, where another user could have
+/// made it first. Its names tell which bodies were served, so it is kept
+/// from other users' eyes too when we create it. Whose it is, is told by
+/// a file made in it (`lib.rs` forbids the unsafe `geteuid`).
+fn ensure_private_dir(fs: &dyn Fs, dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other("not a directory (a symlink?)"));
+    }
+    let (probe, file) =
+        create_temp(fs, dir, "basis").map_err(|e| io::Error::other(e.to_string()))?;
+    let ours = file.metadata().map(|made| made.uid());
+    drop(file);
+    remove_if_exists(fs, &probe)?;
+    if ours? != meta.uid() || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::other(
+            "owned by another user, or writable by others: give --basis-dir a directory of ours",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `name` is one of our temp files: `create_temp`'s sixteen hex

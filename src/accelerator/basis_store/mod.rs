@@ -666,6 +666,21 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_others_may_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let basis = dir.path().join("basis");
+        drop(with_disk(&basis, 3000).unwrap());
+        let mode = std::fs::metadata(&basis).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "made private");
+        std::fs::set_permissions(&basis, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(with_disk(&basis, 3000).is_err());
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        assert!(with_disk(&link, 3000).is_err(), "a symlink");
+    }
+
+    #[test]
     fn one_store_per_directory() {
         let dir = tempfile::tempdir().unwrap();
         let _first = with_disk(dir.path(), 3000).unwrap();
