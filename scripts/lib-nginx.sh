@@ -235,7 +235,14 @@ EOF
 # Words given are put before the client's command (e.g. taskset -c 0).
 # Sets lab_accel_url, lab_client_port, lab_client_url, lab_proxy.
 lab_start_pair() {
-    local accel_port client_port accel_args=()
+    lab_start_accelerator
+    lab_start_client "$lab_accel_url" "$@"
+}
+
+# lab_start_accelerator: the accelerator in front of nginx on a free
+# loopback port. Sets lab_accel_url, lab_accel_pid.
+lab_start_accelerator() {
+    local accel_port accel_args=()
     # ACCEL_ARGS: more accelerator flags (e.g. "--bulk-level -1").
     read -r -a accel_args <<<"${ACCEL_ARGS:-}"
     accel_port=$(lab_free_port)
@@ -251,22 +258,53 @@ lab_start_pair() {
     lab_accel_pid=$!
     lab_pids+=("$lab_accel_pid")
     lab_wait_http "$lab_accel_url/.rproxy/stats" "$lab_accel_pid" "rproxy accelerator"
+}
 
+# lab_start_client UPSTREAM_URL [CLIENT_WRAPPER...]: the client proxy with
+# UPSTREAM_URL as its upstream (the accelerator, or a relay in front of
+# it), caching in $lab_tmp/cache. Sets lab_client_port, lab_client_url,
+# lab_proxy, lab_client_pid.
+lab_start_client() {
+    local upstream=$1 client_port client_args=()
+    shift
     # CLIENT_ARGS: more client proxy flags (e.g. "--access-log off").
-    local client_args=()
     read -r -a client_args <<<"${CLIENT_ARGS:-}"
     client_port=$(lab_free_port)
+    # shellcheck disable=SC2034 # read by the scripts that source this file
     lab_client_port=$client_port
     lab_client_url=http://127.0.0.1:$client_port
+    # shellcheck disable=SC2034 # read by the scripts that source this file
     lab_proxy=$lab_client_url
     mkdir -p "$lab_tmp/cache"
     RUST_LOG=${RUST_LOG:-warn} "$@" "$lab_rproxy" client \
-        --listen "127.0.0.1:$client_port" --admin-listen 127.0.0.1:0 --upstream "$lab_accel_url" \
+        --listen "127.0.0.1:$client_port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
         --cache "$lab_tmp/cache" --cache-size "${CACHE_SIZE:-2G}" "${client_args[@]}" \
         >"$lab_tmp/logs/client.log" 2>&1 &
     lab_client_pid=$!
     lab_pids+=("$lab_client_pid")
     lab_wait_http "$lab_client_url/.rproxy/stats" "$lab_client_pid" "rproxy client"
+}
+
+# lab_start_relay TARGET_URL: scripts/byte-relay.py on a free loopback
+# port, relaying to TARGET_URL's host and port and counting the bytes both
+# ways (TCP payload: heads, signatures, bodies). Sets lab_relay_url (give
+# it to lab_start_client as the upstream) and lab_relay_stats_url, whose
+# counters `up`, `down` and `connections` lab_stats and lab_field read.
+lab_start_relay() {
+    local target=${1#http://} port control
+    target=${target%%/*}
+    command -v python3 >/dev/null || lab_die "python3 is not installed (the byte-counting relay needs it)"
+    port=$(lab_free_port)
+    control=$(lab_free_port)
+    python3 "$lab_repo/scripts/byte-relay.py" "$port" "${target%:*}" "${target##*:}" "$control" \
+        >"$lab_tmp/logs/relay.log" 2>&1 &
+    lab_relay_pid=$!
+    lab_pids+=("$lab_relay_pid")
+    lab_proc_names[$lab_relay_pid]="byte-relay.py"
+    # shellcheck disable=SC2034 # read by the scripts that source this file
+    lab_relay_url=http://127.0.0.1:$port
+    lab_relay_stats_url=http://127.0.0.1:$control
+    lab_wait_http "$lab_relay_stats_url/" "$lab_relay_pid" "byte-relay.py"
 }
 
 # lab_start_rproxy NAME ROLE CONFIG URL: `rproxy ROLE --config CONFIG`

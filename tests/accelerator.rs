@@ -239,6 +239,7 @@ async fn an_hsync_offer_gets_a_delta_that_rebuilds_the_origin_body() {
     assert_eq!(headers["content-encoding"], "hsync");
     assert!(headers.get("content-length").is_none());
     assert_eq!(headers["etag"], "W/\"v2\"");
+    assert_eq!(headers["hsync-etag"], "\"v2\"", "the origin's, to restore");
     assert_eq!(
         headers["hsync-basis"],
         byte_sequence(blake3::hash(&basis).as_bytes())
@@ -472,6 +473,11 @@ async fn origin_saw(
         decoder.push(&body, &mut decoded).unwrap();
         decoder.finish().unwrap();
         body = decoded;
+    } else if response
+        .get("content-encoding")
+        .is_some_and(|v| v == "gzip")
+    {
+        body = gunzip(&body);
     }
     let mut seen: HashMap<String, Vec<String>> = HashMap::new();
     for line in String::from_utf8(body).unwrap().lines() {
@@ -845,6 +851,15 @@ async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
     assert_eq!(decode_stream(&body_v1(), &stream), pseudo_text(1, 20_000));
 }
 
+fn gunzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
 /// Issue 20, "never worse than plain": a body whose hsync stream would be
 /// larger than itself (a few hundred bytes of headers, here) goes as the
 /// origin sent it, marked as depending on the offer.
@@ -852,8 +867,11 @@ async fn a_small_body_is_coded_whole_and_sent_with_a_length() {
 async fn a_body_its_stream_would_outgrow_goes_plain_and_varies_on_the_offer() {
     let origin = start_origin().await;
     let accel = Accelerator::start(config(origin.addr)).await;
-    // /echo answers a few hundred bytes: the request's headers.
-    let (status, headers, body) = fetch(accel.addr, get("/echo", &offer(&body_v1()))).await;
+    // /echo answers a few hundred bytes: the request's headers. Without
+    // gzip among the codings offered: the body as it is.
+    let mut without_gzip = offer(&body_v1());
+    without_gzip[0].1 = HeaderValue::from_static("hsync");
+    let (status, headers, body) = fetch(accel.addr, get("/echo", &without_gzip)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("content-encoding").is_none(), "{headers:?}");
     let vary: Vec<_> = headers.get_all("vary").iter().collect();
@@ -874,6 +892,37 @@ async fn a_body_its_stream_would_outgrow_goes_plain_and_varies_on_the_offer() {
         (&0.into(), &1.into()),
         "{stats}"
     );
+}
+
+/// ... and where the client accepts gzip, gzipped if that is smaller than
+/// both the stream and the body ("never more than the plain coding the
+/// client accepts"), with a weak ETag, since its bytes are other than the
+/// identity body's.
+#[tokio::test]
+async fn a_small_body_gzip_beats_goes_gzipped_to_a_client_that_accepts_it() {
+    let origin = start_origin().await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    let (status, headers, body) = fetch(accel.addr, get("/echo", &offer(&body_v1()))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "gzip", "{headers:?}");
+    assert!(
+        headers
+            .get_all("vary")
+            .iter()
+            .any(|v| v.to_str().unwrap().contains("Accept-Encoding")),
+        "{headers:?}"
+    );
+    assert_eq!(
+        headers["content-length"].to_str().unwrap(),
+        body.len().to_string()
+    );
+    let text = gunzip(&body);
+    assert!(body.len() < text.len(), "{} {}", body.len(), text.len());
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("accept-encoding: identity"), "{text}");
+    if let Some(etag) = headers.get("etag") {
+        assert!(etag.to_str().unwrap().starts_with("W/"), "{etag:?}");
+    }
 }
 
 #[tokio::test]

@@ -241,6 +241,7 @@ fn plain_header() -> Header {
         block_size: 1024,
         strong_len: 8,
         codec: LiteralCodec::None,
+        sig_frames: true,
     }
 }
 

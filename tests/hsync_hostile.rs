@@ -674,9 +674,11 @@ fn d_a3_framing_faults_have_named_errors() {
         Err(DecodeError::Frame(FrameError::UnknownCodec { codec: 200 }))
     );
     assert_eq!(
-        with(&|s| s[7] = 1),
-        Err(DecodeError::Frame(FrameError::UnknownFlags { flags: 1 }))
+        with(&|s| s[7] = 2),
+        Err(DecodeError::Frame(FrameError::UnknownFlags { flags: 2 }))
     );
+    // NO_SIG, on a stream that has SIG frames.
+    assert_eq!(with(&|s| s[7] = 1), Err(DecodeError::UnexpectedSig));
     // A frame length over the limit is refused before its payload arrives.
     let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
     let mut head = stream[..HEADER_LEN].to_vec();
@@ -978,7 +980,7 @@ proptest! {
     ) {
         let basis = pseudo_text(24, 3000);
         let mut stream = Vec::new();
-        Header { block_size, strong_len: 8, codec }.write(&mut stream);
+        Header { block_size, strong_len: 8, codec, sig_frames: true }.write(&mut stream);
         stream.extend_from_slice(&tail);
         let limits = DecodeLimits { max_output: 10_000, max_signature_bytes: 1000 };
         let run = decode(&basis[..], &stream, &pieces, limits);
@@ -996,7 +998,7 @@ proptest! {
     ) {
         let basis = pseudo_text(25, 3000);
         let mut stream = Vec::new();
-        Header { block_size: 1024, strong_len: 8, codec }.write(&mut stream);
+        Header { block_size: 1024, strong_len: 8, codec, sig_frames: true }.write(&mut stream);
         stream.extend(frames.concat());
         let limits = DecodeLimits { max_output: 10_000, max_signature_bytes: 1000 };
         let run = decode(&basis[..], &stream, &pieces, limits);

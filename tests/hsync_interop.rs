@@ -197,6 +197,7 @@ fn rdiff_delta_decodes_as_a_delta_frame() {
         block_size: 1024,
         strong_len: 8,
         codec: LiteralCodec::None,
+        sig_frames: true,
     };
     let run = decode(
         &basis[..],

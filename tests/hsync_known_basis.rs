@@ -7,8 +7,8 @@ mod support;
 
 use proptest::prelude::*;
 use rproxy::hsync::{
-    BASIS_SPAN, BasisUse, DecodeError, DecodeLimits, Encoder, EncoderOptions, FileBasis,
-    LiteralCodec,
+    BASIS_SPAN, BasisUse, DecodeError, DecodeLimits, Decoder, Encoder, EncoderOptions, FileBasis,
+    Header, LiteralCodec,
 };
 use support::*;
 
@@ -41,6 +41,58 @@ fn small_edit_round_trips_and_costs_less_than_the_rsync_stream() {
         stream.len(),
         rsync.len()
     );
+}
+
+/// Issue 20: by the client's agreement a stream leaves out its SIG frames;
+/// the decoder computes the same signature itself, vouches for no byte
+/// before END, and refuses a SIG frame the header said it would not get.
+#[test]
+fn a_stream_without_sig_frames_rebuilds_the_same_body_and_signature() {
+    let basis = pseudo_text(7, 200_000);
+    let mut new = basis.clone();
+    new.splice(100_000..100_000, b"inserted".iter().copied());
+    let with = encode_with_body(&basis, &new, fast(1 << 20), &[]);
+    let mut encoder = Encoder::with_basis_body(
+        Box::new(basis.clone()),
+        Some(new.len() as u64),
+        fast(1 << 20),
+    );
+    encoder.leave_out_sig_frames();
+    let mut without = Vec::new();
+    encoder.push(&new, &mut without).unwrap();
+    let summary = encoder.finish(&mut without).unwrap();
+    assert_eq!(summary.signature_wire_bytes, 0);
+    assert_eq!(without[7], Header::NO_SIG);
+    assert!(
+        without.len() < with.len(),
+        "{} {}",
+        without.len(),
+        with.len()
+    );
+
+    let (out, decoded) = decode_ok(&basis, &without);
+    assert!(out == new);
+    let (_, decoded_with) = decode_ok(&basis, &with);
+    assert_eq!(decoded.signature, decoded_with.signature);
+
+    let mut decoder = Decoder::new(&basis[..], DecodeLimits::default());
+    let mut rebuilt = Vec::new();
+    let before_end = without.len() - 5 - 40;
+    decoder.push(&without[..before_end], &mut rebuilt).unwrap();
+    assert_eq!(decoder.rebuilt_len(), new.len() as u64);
+    assert_eq!(decoder.verified_len(), 0);
+    decoder.push(&without[before_end..], &mut rebuilt).unwrap();
+    assert_eq!(decoder.verified_len(), new.len() as u64);
+
+    let mut sig_frames_unannounced = with.clone();
+    sig_frames_unannounced[7] = Header::NO_SIG;
+    let run = decode(
+        &basis[..],
+        &sig_frames_unannounced,
+        &[],
+        DecodeLimits::default(),
+    );
+    assert_eq!(run.result, Err(DecodeError::UnexpectedSig));
 }
 
 #[test]

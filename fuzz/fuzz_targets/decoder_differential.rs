@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
         block_size: BLOCK_SIZE,
         strong_len: STRONG_LEN,
         codec: LiteralCodec::None,
+        sig_frames: true,
     };
     let mut stream = Vec::new();
     header.write(&mut stream);

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
 
 use crate::cache::freshness::Storability;
 use crate::hsync::{Encoder, EncoderOptions};
@@ -26,10 +27,10 @@ use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, accepts_hsync,
-    parse_byte_sequence, weaken_etag,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE,
+    HSYNC_SIGNATURE_LENGTH, accepts_coding, accepts_hsync, parse_byte_sequence, weaken_etag,
 };
-use crate::http::server::ProxyBody;
+use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
@@ -55,6 +56,9 @@ pub struct CoderConfig {
     pub max_encode_len: u64,
     /// Largest basis signature accepted from a request (bytes, decoded).
     pub max_signature_bytes: usize,
+    /// Largest basis signature accepted as a GET's body (bytes; at most
+    /// `max_signature_bytes`: none).
+    pub max_body_signature_bytes: usize,
     /// Memory for bodies served, kept as future bases (bytes; 0: none).
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
@@ -86,6 +90,7 @@ impl From<&AcceleratorConfig> for CoderConfig {
             adapt_entropy_coding: config.adapt_entropy_coding,
             max_encode_len: config.max_encode_len,
             max_signature_bytes: config.max_signature_bytes,
+            max_body_signature_bytes: config.max_body_signature_bytes,
             basis_store_bytes: config.basis_store_bytes,
             max_stored_body: config.max_stored_body,
             basis_disk: config.basis_disk.clone(),
@@ -113,6 +118,13 @@ pub struct Offer {
     /// `Hsync-Basis` as sent (echoed in the answer) and the digest it names.
     basis_name: Option<HeaderValue>,
     basis_digest: Option<[u8; 32]>,
+    /// `Accept-Encoding` names gzip: a small body may go gzipped where
+    /// that is smaller than its stream.
+    accepts_gzip: bool,
+    /// `Hsync-Accept: no-sig=N`: the client computes the new signature
+    /// itself and holds a body of at most N bytes until END, so a coding
+    /// against a held basis may leave out its SIG frames.
+    no_sig_up_to: u64,
 }
 
 impl Offer {
@@ -134,6 +146,16 @@ impl Offer {
                 .and_then(|name| parse_byte_sequence(name, 32))
                 .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()),
             basis_name,
+            accepts_gzip: accepts_coding(headers, "gzip"),
+            no_sig_up_to: headers
+                .get_all(HSYNC_ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split([',', ';']))
+                .filter_map(|item| item.split_once('='))
+                .find(|(name, _)| name.trim() == "no-sig")
+                .and_then(|(_, value)| value.trim().parse().ok())
+                .unwrap_or(0),
         }
     }
 }
@@ -227,6 +249,64 @@ impl Coder {
         Offer::read(method, headers, self.config.max_signature_bytes)
     }
 
+    /// What the request offers, reading a signature sent as its body
+    /// (`Hsync-Signature-Length`, a GET whose basis is too large for a
+    /// header's signature) within `max_body_signature_bytes`; the body
+    /// left for the origin is then empty, and the head says so.
+    ///
+    /// # Errors
+    /// The client's: a signature over the limit (the connection closes
+    /// rather than read it), a body shorter or longer than announced, or
+    /// one that does not arrive within the body timeout.
+    pub async fn offer_reading_body(
+        &self,
+        parts: &mut http::request::Parts,
+        body: Incoming,
+    ) -> Result<(Offer, ProxyBody), ProxyError> {
+        let mut offer = self.offer(&parts.method, &parts.headers);
+        let Some(announced) = parts.headers.remove(HSYNC_SIGNATURE_LENGTH) else {
+            return Ok((offer, body.map_err(BodyError::from).boxed()));
+        };
+        let max = self.config.max_body_signature_bytes;
+        let len = announced
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|_| parts.method == Method::GET)
+            .ok_or_else(|| {
+                ProxyError::bad_request("Hsync-Signature-Length is a GET's body length in bytes")
+                    .closing()
+            })?;
+        if len > max {
+            return Err(ProxyError::bad_request(format!(
+                "a basis signature of {len} bytes in the body is over the {max} taken \
+                 (max-body-signature)"
+            ))
+            .closing());
+        }
+        let read = http_body_util::Limited::new(body, len).collect();
+        let signature = match tokio::time::timeout(self.config.body_timeout, read).await {
+            Err(_) => return Err(ProxyError::request_timeout()),
+            Ok(Err(error)) => {
+                return Err(
+                    ProxyError::bad_request(format!("basis signature body: {error}")).closing(),
+                );
+            }
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        if signature.len() != len {
+            return Err(ProxyError::bad_request(format!(
+                "Hsync-Signature-Length says {len} bytes, the body had {}",
+                signature.len()
+            )));
+        }
+        for name in [header::CONTENT_LENGTH, header::TRANSFER_ENCODING] {
+            parts.headers.remove(name);
+        }
+        offer.signature = Some(signature.to_vec());
+        Ok((offer, Empty::new().map_err(|never| match never {}).boxed()))
+    }
+
     /// Whether an answer with this head may be coded for `offer`.
     pub fn codes(&self, offer: &Offer, response: &http::response::Parts) -> bool {
         let coded = response
@@ -279,7 +359,9 @@ impl Coder {
             header::VARY,
             HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
         );
-        weaken_etag(&mut parts.headers);
+        if let Some(strong) = weaken_etag(&mut parts.headers) {
+            parts.headers.insert(HSYNC_ETAG, strong);
+        }
         if let Some(note) = &note {
             let basis = offer
                 .basis_name
@@ -290,7 +372,12 @@ impl Coder {
         if let Some(name) = offer.basis_name {
             parts.headers.insert(HSYNC_BASIS, name);
         }
-        parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
+        // A client that agreed to do without SIG frames has our
+        // advertisement from the answer that said we hold its basis: 68
+        // bytes less on each small update.
+        if offer.no_sig_up_to == 0 {
+            parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
+        }
         // A basis we served and still hold: compress against the body itself.
         let held = match &offer.basis_digest {
             Some(digest) => self.bodies.get(digest).await.unwrap_or_else(|_| {
@@ -302,7 +389,17 @@ impl Coder {
             None => None,
         };
         let encoder = match held {
-            Some(basis) => Encoder::with_basis_body(basis, content_length, self.config.encoder),
+            Some(basis) => {
+                let mut encoder =
+                    Encoder::with_basis_body(basis, content_length, self.config.encoder);
+                // A delta against a held body is small: the client that
+                // agreed loses little by holding the body until END, and
+                // the SIG frames were a third of such a stream (issue 20).
+                if content_length.is_some_and(|len| len <= offer.no_sig_up_to) {
+                    encoder.leave_out_sig_frames();
+                }
+                encoder
+            }
             None => Encoder::new(
                 offer.signature.as_deref(),
                 content_length,
@@ -335,7 +432,7 @@ impl Coder {
                 parking: None,
                 note,
             };
-            let body = match encode_whole(origin, coding, method, uri).await? {
+            let body = match encode_whole(origin, coding, offer.accepts_gzip, method, uri).await? {
                 Whole::Coded(stream) => stream,
                 Whole::Plain(body) => {
                     // The answer depends on the offer all the same: an
@@ -346,6 +443,20 @@ impl Coder {
                         plain_headers.insert(HSYNC_HELD, held.clone());
                     }
                     plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    parts.headers = plain_headers;
+                    body
+                }
+                Whole::Gzip(body) => {
+                    plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+                    if let Some(held) = parts.headers.get(HSYNC_HELD) {
+                        plain_headers.insert(HSYNC_HELD, held.clone());
+                    }
+                    plain_headers
+                        .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+                    plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    // Other bytes than the identity body's: the same tag
+                    // would let a cache answer one with the other.
+                    weaken_etag(&mut plain_headers);
                     parts.headers = plain_headers;
                     body
                 }
@@ -396,13 +507,17 @@ impl Coder {
         }
     }
 
-    /// What we advertise: version and the signature size we accept.
+    /// What we advertise: version and the signature sizes we accept, in
+    /// a header and in a body.
     fn hsync_accept(&self) -> HeaderValue {
-        HeaderValue::from_str(&format!(
-            "v=1, max-signature={}",
-            self.config.max_signature_bytes
-        ))
-        .expect("digits and ASCII")
+        let mut value = format!("v=1, max-signature={}", self.config.max_signature_bytes);
+        if self.config.max_body_signature_bytes > self.config.max_signature_bytes {
+            value += &format!(
+                ", max-body-signature={}",
+                self.config.max_body_signature_bytes
+            );
+        }
+        HeaderValue::from_str(&value).expect("digits and ASCII")
     }
 }
 

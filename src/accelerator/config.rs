@@ -109,6 +109,10 @@ pub struct AcceleratorConfig {
     pub max_encode_len: u64,
     /// Largest basis signature accepted from a request (bytes, decoded).
     pub max_signature_bytes: usize,
+    /// Largest basis signature accepted as a GET's body
+    /// (`Hsync-Signature-Length`; bytes, 0: none): a large body's
+    /// signature at blocks fine enough to find small edits.
+    pub max_body_signature_bytes: usize,
     /// Time to connect to the origin.
     pub connect_timeout: Duration,
     /// Time for the origin's response head.

@@ -261,7 +261,10 @@ impl Accelerator {
         route: sites::Route,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
-        let offer = self.coder.offer(&parts.method, &parts.headers);
+        let (offer, body) = match self.coder.offer_reading_body(&mut parts, body).await {
+            Ok(read) => read,
+            Err(refusal) => return self.refuse(refusal),
+        };
         if let Err(refusal) =
             self.rewrite_request(&mut parts, &route, offer.offers_hsync, offer.encodable)
         {

@@ -19,7 +19,6 @@
 use http::Request;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::capture_connection;
 use tokio::time::Instant;
@@ -30,11 +29,11 @@ use crate::http::dial::AddressRefused;
 use crate::http::error::{ProxyError, error_chain};
 use crate::http::forwarded::{self, Hop};
 use crate::http::headers::{
-    HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, add_via, check_response_head, remove_hsync_coding,
     strip_hop_by_hop,
 };
 use crate::http::health::Admission;
-use crate::http::server::{BodyError, Peer, malformed_request_body};
+use crate::http::server::{Peer, ProxyBody, malformed_request_body};
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck};
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
@@ -65,7 +64,14 @@ impl Accelerator {
         strip_hop_by_hop(&mut parts.headers)
             .map_err(|error| ProxyError::bad_request(error.to_string()))?;
         // The hsync fields and the queue's are between the client and us.
-        for name in [&HSYNC_SIGNATURE, &HSYNC_BASIS, &X_QUEUE, &X_QUEUED, &X_NODE] {
+        for name in [
+            &HSYNC_SIGNATURE,
+            &HSYNC_BASIS,
+            &HSYNC_ACCEPT,
+            &X_QUEUE,
+            &X_QUEUED,
+            &X_NODE,
+        ] {
             parts.headers.remove(name);
         }
         if encodable {
@@ -100,7 +106,7 @@ impl Accelerator {
     pub(super) async fn fetch(
         &self,
         parts: Parts,
-        body: Incoming,
+        body: ProxyBody,
         route: &Route,
     ) -> Result<FromOrigin, ProxyError> {
         let health = route.health.as_deref();
@@ -122,7 +128,7 @@ impl Accelerator {
                 health.record_failure(error, Instant::now());
             }
         };
-        let mut outbound = Request::from_parts(parts, body.map_err(BodyError::from).boxed());
+        let mut outbound = Request::from_parts(parts, body);
         let connection = capture_connection(&mut outbound);
         let timeout = self.config.origin_timeout;
         let asked = std::time::Instant::now();

@@ -59,6 +59,8 @@ pub fn select_basis<'a>(
     let ranked: Vec<(&IndexEntry, Rank)> = candidates
         .into_iter()
         .filter(|c| c.key.origin() == url.origin())
+        // An error page or a redirect is no release of anything.
+        .filter(|c| c.status == 200)
         .filter(|c| c.shareable_as_basis || scope == CacheScope::Private)
         .filter_map(|c| {
             let candidate = c.key.path_and_query().as_bytes();
@@ -142,6 +144,7 @@ mod tests {
             body_blake3: blake3::hash(url.as_bytes()),
             completeness: Completeness::Complete,
             shareable_as_basis: true,
+            status: 200,
         }
     }
 

@@ -10,18 +10,24 @@
 //!
 //! Deliberately conservative where RFC 9111 allows a choice:
 //!
-//! - Only GET responses with status 200, 203, 300, 301 or 308 are stored.
-//!   Error responses are never stored (P-20: one attacker-provoked error
-//!   must not be served to everyone, CPDoS), nor are 206 and 304.
+//! - Only GET responses are stored. Statuses: the heuristically cacheable
+//!   ones below 400 (200, 203, 204, 300, 301, 308) always, 302, 303 and
+//!   307 with explicit freshness, and errors only with explicit freshness
+//!   and only 404, 405, 410, 414 and 501, whose cause is the URL: an error
+//!   a header provoked (400, 413, 431, 5xx) is never stored (P-20: one
+//!   attacker-provoked error must not be served to everyone, CPDoS).
+//!   Never 206 or 304. Only a 200's body is ever a basis.
 //! - The qualified forms `no-cache="field"` and `private="field"` count as
 //!   their unqualified forms: the whole response is revalidated or kept out
 //!   of a shared cache, rather than stored with fields removed.
 //! - A stale response is served only when a directive allows it (request
-//!   `max-stale`, `stale-if-error`); being disconnected alone is not enough.
+//!   `max-stale`, `stale-if-error`, `stale-while-revalidate`); being
+//!   disconnected alone is not enough.
 //!
 //! Left out: storage, cache keys and `Vary` matching (see `cache`), request
-//! collapsing, and `stale-while-revalidate` scheduling (the directive is
-//! parsed so the caller can decide).
+//! collapsing, and scheduling the background revalidation that
+//! `stale-while-revalidate` allows ([`may_serve_stale_while_revalidating`]
+//! says when).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -69,6 +75,9 @@ pub struct CacheControl {
     pub no_transform: bool,
     /// `immutable` (RFC 8246): the content won't change while fresh.
     pub immutable: bool,
+    /// `must-understand` (RFC 9111 §5.2.2.3): store only if the status is
+    /// understood, and then despite `no-store`.
+    pub must_understand: bool,
     /// `stale-if-error` (RFC 5861): seconds of staleness acceptable when
     /// upstream fails.
     pub stale_if_error: Option<u64>,
@@ -101,6 +110,7 @@ impl CacheControl {
                 "proxy-revalidate" => cc.proxy_revalidate = true,
                 "no-transform" => cc.no_transform = true,
                 "immutable" => cc.immutable = true,
+                "must-understand" => cc.must_understand = true,
                 "only-if-cached" => cc.only_if_cached = true,
                 "max-age" => first(&mut cc.max_age, delta_seconds(value)),
                 "s-maxage" => first(&mut cc.s_maxage, delta_seconds(value)),
@@ -251,15 +261,31 @@ pub fn storability(
     if method != Method::GET {
         return NotStorable("method is not GET");
     }
-    if !matches!(status.as_u16(), 200 | 203 | 300 | 301 | 308) {
-        return NotStorable("status is not stored");
-    }
     let req = CacheControl::parse(request);
     let resp = CacheControl::parse(response);
+    let explicit = resp.max_age.is_some()
+        || (shared && resp.s_maxage.is_some())
+        || response.contains_key(header::EXPIRES);
+    let understood = understood(status);
+    let status_stored = match status.as_u16() {
+        // P-20: an error is stored only where its URL alone decides it
+        // (not a header an attacker sent: 400, 413, 431, most 5xx), and
+        // only for as long as the origin said.
+        400.. => explicit && is_heuristically_cacheable(status),
+        _ => understood && (explicit || is_heuristically_cacheable(status)),
+    };
+    if !status_stored {
+        return NotStorable("status is not stored");
+    }
+    if resp.must_understand && !understood {
+        return NotStorable("must-understand, for a status not understood");
+    }
     if req.no_store {
         return NotStorable("request has no-store");
     }
-    if resp.no_store {
+    // RFC 9111 §5.2.2.3: must-understand overrides no-store in a cache
+    // that understands the status.
+    if resp.no_store && !resp.must_understand {
         return NotStorable("response has no-store");
     }
     if shared && resp.private {
@@ -284,6 +310,16 @@ pub fn storability(
         return NotStorable("Vary: *");
     }
     Storability::Storable
+}
+
+/// Statuses whose meaning this cache implements as RFC 9110 defines it:
+/// final ones it serves from a whole stored body, not 206 (it does not
+/// complete ranges) or 304 (an answer to a condition, not a body).
+fn understood(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 302 | 303 | 307 | 308 | 404 | 405 | 410 | 414 | 501
+    )
 }
 
 /// Statuses that are heuristically cacheable (RFC 9110 §15.1).
@@ -489,21 +525,52 @@ pub fn may_serve_stale_on_error(
         .is_some_and(|limit| staleness <= limit)
 }
 
+/// Whether a stale stored response may be served at once while it is
+/// revalidated in the background (RFC 5861 `stale-while-revalidate`),
+/// given its current `age` and freshness `lifetime` in seconds: within
+/// the response's window, unless the response forbids serving it stale or
+/// the request asks for a fresh or validated answer (`no-cache`,
+/// `max-age`, `min-fresh`).
+pub fn may_serve_stale_while_revalidating(
+    request: &HeaderMap,
+    stored: &HeaderMap,
+    age: u64,
+    lifetime: u64,
+    shared: bool,
+) -> bool {
+    let req = CacheControl::parse_request(request);
+    let resp = CacheControl::parse(stored);
+    if forbids_stale(&resp, shared)
+        || req.no_cache
+        || req.max_age.is_some()
+        || req.min_fresh.is_some()
+    {
+        return false;
+    }
+    let staleness = age.saturating_sub(lifetime);
+    resp.stale_while_revalidate
+        .is_some_and(|window| staleness <= window)
+}
+
 /// The validators to add to a revalidation request (RFC 9111 §4.3.1):
 /// `If-None-Match` with the stored `ETag` and `If-Modified-Since` with the
-/// stored `Last-Modified` (when it is a valid date).
+/// stored `Last-Modified`, or else its `Date` (when it is a valid date).
 ///
-/// A weak ETag (`W/"x"`) is sent as it is: the accelerator weakens the
-/// ETags of coded responses, and `If-None-Match` uses weak comparison.
+/// A weak ETag (`W/"x"`) is sent as it is: `If-None-Match` uses weak
+/// comparison.
 pub fn conditional_headers(stored: &HeaderMap) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if let Some(etag) = stored.get(header::ETAG) {
         headers.insert(header::IF_NONE_MATCH, etag.clone());
     }
-    if let Some(last_modified) = stored.get(header::LAST_MODIFIED)
-        && parse_http_date(last_modified).is_some()
-    {
-        headers.insert(header::IF_MODIFIED_SINCE, last_modified.clone());
+    // RFC 9111 §4.3.1: without a Last-Modified, the stored response's
+    // Date is a time the origin's copy was current at.
+    let since = [header::LAST_MODIFIED, header::DATE]
+        .into_iter()
+        .filter_map(|name| stored.get(name))
+        .find(|value| parse_http_date(value).is_some());
+    if let Some(since) = since {
+        headers.insert(header::IF_MODIFIED_SINCE, since.clone());
     }
     headers
 }
@@ -649,6 +716,17 @@ impl CacheStatus {
             ttl: Some(ttl),
             detail: Some("stale-if-error"),
             ..CacheStatus::forwarded(Forward::Stale)
+        }
+    }
+
+    /// A stale response served while it is revalidated in the background
+    /// (RFC 5861): a hit, with its negative `ttl` and
+    /// `detail=stale-while-revalidate`.
+    pub fn stale_while_revalidating(ttl: i64) -> CacheStatus {
+        CacheStatus {
+            ttl: Some(ttl),
+            detail: Some("stale-while-revalidate"),
+            ..CacheStatus::hit()
         }
     }
 }
@@ -864,14 +942,46 @@ mod tests {
     }
 
     #[test]
-    fn default_statuses_are_stored_and_errors_partial_and_304_are_not() {
-        for status in [200, 203, 300, 301, 308] {
+    fn rfc9111_3_statuses_stored_and_p20_errors_only_by_url_with_explicit_freshness() {
+        let fresh = [("cache-control", "max-age=600")];
+        for status in [200, 203, 204, 300, 301, 308] {
             assert_eq!(store(status, &[], &[]), Storability::Storable, "{status}");
         }
-        for status in [204, 206, 304, 404, 410, 500, 502] {
+        for status in [302, 303, 307, 404, 405, 410, 414, 501] {
+            assert_eq!(
+                store(status, &[], &fresh),
+                Storability::Storable,
+                "{status}"
+            );
+            let heuristic = store(
+                status,
+                &[],
+                &[("last-modified", "Tue, 01 Jan 2030 00:00:00 GMT")],
+            );
+            assert!(matches!(heuristic, Storability::NotStorable(_)), "{status}");
+        }
+        let expires = [("expires", "Tue, 01 Jan 2030 00:00:00 GMT")];
+        assert_eq!(store(404, &[], &expires), Storability::Storable);
+        // CPDoS (P-20): errors a header can provoke, whatever they say.
+        for status in [206, 304, 400, 413, 431, 500, 502, 503] {
             let s = store(status, &[], &[("cache-control", "max-age=600, public")]);
             assert!(matches!(s, Storability::NotStorable(_)), "{status}");
         }
+    }
+
+    #[test]
+    fn rfc9111_5_2_2_3_must_understand_stores_despite_no_store_only_a_status_understood() {
+        let both = [("cache-control", "must-understand, no-store, max-age=60")];
+        assert_eq!(store(200, &[], &both), Storability::Storable);
+        assert_eq!(store(404, &[], &both), Storability::Storable);
+        assert!(matches!(
+            store(206, &[], &both),
+            Storability::NotStorable(_)
+        ));
+        assert!(matches!(
+            store(299, &[], &both),
+            Storability::NotStorable(_)
+        ));
     }
 
     #[test]
@@ -1165,6 +1275,39 @@ mod tests {
     #[test]
     fn conditional_headers_skip_missing_or_invalid_validators() {
         assert!(conditional_headers(&map(&[("last-modified", "yesterday")])).is_empty());
+    }
+
+    #[test]
+    fn rfc5861_3_stale_while_revalidate_within_its_window_unless_forbidden_or_refused() {
+        let stored = map(&[("cache-control", "max-age=60, stale-while-revalidate=30")]);
+        let may = |request: &[(&str, &str)], stored: &HeaderMap, age| {
+            may_serve_stale_while_revalidating(&map(request), stored, age, 60, true)
+        };
+        assert!(may(&[], &stored, 90));
+        assert!(!may(&[], &stored, 91), "past the window");
+        assert!(!may(&[("cache-control", "no-cache")], &stored, 70));
+        assert!(!may(&[("cache-control", "max-age=0")], &stored, 70));
+        let must = map(&[(
+            "cache-control",
+            "max-age=60, stale-while-revalidate=30, must-revalidate",
+        )]);
+        assert!(!may(&[], &must, 70));
+        assert!(!may(&[], &map(&[("cache-control", "max-age=60")]), 61));
+    }
+
+    #[test]
+    fn rfc9111_4_3_1_without_last_modified_the_date_is_if_modified_since() {
+        let (lm, d) = (date(T), date(T + 100));
+        let cond = conditional_headers(&map(&[("date", &d)]));
+        assert_eq!(cond[header::IF_MODIFIED_SINCE], d.as_str());
+        let cond = conditional_headers(&map(&[("date", &d), ("last-modified", &lm)]));
+        assert_eq!(
+            cond[header::IF_MODIFIED_SINCE],
+            lm.as_str(),
+            "Last-Modified first"
+        );
+        let cond = conditional_headers(&map(&[("date", &d), ("last-modified", "yesterday")]));
+        assert_eq!(cond[header::IF_MODIFIED_SINCE], d.as_str());
     }
 
     #[test]

@@ -199,6 +199,8 @@ impl CacheKey {
         // can send another user's stored hash as their credential.
         let value = if is_credential(&name) {
             format!("{HASHED_PREFIX}{}", blake3::hash(value).to_hex())
+        } else if CASE_INSENSITIVE_LISTS.contains(&name.as_str()) {
+            escape_header_value(&normalised_list(value))
         } else {
             escape_header_value(value)
         };
@@ -525,6 +527,41 @@ fn escape_header_value(value: &[u8]) -> String {
     out
 }
 
+/// Selecting headers whose values are lists of case-insensitive tokens
+/// (with parameters), in which neither case, whitespace nor member order
+/// changes the meaning: their values are normalised before they key an
+/// entry (RFC 9111 §4.1 lets a cache do so), so `gzip, br` and `BR,gzip`
+/// select the same one.
+const CASE_INSENSITIVE_LISTS: [&str; 4] = [
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+];
+
+/// `value` as a sorted, lower-case list: members trimmed, whitespace
+/// around `;` and `=` dropped, empty members left out, joined by `, `.
+/// A quoted string is left as it is (its case may matter).
+fn normalised_list(value: &[u8]) -> Vec<u8> {
+    if value.contains(&b'"') {
+        return value.to_vec();
+    }
+    let text = String::from_utf8_lossy(value).to_ascii_lowercase();
+    let mut members: Vec<String> = text
+        .split(',')
+        .map(|member| {
+            member
+                .split(';')
+                .map(|part| part.split('=').map(str::trim).collect::<Vec<_>>().join("="))
+                .collect::<Vec<_>>()
+                .join(";")
+        })
+        .filter(|member| !member.is_empty())
+        .collect();
+    members.sort();
+    members.join(", ").into_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,6 +641,26 @@ mod tests {
         assert_eq!(k.authority_dir(), "https_e.com_8443");
         assert_eq!(key("http://[::1]:81/").authority_dir(), "http____1__81");
         assert_eq!(key("http://[::1]/").authority_dir(), "http____1__80");
+    }
+
+    #[test]
+    fn rfc9111_4_1_selecting_lists_are_normalised_before_they_key() {
+        let base = CacheKey::parse("http://example.com/a").unwrap();
+        let key = |name: &str, value: &[u8]| base.clone().with_vary(name, value).unwrap();
+        assert_eq!(
+            key("Accept-Encoding", b"gzip, br"),
+            key("accept-encoding", b" BR,gzip ")
+        );
+        assert_eq!(
+            key("accept-language", b"en-US;q=0.8, fr"),
+            key("accept-language", b"fr,en-us ; q = 0.8")
+        );
+        assert_ne!(
+            key("accept-encoding", b"gzip"),
+            key("accept-encoding", b"br")
+        );
+        // Other fields keep their case and order.
+        assert_ne!(key("x-variant", b"A, b"), key("x-variant", b"b, a"));
     }
 
     #[test]

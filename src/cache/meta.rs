@@ -260,6 +260,9 @@ pub struct IndexEntry {
     pub completeness: Completeness,
     /// See [`NewEntry::shareable_as_basis`].
     pub shareable_as_basis: bool,
+    /// The stored response's status: only a 200's body is another
+    /// response's basis.
+    pub status: u16,
     /// When it was committed relative to the others: later is larger (at
     /// open, the order of the entries' files' modification times). Orders
     /// entries stored within the same second, which `stored_at` cannot.
@@ -276,6 +279,7 @@ impl IndexEntry {
     pub fn from_meta(meta: &EntryMeta) -> Result<IndexEntry, MetaError> {
         Ok(IndexEntry {
             key: meta.key()?,
+            status: meta.status,
             stored_at: meta.stored_at,
             body_len: meta.body_len,
             body_blake3: meta.body_digest()?,

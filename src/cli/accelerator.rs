@@ -83,6 +83,11 @@ pub struct AcceleratorArgs {
     /// 4608 or any size); advertised in Hsync-Accept.
     #[arg(long, value_name = "SIZE")]
     pub max_signature: Option<Size>,
+    /// Largest basis signature accepted as a request's body (default 8M;
+    /// 0: none), from a client proxy whose basis is too large for a
+    /// header's signature to find small edits; advertised in Hsync-Accept.
+    #[arg(long, value_name = "SIZE")]
+    pub max_body_signature: Option<Size>,
     /// Bodies encoded at once (0: one per core). More wait for a turn, one
     /// per chunk of the origin body, so that large bodies coded together
     /// leave the CPU to cheap requests too.
@@ -268,7 +273,7 @@ impl AcceleratorArgs {
         };
         override_with_flags!(settings, self;
             plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
-                max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
+                max_body_signature, max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
                 max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
                 health_down_time, health_max_down_time;
             optional: origin, via_name, spool_dir, basis_dir, basis_redis, queue_per_address, queue_state, tls_cert, tls_key,

@@ -460,6 +460,12 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         &basis,
         &new,
     )?;
+    // And as the proxies send it when the accelerator said it holds the
+    // basis: the digest alone goes up, the stream leaves out SIG frames.
+    let mut held =
+        Encoder::with_basis_body(Box::new(basis.clone()), Some(new.len() as u64), options);
+    held.leave_out_sig_frames();
+    let (held_stream, _) = encode_and_verify(held, &basis, &new)?;
     let gzip9 = gzip9_len(&new)?;
     // The request carries the signature in base64 (`Hsync-Signature: :…:`).
     let signature_header = base64::engine::general_purpose::STANDARD
@@ -467,7 +473,7 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         .len()
         + 2;
     let wire = signature_header as u64 + stream.len() as u64;
-    // The client cannot know whether the accelerator holds its basis, so it
+    // A client that does not know whether the accelerator holds its basis
     // sends the signature either way.
     let wire_known_basis = signature_header as u64 + known_basis_stream.len() as u64;
     eprintln!(
@@ -482,7 +488,7 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         summary.literal_bytes,
     );
     println!(
-        "new={} gzip9={} signature={} signature_header={} stream={} wire={} ratio={:.3} copied={} literal={} literal_wire={} new_signature={} larger_than_plain={} wire_known_basis={wire_known_basis} ratio_known_basis={:.3}",
+        "new={} gzip9={} signature={} signature_header={} stream={} wire={} ratio={:.3} copied={} literal={} literal_wire={} new_signature={} larger_than_plain={} wire_known_basis={wire_known_basis} ratio_known_basis={:.3} wire_held={} ratio_held={:.3}",
         new.len(),
         gzip9,
         signature.len(),
@@ -496,6 +502,8 @@ fn stats(args: StatsArgs) -> anyhow::Result<()> {
         summary.signature_wire_bytes,
         summary.is_larger_than_plain,
         wire_known_basis as f64 / gzip9.max(1) as f64,
+        held_stream.len(),
+        held_stream.len() as f64 / gzip9.max(1) as f64,
     );
     Ok(())
 }

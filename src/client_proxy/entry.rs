@@ -17,7 +17,7 @@ use super::ClientProxy;
 use super::transfer::StoreTarget;
 use crate::cache::freshness::{Age, CacheControl};
 use crate::cache::{CacheKey, CacheStore, Completeness, Entry, NewEntry};
-use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_HELD};
+use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD};
 
 impl ClientProxy {
     /// A stored response's age and freshness lifetime at `now`, as this
@@ -225,6 +225,7 @@ pub(super) fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
                 && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT
                 && **name != HSYNC_HELD
+                && **name != HSYNC_ETAG
         })
         .filter_map(|(name, value)| {
             Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))

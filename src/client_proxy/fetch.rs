@@ -40,7 +40,8 @@ use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_HELD, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE,
+    HSYNC_SIGNATURE_LENGTH, add_via, restore_etag, strip_hop_by_hop,
 };
 use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody};
@@ -269,19 +270,33 @@ impl ClientProxy {
             let mut headers = headers.clone();
             // A basis the upstream said it keeps goes by its digest alone:
             // the signature is most of a small update's bytes (issue 20).
-            let signature_len = match &basis {
+            let (signature_len, body) = match &basis {
                 Some(offer) if target.upstream.holds(&target.url, &offer.digest) => {
                     headers.insert(HSYNC_BASIS, offer.name.clone());
-                    0
+                    // Its delta will be small: we may as well hold the
+                    // body until END and compute its signature ourselves
+                    // (the decoder does anyway) than take SIG frames.
+                    headers.insert(HSYNC_ACCEPT, no_sig_offer());
+                    (0, empty())
                 }
                 Some(offer) => {
                     headers.insert(HSYNC_BASIS, offer.name.clone());
-                    headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
-                    offer.signature_len as u64
+                    match self.body_signature(target, offer).await {
+                        Some(signature) => {
+                            // Too fine for a header: it goes as the body.
+                            headers.insert(HSYNC_SIGNATURE_LENGTH, signature.len().into());
+                            let len = signature.len() as u64;
+                            (len, full(signature))
+                        }
+                        None => {
+                            headers.insert(HSYNC_SIGNATURE, offer.signature.clone());
+                            (offer.signature_len as u64, empty())
+                        }
+                    }
                 }
-                None => 0,
+                None => (0, empty()),
             };
-            let mut outbound = self.outbound(parts, headers, target, empty());
+            let mut outbound = self.outbound(parts, headers, target, body);
             if let Some(observed) = parts.extensions.get::<Observed>() {
                 // A navigation's wait goes along: the queue wait shows its
                 // place on the waiting page.
@@ -365,7 +380,11 @@ impl ClientProxy {
             rparts.headers.remove(HSYNC_BASIS);
             rparts.headers.remove(HSYNC_ACCEPT);
             strip_vary(&mut rparts.headers, &["accept-encoding", "hsync-basis"]);
+            // The body is the origin's, byte for byte, once verified (and
+            // never served otherwise): its strong validator applies.
+            restore_etag(&mut rparts.headers);
         }
+        rparts.headers.remove(HSYNC_ETAG);
         ClientStats::add(&self.stats.misses, 1);
         if revalidating {
             ClientStats::add(&self.stats.revalidated, 1);
@@ -385,8 +404,7 @@ impl ClientProxy {
             &rparts.headers,
             self.is_shared(),
         ) {
-            Storability::Storable if rparts.status == StatusCode::OK => true,
-            Storability::Storable => false,
+            Storability::Storable => true,
             Storability::NotStorable(reason) => {
                 tracing::debug!(url = %key, reason, "not storable");
                 false
@@ -538,6 +556,19 @@ impl ClientProxy {
 }
 
 /// Adds the hsync coding first to `Accept-Encoding`.
+/// Largest body whose SIG frames we do without, against a basis the
+/// upstream holds (`Hsync-Accept: no-sig=N`). The rebuilt body is then
+/// held until END verifies it (within the transfer's unverified bound):
+/// the user agent gets nothing until the origin has sent it all, which
+/// for a script or a stylesheet (of use only whole) costs nothing, and for
+/// a page its progressive display. 2 MiB covers the corpus's largest
+/// releases (three.js, 1.3 MB), whose SIG frames would be 4.6 KB each.
+const NO_SIG_UP_TO: u64 = 2 << 20;
+
+fn no_sig_offer() -> HeaderValue {
+    HeaderValue::from_str(&format!("no-sig={NO_SIG_UP_TO}")).expect("ASCII")
+}
+
 fn offer_hsync(headers: &mut HeaderMap) {
     let others: Vec<String> = headers
         .get_all(header::ACCEPT_ENCODING)

@@ -18,6 +18,7 @@ use http::{Method, Response, StatusCode};
 use super::cached_body::{self, CachedBody};
 use super::entry::{find_entry, headers_to_store, stored_headers};
 use super::hot::HotEntry;
+use super::ranges::{self, Stored};
 use super::transfer::full;
 use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, empty, unix_now};
 use crate::cache::freshness::{self, CacheStatus, Forward, Reuse};
@@ -120,7 +121,13 @@ impl ClientProxy {
         );
         Some(match head {
             Ok(response) => response,
-            Err(headers) => respond(status, headers, full(entry.body.clone())),
+            Err(headers) => served(
+                status,
+                parts,
+                headers,
+                Stored::Whole(entry.body.clone()),
+                entry.body.len() as u64,
+            ),
         })
     }
 
@@ -204,11 +211,11 @@ impl ClientProxy {
                     );
                     self.hot.insert(key_digest, entry);
                 }
-                full(bytes)
+                Stored::Whole(bytes)
             }
-            CachedBody::Stream(body) => body,
+            CachedBody::Stream(body) => Stored::Stream(body),
         };
-        Ok(respond(status, headers, body))
+        Ok(served(status, parts, headers, body, len))
     }
 
     /// A 304 answered our validators: refresh the stored headers and serve
@@ -280,6 +287,45 @@ impl ClientProxy {
     }
 
     /// Upstream failed: serve the stale entry if RFC 5861 allows it.
+    /// Serves a stale entry at once when RFC 5861's
+    /// `stale-while-revalidate` allows it (the caller revalidates it in the
+    /// background); `Err` gives the entry back when it does not, `Ok(None)`
+    /// when its body failed its check (it is quarantined).
+    pub(super) async fn serve_stale_while_revalidating(
+        &self,
+        entry: Entry,
+        parts: &Parts,
+    ) -> Result<Option<Response<ProxyBody>>, Entry> {
+        let stored = stored_headers(&entry);
+        let Ok(status) = StatusCode::from_u16(entry.meta.status) else {
+            return Err(entry);
+        };
+        let age = self.age_of(status, &stored, entry.meta.stored_at, unix_now());
+        if entry.meta.completeness != Completeness::Complete
+            || !freshness::may_serve_stale_while_revalidating(
+                &parts.headers,
+                &stored,
+                age.current,
+                age.lifetime,
+                self.is_shared(),
+            )
+        {
+            return Err(entry);
+        }
+        ClientStats::add(&self.stats.hits, 1);
+        Ok(self
+            .respond_from_entry(
+                entry,
+                stored,
+                age.current,
+                parts,
+                CacheStatus::stale_while_revalidating(age.ttl()),
+                false,
+            )
+            .await
+            .ok())
+    }
+
     pub(super) async fn serve_stale_on_error(
         &self,
         entry: Entry,
@@ -337,7 +383,31 @@ fn not_modified_for(request: &HeaderMap, stored: &HeaderMap) -> bool {
     }
 }
 
-fn respond(status: StatusCode, headers: HeaderMap, body: ProxyBody) -> Response<ProxyBody> {
+/// A stored body as the request asks for it: a 200's in the ranges it
+/// names (RFC 9110 §14), any other status's whole.
+fn served(
+    status: StatusCode,
+    parts: &Parts,
+    headers: HeaderMap,
+    body: Stored,
+    len: u64,
+) -> Response<ProxyBody> {
+    if status == StatusCode::OK {
+        let requested = ranges::requested(&parts.method, &parts.headers, &headers, len);
+        return ranges::answer(requested, headers, body, len);
+    }
+    let body = match body {
+        Stored::Whole(bytes) => full(bytes),
+        Stored::Stream(body) => body,
+    };
+    respond(status, headers, body)
+}
+
+pub(super) fn respond(
+    status: StatusCode,
+    headers: HeaderMap,
+    body: ProxyBody,
+) -> Response<ProxyBody> {
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;

@@ -172,6 +172,7 @@ mod tests {
             body_blake3: blake3::hash(body),
             completeness: Completeness::Complete,
             shareable_as_basis: true,
+            status: 200,
         }
     }
 

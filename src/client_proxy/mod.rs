@@ -48,6 +48,7 @@ mod hit;
 pub mod hot;
 mod pass;
 pub mod queue_wait;
+mod ranges;
 mod routes;
 mod stats;
 pub mod transfer;
@@ -70,8 +71,8 @@ use crate::cache::{CacheKey, CacheScope, CacheStore};
 use crate::http::access_log::{Note, Side};
 use crate::http::error::{ProxyError, fault_of};
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, Hop, answer_at_this_hop, max_forwards,
-    remove_hsync_coding, strip_hop_by_hop, via_names_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH, Hop, answer_at_this_hop,
+    max_forwards, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
 };
 use crate::http::server::{Handler, ProxyBody, counted};
 use crate::http::spool::SpoolDisk;
@@ -382,7 +383,12 @@ impl ClientProxy {
         // Hsync headers from the user agent are never ours to trust, and
         // it cannot take the coding from us: we offer it ourselves, where
         // we decode it.
-        for name in [HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_ACCEPT] {
+        for name in [
+            HSYNC_BASIS,
+            HSYNC_SIGNATURE,
+            HSYNC_SIGNATURE_LENGTH,
+            HSYNC_ACCEPT,
+        ] {
             parts.headers.remove(name);
         }
         remove_hsync_coding(&mut parts.headers);
@@ -464,6 +470,21 @@ impl ClientProxy {
             Lookup::Stale(entry) => Some(entry),
             Lookup::Miss => None,
         };
+        if parts.method == Method::GET
+            && let Some(entry) = stale.take()
+        {
+            stale = match self.serve_stale_while_revalidating(entry, &parts).await {
+                Ok(served) => {
+                    self.revalidate_in_background(&parts, &target, &key);
+                    match served {
+                        Some(response) => return response,
+                        // Its body failed its check: fetched as a miss.
+                        None => None,
+                    }
+                }
+                Err(entry) => Some(entry),
+            };
+        }
         if request_cc.only_if_cached {
             return ProxyError::not_cached("only-if-cached, and no fresh entry is stored")
                 .log_and_respond();
@@ -510,6 +531,45 @@ impl ClientProxy {
                 .await;
         }
         self.fetch(parts, target, key, stale, leader).await
+    }
+}
+
+impl ClientProxy {
+    /// Revalidates the stale entry for `key` as a task of its own, as the
+    /// leader of its fetch (RFC 5861 `stale-while-revalidate`): nothing if
+    /// a fetch for it is already under way. The request is the user
+    /// agent's head (its Vary'd fields select the entry) without its own
+    /// conditions and range; the answer is read to its end, which stores
+    /// it.
+    fn revalidate_in_background(self: &Arc<Self>, parts: &Parts, target: &Target, key: &CacheKey) {
+        let Role::Leader(leader) = self.in_flight.join(key.digest()) else {
+            return;
+        };
+        let mut request = Request::get(parts.uri.clone())
+            .body(())
+            .expect("a GET of a parsed URI");
+        *request.headers_mut() = parts.headers.clone();
+        for name in [header::RANGE, header::IF_RANGE] {
+            request.headers_mut().remove(name);
+        }
+        let (background, ()) = request.into_parts();
+        let (proxy, target, key) = (self.clone(), target.clone(), key.clone());
+        tokio::spawn(async move {
+            let stale = match proxy.lookup(&key, &background).await {
+                Lookup::Stale(entry) => Some(entry),
+                Lookup::Fresh(_) => return,
+                Lookup::Miss => None,
+            };
+            let response = proxy
+                .fetch(background, target, key, stale, Some(leader))
+                .await;
+            let status = response.status();
+            if let Err(error) = response.into_body().collect().await {
+                tracing::debug!(%error, "background revalidation cut");
+            } else {
+                tracing::debug!(%status, "revalidated in the background");
+            }
+        });
     }
 }
 

@@ -23,7 +23,8 @@ use crate::cache::CacheKey;
 use crate::cache::freshness::{self, CacheStatus, Forward};
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_HELD, HSYNC_SIGNATURE, add_via, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
+    add_via, restore_etag, strip_hop_by_hop,
 };
 use crate::http::server::{BodyError, ProxyBody};
 
@@ -119,8 +120,17 @@ impl ClientProxy {
             }
             parts.headers.remove(header::CONTENT_ENCODING);
             parts.headers.remove(header::CONTENT_LENGTH);
+            // The head of the origin's body: its own validator.
+            restore_etag(&mut parts.headers);
         }
-        for name in [HSYNC_BASIS, HSYNC_ACCEPT, HSYNC_SIGNATURE, HSYNC_HELD] {
+        for name in [
+            HSYNC_ETAG,
+            HSYNC_BASIS,
+            HSYNC_ACCEPT,
+            HSYNC_SIGNATURE,
+            HSYNC_SIGNATURE_LENGTH,
+            HSYNC_HELD,
+        ] {
             parts.headers.remove(name);
         }
         strip_vary(&mut parts.headers, &["hsync-basis"]);

@@ -114,6 +114,7 @@ struct Route {
 }
 
 /// Where one request goes.
+#[derive(Clone)]
 pub(super) struct Target {
     /// The absolute URL (the cache key's source).
     pub url: Uri,

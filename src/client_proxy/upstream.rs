@@ -87,14 +87,19 @@ const MAX_HELD: std::num::NonZeroUsize = std::num::NonZeroUsize::new(65_536).exp
 pub struct Advertised {
     /// Largest basis signature it accepts (bytes, decoded).
     pub max_signature: usize,
+    /// Largest basis signature it accepts as a request's body (bytes; 0:
+    /// none).
+    pub max_body_signature: usize,
 }
 
 impl Advertised {
-    /// Parses `v=1, max-signature=N`; `None` when version 1 is not offered.
+    /// Parses `v=1, max-signature=N[, max-body-signature=M]`; `None` when
+    /// version 1 is not offered.
     pub fn parse(value: &http::HeaderValue) -> Option<Advertised> {
         let text = value.to_str().ok()?;
         let mut version_1 = false;
         let mut max_signature = None;
+        let mut max_body_signature = 0;
         for item in text.split([',', ';']) {
             let Some((name, value)) = item.split_once('=') else {
                 continue;
@@ -102,11 +107,15 @@ impl Advertised {
             match name.trim() {
                 "v" => version_1 |= value.trim() == "1",
                 "max-signature" => max_signature = value.trim().parse().ok(),
+                "max-body-signature" => {
+                    max_body_signature = value.trim().parse().unwrap_or(0);
+                }
                 _ => {}
             }
         }
         Some(Advertised {
             max_signature: max_signature?,
+            max_body_signature,
         })
         .filter(|_| version_1)
     }
@@ -823,7 +832,15 @@ mod tests {
         assert_eq!(
             parse("v=1, max-signature=24576"),
             Some(Advertised {
-                max_signature: 24576
+                max_signature: 24576,
+                max_body_signature: 0,
+            })
+        );
+        assert_eq!(
+            parse("v=1, max-signature=4608, max-body-signature=4194304"),
+            Some(Advertised {
+                max_signature: 4608,
+                max_body_signature: 4 << 20,
             })
         );
         assert_eq!(parse("v=2, max-signature=24576"), None);
@@ -832,7 +849,10 @@ mod tests {
         assert_eq!(parse("garbage"), None);
         assert_eq!(
             parse("v=1, codecs=2;3, max-signature=100, future"),
-            Some(Advertised { max_signature: 100 }),
+            Some(Advertised {
+                max_signature: 100,
+                max_body_signature: 0
+            }),
             "unknown members are skipped"
         );
     }

@@ -190,6 +190,7 @@ pub struct AcceleratorSettings {
     pub bulk_level: i32,
     pub no_adapt: bool,
     pub max_signature: Size,
+    pub max_body_signature: Size,
     pub max_encoders: usize,
     /// None: the system's temp directory.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -265,6 +266,8 @@ impl Default for AcceleratorSettings {
             bulk_level: encoder.fast_zstd_level,
             no_adapt: false,
             max_signature: Size::kib(24),
+            // 1 GiB of basis at 1.5 KiB blocks (the client proxy's choice).
+            max_body_signature: Size::mib(8),
             max_encoders: 0,
             spool_dir: None,
             max_spool: Size::gib(1),
@@ -465,6 +468,7 @@ impl AcceleratorSettings {
             adapt_entropy_coding: !self.no_adapt,
             max_encode_len: self.max_encode_len.0,
             max_signature_bytes: saturating_usize(self.max_signature),
+            max_body_signature_bytes: saturating_usize(self.max_body_signature),
             connect_timeout: self.connect_timeout,
             origin_timeout: self.origin_timeout,
             // Checked in `to_config` (the defaults pass).
@@ -547,6 +551,8 @@ pub fn default_coding() -> CoderConfig {
         basis_store_bytes: 32 << 20,
         basis_disk: None,
         basis_shared: None,
+        // A client proxy reads no request body as a signature.
+        max_body_signature_bytes: 0,
         ..CoderConfig::from(&config)
     }
 }

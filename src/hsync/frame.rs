@@ -121,16 +121,23 @@ pub struct Header {
     pub strong_len: u32,
     /// How literal bytes are compressed.
     pub codec: LiteralCodec,
+    /// The stream carries SIG frames (the default). Without them (flag
+    /// [`Header::NO_SIG`], by the client's agreement) the decoder computes
+    /// the new body's signature itself and vouches for no byte before END.
+    pub sig_frames: bool,
 }
 
 impl Header {
+    /// Flag bit: the stream has no SIG frames.
+    pub const NO_SIG: u8 = 0x01;
+
     /// Appends the 12-byte header to `out`.
     pub fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&MAGIC);
         out.push(VERSION);
         out.push(self.codec.to_byte());
         out.push(self.strong_len as u8);
-        out.push(0);
+        out.push(if self.sig_frames { 0 } else { Header::NO_SIG });
         out.extend_from_slice(&self.block_size.to_be_bytes());
     }
 
@@ -158,7 +165,7 @@ impl Header {
         if !(MIN_STRONG_LEN..=MAX_STRONG_LEN).contains(&strong_len) {
             return Err(FrameError::StrongLenOutOfRange { strong_len });
         }
-        if header[7] != 0 {
+        if header[7] & !Header::NO_SIG != 0 {
             return Err(FrameError::UnknownFlags { flags: header[7] });
         }
         let block_size = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
@@ -170,6 +177,7 @@ impl Header {
                 block_size,
                 strong_len,
                 codec,
+                sig_frames: header[7] & Header::NO_SIG == 0,
             },
             HEADER_LEN,
         )))
@@ -352,6 +360,7 @@ mod tests {
             block_size: 1024,
             strong_len: 8,
             codec: LiteralCodec::Zstd,
+            sig_frames: true,
         }
     }
 
@@ -422,7 +431,13 @@ mod tests {
             with(6, 17),
             Err(FrameError::StrongLenOutOfRange { .. })
         ));
-        assert!(matches!(with(7, 1), Err(FrameError::UnknownFlags { .. })));
+        assert!(matches!(with(7, 2), Err(FrameError::UnknownFlags { .. })));
+        assert!(matches!(
+            with(7, 0x81),
+            Err(FrameError::UnknownFlags { .. })
+        ));
+        let (no_sig, _) = with(7, Header::NO_SIG).unwrap().unwrap();
+        assert!(!no_sig.sig_frames);
         let mut zero_block = buf.clone();
         zero_block[8..12].copy_from_slice(&0u32.to_be_bytes());
         assert!(matches!(

@@ -22,11 +22,15 @@
 //! +------+------+------+------+-------+-------+--------+-------+------+------+------+------+
 //! | 'h'  | 's'  | 'y'  | 'n'  |version| codec |strong  | flags |      block_size (u32)     |
 //! +------+------+------+------+-------+-------+--------+-------+------+------+------+------+
-//!   magic "hsyn"               = 1     codec   8..=16    0        512 ..= 1 MiB
+//!   magic "hsyn"               = 1     codec   8..=16   0 or 1    512 ..= 1 MiB
 //!                                      0 none    bytes of MD4 kept in each signature entry
 //!                                      1 zstd (one stream)
 //!                                      2 zstd per window (the default)
 //!                                      3 zstd per window against the basis
+//!   flags: bit 0 (NO_SIG) set: the stream has no SIG frames. A client
+//!   asks for that (`Hsync-Accept: no-sig=N` on its request) when it
+//!   computes the new signature itself and can hold the body until END;
+//!   other bits are reserved and refused.
 //!
 //! frame
 //! +------+------+------+------+------+====================+
@@ -78,7 +82,8 @@
 //! ```
 //!
 //! Nothing may follow END. Unknown frame kinds are an error (version 1 has
-//! no optional frames). The decoder never trusts the SIG entries: it
+//! no optional frames; SIG frames are left out only by the NO_SIG flag,
+//! and one in such a stream is an error). The decoder never trusts the SIG entries: it
 //! recomputes the signature from the bytes it rebuilt and rejects a stream
 //! whose entries disagree, and it rejects a stream whose END does not match
 //! what it rebuilt.

@@ -16,7 +16,16 @@ use crate::http::error::{ErrorKind, ProxyError};
 pub const HSYNC_BASIS: HeaderName = HeaderName::from_static("hsync-basis");
 /// `Hsync-Signature`: `:<base64 basis signature>:`, possibly truncated.
 pub const HSYNC_SIGNATURE: HeaderName = HeaderName::from_static("hsync-signature");
-/// `Hsync-Accept`: what the accelerator supports.
+/// `Hsync-Signature-Length: N` on a GET: the basis signature is the
+/// request's body, N bytes, for one too large for a header (issue 20:
+/// a large body's edits need blocks finer than 4.6 KB of header allows).
+/// Taken only by an upstream that advertised `max-body-signature`.
+pub const HSYNC_SIGNATURE_LENGTH: HeaderName = HeaderName::from_static("hsync-signature-length");
+/// `Hsync-Accept`: on an answer, what the accelerator supports
+/// (`v=1, max-signature=N`); on a request, what the client agrees to do
+/// without (`no-sig=N`: SIG frames may be left out of a body of at most N
+/// bytes coded against a basis the accelerator holds). An answer to a
+/// request that says `no-sig` leaves its own out: that client has it.
 pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
 /// `Hsync-Held: N` on an answer: the accelerator keeps this body as a
 /// basis if it is at most N bytes long (its length may not be known when
@@ -25,6 +34,11 @@ pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
 /// gone by then, the answer is coded without a basis: more bytes, never a
 /// wrong one.
 pub const HSYNC_HELD: HeaderName = HeaderName::from_static("hsync-held");
+/// `Hsync-ETag` on a coded answer: the origin's strong `ETag`, which the
+/// coded answer carries weak (issue 21): the client proxy, which delivers
+/// the very bytes the tag names, restores it for the user agent and for
+/// its own revalidations.
+pub const HSYNC_ETAG: HeaderName = HeaderName::from_static("hsync-etag");
 /// The content coding token.
 pub const HSYNC_CODING: &str = "hsync";
 
@@ -75,8 +89,16 @@ fn is_hsync_item(item: &str) -> bool {
 
 /// Whether `Accept-Encoding` offers the hsync coding (with q > 0).
 pub fn accepts_hsync(headers: &HeaderMap) -> bool {
+    accepts_coding(headers, HSYNC_CODING)
+}
+
+/// Whether `Accept-Encoding` names `coding` with q > 0. (A `*` is not
+/// taken as an offer: a coding we choose on our own must be named.)
+pub fn accepts_coding(headers: &HeaderMap, coding: &str) -> bool {
     accept_encoding_items(headers).any(|item| {
-        is_hsync_item(item)
+        item.split(';')
+            .next()
+            .is_some_and(|name| name.trim().eq_ignore_ascii_case(coding))
             && !item.split(';').skip(1).any(|p| {
                 p.trim()
                     .strip_prefix("q=")
@@ -325,16 +347,45 @@ pub fn answer_at_this_hop<B>(
 }
 
 /// Makes a strong `ETag` weak (a coded body is not byte-identical to the
-/// representation the strong validator names).
-pub fn weaken_etag(headers: &mut HeaderMap) {
-    if let Some(etag) = headers.get(header::ETAG)
-        && !etag.as_bytes().starts_with(b"W/")
-    {
-        let mut weak = b"W/".to_vec();
-        weak.extend_from_slice(etag.as_bytes());
-        if let Ok(weak) = HeaderValue::from_bytes(&weak) {
-            headers.insert(header::ETAG, weak);
-        }
+/// representation the strong validator names) and returns the strong one,
+/// which a coded answer carries in `Hsync-ETag` for the client proxy to
+/// restore once it has rebuilt and verified the body. A weak or malformed
+/// tag is left as it is (never made into another malformed one).
+pub fn weaken_etag(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    let strong = headers
+        .get(header::ETAG)
+        .filter(|tag| is_strong_etag(tag))?
+        .clone();
+    let mut weak = b"W/".to_vec();
+    weak.extend_from_slice(strong.as_bytes());
+    headers.insert(header::ETAG, HeaderValue::from_bytes(&weak).ok()?);
+    Some(strong)
+}
+
+/// Whether `tag` is a strong entity-tag (RFC 9110 §8.8.3): `"`, then
+/// etagc (`!`, `#`..=`~`, obs-text), then `"`.
+pub fn is_strong_etag(tag: &HeaderValue) -> bool {
+    let bytes = tag.as_bytes();
+    bytes.len() >= 2
+        && bytes[0] == b'"'
+        && bytes[bytes.len() - 1] == b'"'
+        && bytes[1..bytes.len() - 1]
+            .iter()
+            .all(|&c| c == 0x21 || (0x23..=0x7e).contains(&c) || c >= 0x80)
+}
+
+/// The client proxy's copy of the origin's ETag, back in `ETag`, for an
+/// answer whose coding it has undone: `Hsync-ETag` is taken out, and put
+/// back only if it is the strong tag that the weak `ETag` names.
+pub fn restore_etag(headers: &mut HeaderMap) {
+    let Some(strong) = headers.remove(HSYNC_ETAG) else {
+        return;
+    };
+    let names_it = headers
+        .get(header::ETAG)
+        .is_some_and(|weak| weak.as_bytes().strip_prefix(b"W/") == Some(strong.as_bytes()));
+    if names_it && is_strong_etag(&strong) {
+        headers.insert(header::ETAG, strong);
     }
 }
 
@@ -417,6 +468,33 @@ pub fn check_response_head(headers: &HeaderMap) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_strong_etag_is_weakened_carried_and_restored_a_malformed_one_left_alone() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ETAG, HeaderValue::from_static("\"abc\""));
+        let strong = weaken_etag(&mut headers).unwrap();
+        assert_eq!(headers[header::ETAG], "W/\"abc\"");
+        assert_eq!(strong, "\"abc\"");
+        headers.insert(HSYNC_ETAG, strong);
+        restore_etag(&mut headers);
+        assert_eq!(headers[header::ETAG], "\"abc\"");
+        assert!(headers.get(HSYNC_ETAG).is_none());
+
+        for left in ["W/\"abc\"", "w/\"abc\"", "abc", "\"a\"b\"", "\""] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ETAG, HeaderValue::from_static(left));
+            assert_eq!(weaken_etag(&mut headers), None, "{left}");
+            assert_eq!(headers[header::ETAG], left, "never W/ on a malformed tag");
+        }
+        // A carried tag that is not what the weak one names is dropped.
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ETAG, HeaderValue::from_static("W/\"abc\""));
+        headers.insert(HSYNC_ETAG, HeaderValue::from_static("\"other\""));
+        restore_etag(&mut headers);
+        assert_eq!(headers[header::ETAG], "W/\"abc\"");
+        assert!(headers.get(HSYNC_ETAG).is_none());
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut headers = HeaderMap::new();

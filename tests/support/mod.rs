@@ -231,6 +231,7 @@ pub fn header(codec: LiteralCodec) -> Header {
         block_size: 1024,
         strong_len: 8,
         codec,
+        sig_frames: true,
     }
 }
 

@@ -68,6 +68,9 @@ pub enum DecodeError {
         /// One entry's length.
         entry_len: usize,
     },
+    /// A SIG frame in a stream whose header said it has none.
+    #[error("SIG frame in a stream announced without SIG frames")]
+    UnexpectedSig,
     /// The new body's signature grows past its cap.
     #[error("the new signature grows past the limit of {max} bytes")]
     SignatureTooLarge {
@@ -244,7 +247,9 @@ impl<B: Basis> Decoder<B> {
     /// failed check before its wrong bytes leave (C-V3). The SIG frame
     /// after each DELTA frame covers the window's completed blocks, and the
     /// signature is recomputed eight blocks at a time (SIMD lanes), so what
-    /// is held back stays within a window and eight blocks.
+    /// is held back stays within a window and eight blocks. A stream
+    /// without SIG frames ([`Header::sig_frames`]) vouches for nothing
+    /// before END.
     pub fn verified_len(&self) -> u64 {
         if self.verified.is_some() {
             return self.rebuilt;
@@ -600,6 +605,9 @@ impl<B: Basis> Decoder<B> {
     }
 
     fn receive_entries(&mut self, entries: &[u8]) -> Result<(), DecodeError> {
+        if self.header.is_some_and(|header| !header.sig_frames) {
+            return Err(DecodeError::UnexpectedSig);
+        }
         let params = self
             .signature
             .as_ref()
@@ -672,7 +680,10 @@ impl<B: Basis> Decoder<B> {
             .signature
             .as_ref()
             .expect("header parsed before frames");
-        if self.checked_len != signature.entries().len() || !self.unchecked_entries.is_empty() {
+        let sig_frames = self.header.is_some_and(|header| header.sig_frames);
+        if sig_frames
+            && (self.checked_len != signature.entries().len() || !self.unchecked_entries.is_empty())
+        {
             // Every block must have been described by a SIG entry.
             return Err(DecodeError::SignatureMismatch {
                 block: self.checked_len / signature.params().entry_len(),

@@ -251,6 +251,7 @@ impl Encoder {
                 block_size: params.block_size,
                 strong_len: params.strong_len,
                 codec: options.codec,
+                sig_frames: true,
             },
             window_bytes,
             window: Vec::new(),
@@ -293,6 +294,15 @@ impl Encoder {
         encoder.basis_body = Some(basis_body);
         encoder.basis_use = BasisUse::Body;
         encoder
+    }
+
+    /// Leaves the SIG frames out of the stream, by the client's agreement:
+    /// it computes the new body's signature from the bytes it rebuilds
+    /// (our decoder does anyway) and holds the body until END verifies it,
+    /// since no SIG entry vouches for a prefix. Call before the first push.
+    pub fn leave_out_sig_frames(&mut self) {
+        debug_assert!(!self.header_written, "the header says it");
+        self.header.sig_frames = false;
     }
 
     /// How the basis signature is being used.
@@ -566,7 +576,9 @@ impl Encoder {
             super::extend_context(&mut self.context, body);
         }
         self.hasher.update(body);
-        self.signature.update(body);
+        if self.header.sig_frames {
+            self.signature.update(body);
+        }
         self.summary.body_len += covered as u64;
         self.window.drain(..covered);
         self.write_signature(out);
@@ -575,6 +587,9 @@ impl Encoder {
 
     /// Sends the signature entries completed since the last SIG frame.
     fn write_signature(&mut self, out: &mut Vec<u8>) {
+        if !self.header.sig_frames {
+            return;
+        }
         let entries = &self.signature.entries()[self.signature_sent..];
         if entries.is_empty() {
             return;

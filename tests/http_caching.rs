@@ -1,0 +1,312 @@
+//! HTTP caching through the pair (client proxy → accelerator → origin),
+//! one test per rule, named by its RFC section (issue 21).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use support::proxy::{client_config, eventually};
+use support::topology::{Accelerator, ClientProxy, Origin, accelerator_config, origin};
+use support::user_agent::get;
+
+/// An origin that answers every path with `status` and these headers,
+/// counting the requests it gets.
+async fn answering(
+    status: StatusCode,
+    headers: &'static [(&'static str, &'static str)],
+) -> (Origin, Arc<AtomicUsize>) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    let origin = origin(move |request, _| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let body = format!("{status} for {}\n", request.uri().path());
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            *response.status_mut() = status;
+            for (name, value) in headers {
+                response
+                    .headers_mut()
+                    .insert(*name, HeaderValue::from_static(value));
+            }
+            response
+        }
+    })
+    .await;
+    (origin, asked)
+}
+
+/// The pair in front of `origin`.
+async fn pair(origin: &Origin) -> (Accelerator, ClientProxy) {
+    let accelerator = Accelerator::start(accelerator_config(origin.addr)).await;
+    let proxy = ClientProxy::start(client_config(&format!("http://{}", accelerator.addr))).await;
+    (accelerator, proxy)
+}
+
+/// Two GETs of one URL: whether the second was a hit, and how many
+/// requests reached the origin.
+async fn twice(
+    status: StatusCode,
+    headers: &'static [(&'static str, &'static str)],
+) -> (bool, usize) {
+    let (origin, asked) = answering(status, headers).await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/page");
+    let first = get(proxy.addr, &url).await;
+    assert_eq!(first.status, status);
+    // The first answer is stored (or not) once its body is in.
+    let stored = eventually_stored(&proxy).await;
+    let second = get(proxy.addr, &url).await;
+    assert_eq!(second.status, status);
+    assert_eq!(second.body, first.body);
+    assert_eq!(second.is_hit(), stored, "{}", second.cache_status);
+    (second.is_hit(), asked.load(Ordering::SeqCst))
+}
+
+/// Whether the proxy stored an entry within a second.
+async fn eventually_stored(proxy: &ClientProxy) -> bool {
+    for _ in 0..20 {
+        if proxy.stats().stored > 0 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn rfc9111_3_a_404_with_explicit_freshness_is_stored_and_served_fresh() {
+    let (hit, asked) = twice(StatusCode::NOT_FOUND, &[("cache-control", "max-age=60")]).await;
+    assert!(hit);
+    assert_eq!(asked, 1);
+}
+
+#[tokio::test]
+async fn rfc9111_3_a_301_is_stored_with_its_location() {
+    let (origin, asked) = answering(
+        StatusCode::MOVED_PERMANENTLY,
+        &[("cache-control", "max-age=60"), ("location", "/elsewhere")],
+    )
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/moved");
+    get(proxy.addr, &url).await;
+    eventually("the 301 stored", || proxy.stats().stored == 1).await;
+    let response = support::user_agent::start_get(proxy.addr, &url).await;
+    assert_eq!(response.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(response.headers()["location"], "/elsewhere");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn rfc9111_3_a_204_is_stored() {
+    let (hit, asked) = twice(StatusCode::NO_CONTENT, &[("cache-control", "max-age=60")]).await;
+    assert!(hit);
+    assert_eq!(asked, 1);
+}
+
+/// P-20 (CPDoS): an error a header can provoke is never stored, whatever
+/// freshness it claims; one that depends on the URL alone needs explicit
+/// freshness.
+#[tokio::test]
+async fn rfc9111_3_p20_a_400_is_never_stored_and_a_404_not_heuristically() {
+    let (hit, asked) = twice(
+        StatusCode::BAD_REQUEST,
+        &[("cache-control", "public, max-age=600")],
+    )
+    .await;
+    assert!(!hit);
+    assert_eq!(asked, 2);
+    let (hit, asked) = twice(
+        StatusCode::NOT_FOUND,
+        &[("last-modified", "Mon, 01 Jan 2024 00:00:00 GMT")],
+    )
+    .await;
+    assert!(!hit);
+    assert_eq!(asked, 2);
+}
+
+/// An error page stored for one URL is no basis for another: the next
+/// request goes without `Hsync-Basis` (nothing else of the origin is
+/// stored).
+#[tokio::test]
+async fn rfc9111_3_a_stored_error_page_is_never_a_basis() {
+    let origin = origin(|request, _| async move {
+        let mut response = Response::new(Full::new(Bytes::from(support::pseudo_text(3, 5000))));
+        if request.uri().path() == "/gone.js" {
+            *response.status_mut() = StatusCode::GONE;
+        }
+        response
+            .headers_mut()
+            .insert("cache-control", HeaderValue::from_static("max-age=60"));
+        response
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    get(proxy.addr, &origin.url("/gone.js")).await;
+    eventually("the 410 stored", || proxy.stats().stored == 1).await;
+    let fetched = get(proxy.addr, &origin.url("/app.js")).await;
+    fetched.assert_body("/app.js", &support::pseudo_text(3, 5000));
+    let stats = proxy.stats();
+    assert_eq!(stats.signature_bytes, 0, "no basis offered");
+    assert_eq!(stats.memory_bases, 0);
+}
+
+/// `GET url` through the proxy with `headers`: status, headers, body.
+async fn get_with(
+    proxy: std::net::SocketAddr,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let uri: http::Uri = url.parse().unwrap();
+    let mut request =
+        http::Request::get(uri.clone()).header("host", uri.authority().unwrap().as_str());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
+
+/// A stored 200 answers ranges (RFC 9110 §14): one range as 206 with its
+/// Content-Range, several as multipart/byteranges, none satisfiable as
+/// 416, and an If-Range that does not match as the whole 200. A body large
+/// enough to stream (checked group by group) answers one range too.
+#[tokio::test]
+async fn rfc9110_14_a_hit_answers_ranges_from_the_stored_body() {
+    let small = support::pseudo_text(4, 5000);
+    let large = support::pseudo_text(5, 3 << 20);
+    let origin = origin({
+        let (small, large) = (small.clone(), large.clone());
+        move |request, _| {
+            let body = if request.uri().path() == "/large.txt" {
+                large.clone()
+            } else {
+                small.clone()
+            };
+            async move {
+                let mut response = Response::new(Full::new(Bytes::from(body)));
+                let headers = response.headers_mut();
+                headers.insert("cache-control", HeaderValue::from_static("max-age=60"));
+                headers.insert("etag", HeaderValue::from_static("\"r1\""));
+                headers.insert("content-type", HeaderValue::from_static("text/plain"));
+                response
+            }
+        }
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/small.txt");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/small.txt", &small);
+    eventually("stored", || proxy.stats().stored == 1).await;
+
+    let (status, headers, body) = get_with(proxy.addr, &url, &[("range", "bytes=100-199")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-range"], "bytes 100-199/5000");
+    assert_eq!(body, small[100..200]);
+    assert!(headers["cache-status"].to_str().unwrap().contains("hit"));
+
+    let (status, headers, body) = get_with(proxy.addr, &url, &[("range", "bytes=0-0,-1")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    let content_type = headers["content-type"].to_str().unwrap();
+    let boundary = content_type
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(text.matches(&format!("--{boundary}")).count(), 3, "{text}");
+    assert!(text.contains("Content-Range: bytes 0-0/5000"), "{text}");
+    assert!(
+        text.contains("Content-Range: bytes 4999-4999/5000"),
+        "{text}"
+    );
+
+    let (status, headers, _) = get_with(proxy.addr, &url, &[("range", "bytes=9000-")]).await;
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(headers["content-range"], "bytes */5000");
+
+    let (status, _, body) = get_with(
+        proxy.addr,
+        &url,
+        &[("range", "bytes=0-9"), ("if-range", "\"r0\"")],
+    )
+    .await;
+    assert_eq!((status, body.len()), (StatusCode::OK, 5000));
+    let (status, _, body) = get_with(
+        proxy.addr,
+        &url,
+        &[("range", "bytes=0-9"), ("if-range", "\"r1\"")],
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::PARTIAL_CONTENT, small[..10].to_vec())
+    );
+
+    let url = origin.url("/large.txt");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/large.txt", &large);
+    eventually("stored", || proxy.stats().stored == 2).await;
+    let at = (2 << 20) + 12_345;
+    let (status, headers, body) = get_with(
+        proxy.addr,
+        &url,
+        &[("range", &format!("bytes={at}-{}", at + 99_999))],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-length"], "100000");
+    assert!(body == large[at..at + 100_000]);
+}
+
+/// RFC 5861 §3: a stale entry within `stale-while-revalidate` is served at
+/// once, and revalidated in the background; the next request gets what
+/// that brought.
+#[tokio::test]
+async fn rfc5861_3_stale_while_revalidate_serves_stale_and_refreshes_behind() {
+    let origin = origin(|_, earlier| async move {
+        let mut response = Response::new(Full::new(Bytes::from(format!("release {earlier}\n"))));
+        response.headers_mut().insert(
+            "cache-control",
+            HeaderValue::from_static("max-age=1, stale-while-revalidate=60"),
+        );
+        response
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/swr.txt");
+    get(proxy.addr, &url)
+        .await
+        .assert_body("/swr.txt", b"release 0\n");
+    eventually("stored", || proxy.stats().stored == 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+
+    let stale = get(proxy.addr, &url).await;
+    stale.assert_body("/swr.txt", b"release 0\n");
+    assert!(
+        stale.cache_status.contains("hit") && stale.cache_status.contains("stale-while-revalidate"),
+        "{}",
+        stale.cache_status
+    );
+    eventually("revalidated behind", || proxy.stats().stored == 2).await;
+    let fresh = get(proxy.addr, &url).await;
+    fresh.assert_body("/swr.txt", b"release 1\n");
+    assert!(fresh.is_hit(), "{}", fresh.cache_status);
+}
