@@ -284,7 +284,10 @@ impl Default for AcceleratorSettings {
             max_stored_body: Size::mib(8),
             basis_dir: None,
             basis_disk: Size::gib(4),
-            max_disk_body: Size::gib(1),
+            // Not larger: coding against a held body of more than about
+            // 190 MiB is worse than rsync today (its windows outgrow the
+            // basis text each one sees; scripts/README.md#bench-bigsh).
+            max_disk_body: Size::mib(128),
             basis_redis: None,
             basis_redis_timeout: Duration::from_millis(50),
             max_redis_body: Size::mib(16),
