@@ -169,7 +169,7 @@ pub struct AcceleratorArgs {
     /// their blake3, written crash-safe (temp file, fsync, rename) and
     /// found again after a restart. One accelerator per directory (it is
     /// locked); "off" turns the tier off [default: rproxy-basis in
-    /// --spool-dir]
+    /// --spool-dir; none under --inetd]
     #[arg(long, value_name = "DIR|off")]
     pub basis_dir: Option<PathBuf>,
     /// Disk that the bodies kept in --basis-dir take together (64K, 4G or
@@ -492,6 +492,7 @@ mod tests {
         );
         assert_eq!(tier(&["--basis-dir", "off"]), None);
         assert_eq!(tier(&["--basis-disk", "0"]), None);
+        assert_eq!(tier(&["--inetd"]), None, "a process per connection");
     }
 
     #[test]

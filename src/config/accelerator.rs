@@ -520,6 +520,10 @@ impl AcceleratorSettings {
         let dir = match &self.basis_dir {
             Some(dir) if dir.as_os_str() == BASIS_DIR_OFF => return None,
             Some(dir) => dir.clone(),
+            // A process per connection would hold the directory's lock
+            // in turn, the others logging that they cannot: none by
+            // default (their memory tier dies with them too).
+            None if self.inetd => return None,
             None => self.spool_dir().join(DEFAULT_BASIS_DIR),
         };
         (self.basis_disk.0 > 0 && self.max_disk_body.0 > 0).then_some(DiskTier {
