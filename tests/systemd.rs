@@ -197,6 +197,9 @@ fn a_listening_socket_passed_by_systemd_is_served() {
             "off",
             "--admin-listen",
             "off",
+            // Not the shared temp directory's basis store.
+            "--basis-dir",
+            "off",
         ])
         .stderr(Stdio::piped());
     // SAFETY: between fork and exec only dup2, which is async-signal-safe.
