@@ -247,8 +247,13 @@ lab_start_accelerator() {
     read -r -a accel_args <<<"${ACCEL_ARGS:-}"
     accel_port=$(lab_free_port)
     lab_accel_url=http://127.0.0.1:$accel_port
+    # The spool (and the basis store's disk tier, rproxy-basis in it) in
+    # the lab's own directory: another accelerator on this machine may
+    # hold the default one, and a run leaves nothing behind.
+    mkdir -p "$lab_tmp/spool"
     RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" accelerator \
-        --listen "127.0.0.1:$accel_port" --admin-listen 127.0.0.1:0 --origin "$lab_nginx_url" "${accel_args[@]}" \
+        --listen "127.0.0.1:$accel_port" --admin-listen 127.0.0.1:0 --origin "$lab_nginx_url" \
+        --spool-dir "$lab_tmp/spool" "${accel_args[@]}" \
         >"$lab_tmp/logs/accelerator.log" 2>&1 &
     lab_accel_pid=$!
     lab_pids+=("$lab_accel_pid")

@@ -343,6 +343,9 @@ async fn a_browser_renders_the_status_page_with_the_figures_of_the_stats() {
 fn start_binary(args: &[&str]) -> (Child, SocketAddr, Option<SocketAddr>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
         .args(args)
+        // An accelerator's spool and basis store default to the temp
+        // directory: the target's, not the machine's.
+        .env("TMPDIR", env!("CARGO_TARGET_TMPDIR"))
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
@@ -436,6 +439,7 @@ fn an_admin_listener_beyond_loopback_needs_the_auth_file_and_never_the_proxy_por
             let output = Command::new(env!("CARGO_BIN_EXE_rproxy"))
                 .arg(role)
                 .args(flags)
+                .env("TMPDIR", env!("CARGO_TARGET_TMPDIR"))
                 .stdin(Stdio::null())
                 .output()
                 .unwrap();

@@ -30,6 +30,9 @@ const PAGE: &str = "/index.html";
 fn rproxy(args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
         .args(args)
+        // An accelerator's spool and basis store default to the temp
+        // directory: the target's, not the machine's.
+        .env("TMPDIR", env!("CARGO_TARGET_TMPDIR"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -193,6 +193,7 @@ async fn start_accelerator(origin: SocketAddr) -> Accelerator {
     // tests stop the proxy in the middle of a body. (Against a body it
     // held, the stream would come without SIG frames and wait for END.)
     config.basis_store_bytes = 0;
+    config.basis_disk = None;
     Accelerator::start(config).await
 }
 

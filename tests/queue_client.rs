@@ -110,6 +110,7 @@ async fn accelerator(queue: QueueConfig) -> Accel {
         via_name: HeaderValue::from_static("accel-test"),
         basis_store_bytes: 0,
         max_stored_body: 0,
+        basis_disk: None,
         queue: Some(queue),
         ..AcceleratorConfig::for_origin(format!("http://{}", origin.addr).parse().unwrap())
     };

@@ -80,6 +80,9 @@ fn start_accelerator_with(origin: SocketAddr, more: &[&str]) -> (Child, SocketAd
             &format!("http://{origin}"),
             "--drain-timeout",
             "10s",
+            // Not the shared temp directory's basis store.
+            "--basis-dir",
+            "off",
         ])
         .args(more)
         .env("RUST_LOG", "info")

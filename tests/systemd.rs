@@ -145,6 +145,9 @@ fn readiness_reloads_and_stopping_are_told_to_the_service_manager() {
                 "127.0.0.1:0",
                 "--access-log",
                 "off",
+                // Not the shared temp directory's basis store.
+                "--basis-dir",
+                "off",
             ])
             .env("NOTIFY_SOCKET", &notify_path)
             .stderr(Stdio::null())
@@ -193,6 +196,9 @@ fn a_listening_socket_passed_by_systemd_is_served() {
             "--access-log",
             "off",
             "--admin-listen",
+            "off",
+            // Not the shared temp directory's basis store.
+            "--basis-dir",
             "off",
         ])
         .stderr(Stdio::piped());

@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 
 use crate::cache::freshness::Storability;
-use crate::hsync::{Basis, Encoder, EncoderOptions};
+use crate::hsync::{Encoder, EncoderOptions};
 use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
@@ -36,7 +36,7 @@ use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
 
 use super::AcceleratorConfig;
-use super::basis_store::{BasisStore, shareable};
+use super::basis_store::{BasisStore, DiskTier, SharedTier, shareable};
 use super::coding::Coding;
 use super::pace::Pacer;
 use super::stats::Stats;
@@ -63,6 +63,10 @@ pub struct CoderConfig {
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
     pub max_stored_body: usize,
+    /// The disk tier of the basis store, for larger bodies (`None`: off).
+    pub basis_disk: Option<DiskTier>,
+    /// The basis store shared with other accelerators (`None`: none).
+    pub basis_shared: Option<SharedTier>,
     /// Keep every coded body there, shareable or not (D-B3).
     pub basis_store_private: bool,
     /// Encoders that run at once (0: one per core).
@@ -89,6 +93,8 @@ impl From<&AcceleratorConfig> for CoderConfig {
             max_body_signature_bytes: config.max_body_signature_bytes,
             basis_store_bytes: config.basis_store_bytes,
             max_stored_body: config.max_stored_body,
+            basis_disk: config.basis_disk.clone(),
+            basis_shared: config.basis_shared.clone(),
             basis_store_private: config.basis_store_private,
             max_encoders: config.max_encoders,
             spool_dir: config.spool_dir.clone(),
@@ -199,10 +205,11 @@ impl Coder {
         });
         Coder {
             disk,
-            bodies: Arc::new(BasisStore::new(
-                config.basis_store_bytes,
-                config.max_stored_body,
-            )),
+            bodies: Arc::new(
+                BasisStore::new(config.basis_store_bytes, config.max_stored_body)
+                    .with_disk_or_log(config.basis_disk.as_ref())
+                    .with_shared_or_log(config.basis_shared.as_ref()),
+            ),
             memory,
             encoders: Encoders::new(encoders),
             parking,
@@ -383,10 +390,15 @@ impl Coder {
             parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
         }
         // A basis we served and still hold: compress against the body itself.
-        let held = offer
-            .basis_digest
-            .and_then(|digest| self.bodies.get(&digest))
-            .map(|body| Box::new(body) as Box<dyn Basis + Send + Sync>);
+        let held = match &offer.basis_digest {
+            Some(digest) => self.bodies.get(digest).await.unwrap_or_else(|_| {
+                // Redis slow or down: rsync against the client's
+                // signature, as on a miss (never an error to the user).
+                Stats::add(&self.stats.basis_fallbacks, 1);
+                None
+            }),
+            None => None,
+        };
         let encoder = match held {
             Some(basis) => {
                 let mut encoder =
@@ -406,7 +418,7 @@ impl Coder {
             ),
         };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
-        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body() as u64)
+        let keep = content_length.is_none_or(|len| len <= self.bodies.max_body())
             && self.may_keep(request, &parts.headers);
         let store = keep.then(|| self.bodies.clone());
         // With the longest body kept: one of unknown length (a chain's
@@ -414,7 +426,7 @@ impl Coder {
         if keep {
             parts
                 .headers
-                .insert(HSYNC_HELD, HeaderValue::from(self.bodies.max_body()));
+                .insert(HSYNC_HELD, HeaderValue::from(self.bodies.held_limit()));
         }
         if let Some(mut plain_headers) = plain_headers {
             let origin = OriginBody {
@@ -478,7 +490,7 @@ impl Coder {
                 coded_transfer_cost(self.config.encoder.window_bytes, content_length)
                     + signature_len
                     + if keep {
-                        content_length.unwrap_or(self.bodies.max_body() as u64)
+                        self.bodies.collecting_memory(content_length)
                     } else {
                         0
                     },

@@ -129,6 +129,12 @@ pub struct AcceleratorConfig {
     pub basis_store_bytes: usize,
     /// Largest body kept there (bytes).
     pub max_stored_body: usize,
+    /// The basis store's disk tier, for bodies over `max_stored_body`
+    /// (`None`: off).
+    pub basis_disk: Option<super::basis_store::DiskTier>,
+    /// The basis store shared with other accelerators on Redis (`None`:
+    /// none).
+    pub basis_shared: Option<super::basis_store::SharedTier>,
     /// Keep every coded body there, including `private`, `no-store` and
     /// cookie-setting responses and answers to requests with credentials.
     /// Off by default: the store is then an oracle, since a client naming

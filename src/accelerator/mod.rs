@@ -18,8 +18,9 @@
 //! [`Spool`](crate::http::spool::Spool) on disk (`--spool-dir`, at most
 //! `--max-spool` ahead of it), as nginx's `proxy_buffering` does.
 //!
-//! Bodies it serves coded are kept in a bounded [`basis_store::BasisStore`] when a
-//! shared cache could store them (no `private`, `no-store`, cookies or
+//! Bodies it serves coded are kept in a bounded [`basis_store::BasisStore`]
+//! (memory, disk for large ones, optionally Redis shared with the other
+//! accelerators behind one balancer) when a shared cache could store them (no `private`, `no-store`, cookies or
 //! credentials, unless `basis_store_private`); a client that names one of
 //! them in `Hsync-Basis` gets codec 3 (compressed against the body
 //! itself), otherwise the rsync stream. A TRACE or OPTIONS whose

@@ -49,6 +49,9 @@ pub struct Stats {
     pub(super) encoder_wait_nanos: AtomicU64,
     /// Time from a request sent to an origin to its response head.
     pub(super) origin_latency: Latency,
+    /// Held bodies looked up in the shared basis store that failed or
+    /// timed out, coded without them.
+    pub(super) basis_fallbacks: AtomicU64,
 }
 
 /// The accelerator's counters at one moment, as `/.rproxy/stats` shows
@@ -102,6 +105,10 @@ pub struct StatsSnapshot {
     /// Response heads received from origins.
     #[serde(default)]
     pub upstream_responses: u64,
+    /// Lookups in the shared basis store (Redis) that failed or timed
+    /// out: those bodies were coded without the held body (rsync).
+    #[serde(default)]
+    pub basis_fallbacks: u64,
     /// The times below: on the admin listener only (see [`Timings`]).
     #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
@@ -162,6 +169,7 @@ impl Stats {
             delivered_bytes,
             saved_bytes: saved_bytes(delivered_bytes, link_bytes),
             upstream_responses: latency.count,
+            basis_fallbacks: get(&self.basis_fallbacks),
             timings: Some(Timings {
                 encode_busy_ms: get(&self.encode_busy_nanos) / 1_000_000,
                 encoder_wait_ms: get(&self.encoder_wait_nanos) / 1_000_000,

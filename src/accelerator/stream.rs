@@ -6,7 +6,8 @@
 //! work (see [`super::turns`]), gives back the scratch memory it can
 //! rebuild while it waits or its client stalls, and stops pacing once the
 //! body is parked for a client that stopped reading. The body is collected
-//! for the basis store on the way ([`Kept`]).
+//! for the basis store on the way
+//! ([`Collecting`](super::basis_store::Collecting)).
 //!
 //! Leaves out whether to code (the role's decision in `mod.rs`), small
 //! bodies coded whole (`whole.rs`), the pacing measure (`pacing.rs`), and
@@ -21,7 +22,7 @@ use bytes::Bytes;
 use http::{Method, Uri};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 
 use crate::http::access_log::Note;
 use crate::http::body_pipe::{self, Downstream, LINK_SLICE, Stall, UpstreamChunk};
@@ -36,48 +37,6 @@ use super::pace::Pacer;
 use super::pacing::{Idle, Pacing};
 use super::stats::Stats;
 use super::turns::Encoders;
-
-/// A body on its way into the basis store: the origin's chunks as they
-/// came (copied once, when the body is complete), and its room in the
-/// store's collecting budget, given back when it drops.
-struct Kept {
-    chunks: Vec<Bytes>,
-    len: usize,
-    room: OwnedSemaphorePermit,
-}
-
-impl Kept {
-    fn new(store: &BasisStore) -> Option<Kept> {
-        Some(Kept {
-            chunks: Vec::new(),
-            len: 0,
-            room: store.reserve(0)?,
-        })
-    }
-
-    /// Adds `chunk`; false when the body outgrew the store's limit or the
-    /// budget is spent, and is not kept.
-    fn add(&mut self, chunk: &Bytes, store: &BasisStore) -> bool {
-        if self.len + chunk.len() > store.max_body() {
-            return false;
-        }
-        let Some(room) = store.reserve(chunk.len()) else {
-            return false;
-        };
-        self.room.merge(room);
-        self.chunks.push(chunk.clone());
-        self.len += chunk.len();
-        true
-    }
-
-    fn into_body(self) -> Arc<[u8]> {
-        let mut body = Vec::with_capacity(self.len);
-        for chunk in &self.chunks {
-            body.extend_from_slice(chunk);
-        }
-        body.into()
-    }
-}
 
 /// How long an encoder waits, for the client to take bytes or for the
 /// origin to send some, before it gives back the memory it can rebuild
@@ -130,6 +89,7 @@ pub(super) fn encode_body(
     let (to_client, from_encoder) = Downstream::new(LINK_SLICE, parking);
     let link_idle = pacing.idle.clone();
     let origin_idle = pacing.idle.clone();
+    let known_len = memory.as_ref().and_then(|(_, _, known_len)| *known_len);
     let (taker, holder) = match memory {
         Some((memory, cost, known_len)) => {
             // A body announced larger than a small one waits before its
@@ -171,6 +131,7 @@ pub(super) fn encode_body(
             memory: holder,
             encoders,
             store,
+            known_len,
             stats,
             method,
             uri,
@@ -194,6 +155,8 @@ struct Streaming {
     memory: Option<ShareHolder>,
     encoders: Encoders,
     store: Option<Arc<BasisStore>>,
+    /// The body's announced length, if any.
+    known_len: Option<u64>,
     stats: Arc<Stats>,
     method: Method,
     uri: Uri,
@@ -204,7 +167,10 @@ impl Streaming {
     async fn run(mut self, mut pacing: Pacing) {
         let (method, uri) = (self.method.clone(), self.uri.clone());
         let mut out = Vec::new();
-        let mut kept = self.store.as_deref().and_then(Kept::new);
+        let mut kept = self
+            .store
+            .as_ref()
+            .and_then(|store| store.collect(self.known_len));
         loop {
             let item = match self.from_origin.try_recv() {
                 Ok(item) => Some(item),
@@ -231,8 +197,10 @@ impl Streaming {
             if let Some(share) = &mut self.memory {
                 share.collect();
             }
-            if let (Some(body), Some(store)) = (&mut kept, &self.store)
-                && !body.add(&chunk, store)
+            // Written to a temp file, for a large body, here on the async
+            // task: buffered writes that the page cache takes.
+            if let Some(body) = &mut kept
+                && !body.add(&chunk)
             {
                 kept = None;
             }
@@ -273,7 +241,6 @@ impl Streaming {
             }
         }
         let task_stats = self.stats.clone();
-        let store = self.store.take();
         let parked = self.to_client.is_parked();
         let finished = self
             .encoders
@@ -282,8 +249,8 @@ impl Streaming {
                 if let Ok(summary) = &finished {
                     Stats::add(&task_stats.body_bytes, summary.body_len);
                     Stats::add(&task_stats.stream_bytes, summary.stream_bytes);
-                    if let (Some(store), Some(body)) = (&store, kept) {
-                        store.insert(summary.digest, body.into_body());
+                    if let Some(body) = kept {
+                        body.keep(summary.digest);
                     }
                 }
                 (out, finished)

@@ -149,6 +149,9 @@ pub struct Figures {
     pub encoder_waits: Option<(u64, Duration)>,
     /// Time encoders spent coding (accelerator).
     pub encoder_busy: Option<Duration>,
+    /// Lookups in the shared basis store that failed or timed out, the
+    /// bodies coded without the held body (accelerator).
+    pub basis_fallbacks: Option<u64>,
     /// Time relays spent decoding, hashing and storing (client proxy).
     pub decoder_busy: Option<Duration>,
     /// Upstream unreachable, silent or unusable (client proxy; the
@@ -219,6 +222,7 @@ impl Source for ClientProxy {
             queue_answers: stats.queue_waits,
             encoder_waits: None,
             encoder_busy: None,
+            basis_fallbacks: None,
             decoder_busy: Some(Duration::from_millis(stats.decode_busy_ms)),
             upstream_errors: Some(stats.upstream_errors),
             upstream_latency: self.stats().upstream_latency().snapshot(),
@@ -265,6 +269,7 @@ impl Source for Accelerator {
                 Duration::from_millis(timings.encoder_wait_ms),
             )),
             encoder_busy: Some(Duration::from_millis(timings.encode_busy_ms)),
+            basis_fallbacks: Some(stats.basis_fallbacks),
             decoder_busy: None,
             upstream_errors: None,
             upstream_latency: self.stats().origin_latency().snapshot(),

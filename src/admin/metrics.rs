@@ -297,6 +297,15 @@ fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt
             seconds(busy),
         )?;
     }
+    if let Some(fallbacks) = f.basis_fallbacks {
+        one(
+            e,
+            "basis_fallbacks",
+            "Lookups in the shared basis store that failed or timed out: those bodies were coded without it.",
+            None,
+            ConstCounter::new(fallbacks),
+        )?;
+    }
     if let Some(busy) = f.decoder_busy {
         one(
             e,

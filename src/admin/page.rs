@@ -549,6 +549,7 @@ mod tests {
             queue_length: 0,
             queue_answers: 0,
             encoder_waits: None,
+            basis_fallbacks: None,
             encoder_busy: None,
             decoder_busy: Some(Duration::from_millis(5)),
             upstream_errors: Some(0),
@@ -623,6 +624,7 @@ mod tests {
             decoder_busy: None,
             upstream_errors: None,
             encoder_waits: Some((2, Duration::from_millis(1500))),
+            basis_fallbacks: Some(0),
             encoder_busy: Some(Duration::from_secs(3)),
             ..figures()
         };

@@ -160,9 +160,47 @@ pub struct AcceleratorArgs {
     /// 0 turns it off).
     #[arg(long, value_name = "SIZE")]
     pub basis_store: Option<Size>,
-    /// Largest body kept there (64K, 8M or bytes).
+    /// Largest body kept there (64K, 8M or bytes); larger ones go to the
+    /// disk tier (--basis-dir).
     #[arg(long, value_name = "SIZE")]
     pub max_stored_body: Option<Size>,
+    /// Directory of the basis store's disk tier: bodies over
+    /// --max-stored-body, up to --max-disk-body, kept in files named by
+    /// their blake3, written crash-safe (temp file, fsync, rename) and
+    /// found again after a restart. One accelerator per directory (it is
+    /// locked); "off" turns the tier off [default: rproxy-basis in
+    /// --spool-dir; none under --inetd]
+    #[arg(long, value_name = "DIR|off")]
+    pub basis_dir: Option<PathBuf>,
+    /// Disk that the bodies kept in --basis-dir take together (64K, 4G or
+    /// bytes; least recently used first out; 0 turns the tier off).
+    /// Bodies being written take up to a quarter of it more (at least one
+    /// --max-disk-body).
+    #[arg(long, value_name = "SIZE")]
+    pub basis_disk: Option<Size>,
+    /// Largest body kept in --basis-dir (64K, 128M or bytes). Coding
+    /// against a held body larger than about 190 MiB costs more than the
+    /// rsync stream for now: raise it only past that fix.
+    #[arg(long, value_name = "SIZE")]
+    pub max_disk_body: Option<Size>,
+    /// Share kept bodies with other accelerators on Redis
+    /// (redis://[user:password@]host[:port][/db]): where several run
+    /// behind a load balancer, the one a client's next request reaches
+    /// finds the body another one served. A body neither memory nor disk
+    /// holds is looked up there; one that does not come within
+    /// --basis-redis-timeout, or a Redis that is down, costs bytes (the
+    /// body is coded against the client's signature), never an error.
+    /// Bound Redis's memory with its own maxmemory and
+    /// maxmemory-policy allkeys-lru.
+    #[arg(long, value_name = "URL")]
+    pub basis_redis: Option<String>,
+    /// Time a lookup in --basis-redis may take (50ms, 1s...).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub basis_redis_timeout: Option<Duration>,
+    /// Largest body shared in --basis-redis (64K, 16M or bytes; at most
+    /// 512M, Redis's own limit). Bodies are collected in memory for it.
+    #[arg(long, value_name = "SIZE")]
+    pub max_redis_body: Option<Size>,
     /// Dangerous: keep every coded body in the basis store, including
     /// Cache-Control private and no-store responses, those that set a
     /// cookie and answers to requests with Authorization or Cookie. Any
@@ -238,9 +276,9 @@ impl AcceleratorArgs {
         override_with_flags!(settings, self;
             plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_body_signature, max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
-                max_stored_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
+                max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
                 health_down_time, health_max_down_time;
-            optional: origin, via_name, spool_dir, queue_per_address, queue_state, tls_cert, tls_key,
+            optional: origin, via_name, spool_dir, basis_dir, basis_redis, queue_per_address, queue_state, tls_cert, tls_key,
                 health_path;
             switches: no_adapt, basis_store_private, inetd);
         self.auth.apply(&mut settings.auth);
@@ -436,6 +474,25 @@ mod tests {
         assert_eq!(set.spool_dir, PathBuf::from("/var/spool/rproxy"));
         assert_eq!(set.max_spool, 64 << 20);
         assert_eq!(config(&["--max-spool", "0"]).max_spool, 0);
+    }
+
+    #[test]
+    fn the_disk_tier_is_on_by_default_in_the_spool_dir_and_off_when_asked() {
+        let address = "127.0.0.1:8080".parse().unwrap();
+        let tier = |extra: &[&str]| args(extra).unwrap().config(address).unwrap().basis_disk;
+        let default = tier(&[]).unwrap();
+        assert_eq!(default.dir, std::env::temp_dir().join("rproxy-basis"));
+        assert_eq!((default.budget, default.max_body), (4 << 30, 128 << 20));
+        let spooled = tier(&["--spool-dir", "/var/spool/rproxy"]).unwrap();
+        assert_eq!(spooled.dir, PathBuf::from("/var/spool/rproxy/rproxy-basis"));
+        let set = tier(&["--basis-dir", "/srv/basis", "--basis-disk", "64G"]).unwrap();
+        assert_eq!(
+            (set.dir, set.budget),
+            (PathBuf::from("/srv/basis"), 64 << 30)
+        );
+        assert_eq!(tier(&["--basis-dir", "off"]), None);
+        assert_eq!(tier(&["--basis-disk", "0"]), None);
+        assert_eq!(tier(&["--inetd"]), None, "a process per connection");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::shared::{LogSettings, health_policy, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
+use crate::accelerator::basis_store::{DiskTier, SharedTier};
 use crate::accelerator::{
     AcceleratorConfig, CoderConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
 };
@@ -30,6 +31,12 @@ use crate::queue::QueueConfig;
 pub(crate) const LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
 /// What `--bulk-level` takes: zstd's fast levels too.
 pub(crate) const BULK_LEVELS: std::ops::RangeInclusive<i32> = -7..=19;
+
+/// The `basis-dir` that turns the basis store's disk tier off.
+const BASIS_DIR_OFF: &str = "off";
+
+/// The basis store's directory inside the spool directory, by default.
+pub const DEFAULT_BASIS_DIR: &str = "rproxy-basis";
 
 /// The origin `rproxy accelerator` fronts when neither `--origin` nor a
 /// `[[site]]` says.
@@ -122,6 +129,25 @@ impl SiteSettings {
     }
 }
 
+/// A `basis-redis` URL Redis's client takes: `redis://[user:password@]host[:port][/db]`
+/// or `redis+unix:///path`. The password is never repeated in the error.
+fn check_redis_url(url: &str) -> Result<(), UsageError> {
+    let shown = SharedTier {
+        url: url.into(),
+        timeout: Duration::ZERO,
+        max_body: 0,
+    }
+    .redacted_url();
+    if !(url.starts_with("redis://") || url.starts_with("redis+unix://")) {
+        return Err(UsageError(format!(
+            "--basis-redis {shown}: use redis://host[:port][/db] or redis+unix:///path"
+        )));
+    }
+    redis::Client::open(url)
+        .map(drop)
+        .map_err(|e| UsageError(format!("--basis-redis {shown}: {e}")))
+}
+
 /// `http[s]://host[:port]`, checked.
 fn origin_url(text: &str) -> Result<Uri, UsageError> {
     server_url("origin", text, &format!(" or \"{PARENT}\""))
@@ -188,6 +214,17 @@ pub struct AcceleratorSettings {
     pub health_max_down_time: Duration,
     pub basis_store: Size,
     pub max_stored_body: Size,
+    /// None: `rproxy-basis` in the spool directory; "off": no disk tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basis_dir: Option<PathBuf>,
+    pub basis_disk: Size,
+    pub max_disk_body: Size,
+    /// None: no shared store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basis_redis: Option<String>,
+    #[serde(with = "units::duration")]
+    pub basis_redis_timeout: Duration,
+    pub max_redis_body: Size,
     pub basis_store_private: bool,
     pub inetd: bool,
     pub slots: u32,
@@ -245,6 +282,15 @@ impl Default for AcceleratorSettings {
             health_max_down_time: health.max_down_time,
             basis_store: Size::mib(256),
             max_stored_body: Size::mib(8),
+            basis_dir: None,
+            basis_disk: Size::gib(4),
+            // Not larger: coding against a held body of more than about
+            // 190 MiB is worse than rsync today (its windows outgrow the
+            // basis text each one sees; scripts/README.md#bench-bigsh).
+            max_disk_body: Size::mib(128),
+            basis_redis: None,
+            basis_redis_timeout: Duration::from_millis(50),
+            max_redis_body: Size::mib(16),
             basis_store_private: false,
             inetd: false,
             slots: 0,
@@ -273,6 +319,12 @@ impl Settings for AcceleratorSettings {
         "transfer-memory",
         "basis-store",
         "max-stored-body",
+        "basis-dir",
+        "basis-disk",
+        "max-disk-body",
+        "basis-redis",
+        "basis-redis-timeout",
+        "max-redis-body",
         "slots",
         "queue-max",
         "queue-per-address",
@@ -338,6 +390,14 @@ impl AcceleratorSettings {
             self.health_down_time,
             self.health_max_down_time,
         )?;
+        if let Some(url) = &self.basis_redis {
+            check_redis_url(url)?;
+            if self.basis_redis_timeout.is_zero() {
+                return Err(UsageError(
+                    "--basis-redis-timeout 0: give the time a lookup may take, such as 50ms".into(),
+                ));
+            }
+        }
         let via_name = via_name(self.via_name.as_deref(), address)?;
         Ok(self.config_with(sites, via_name))
     }
@@ -424,6 +484,12 @@ impl AcceleratorSettings {
             tunnel_idle_timeout: self.limits.idle_timeout,
             basis_store_bytes: saturating_usize(self.basis_store),
             max_stored_body: saturating_usize(self.max_stored_body),
+            basis_disk: self.basis_disk_tier(),
+            basis_shared: self.basis_redis.as_ref().map(|url| SharedTier {
+                url: url.clone(),
+                timeout: self.basis_redis_timeout,
+                max_body: self.max_redis_body.0,
+            }),
             basis_store_private: self.basis_store_private,
             queue: NonZeroU32::new(self.slots).map(|slots| {
                 let mut queue = QueueConfig::new(slots, self.queue_max);
@@ -435,11 +501,36 @@ impl AcceleratorSettings {
             }),
             queue_state: self.queue_state.clone(),
             max_encoders: self.max_encoders,
-            spool_dir: self.spool_dir.clone().unwrap_or_else(std::env::temp_dir),
+            spool_dir: self.spool_dir(),
             max_spool: self.max_spool.0,
             max_spool_total: self.max_spool_total.0,
             transfer_memory: self.transfer_memory.0,
         }
+    }
+
+    /// The spool directory: `spool-dir`, or the system's temp directory.
+    fn spool_dir(&self) -> PathBuf {
+        self.spool_dir.clone().unwrap_or_else(std::env::temp_dir)
+    }
+
+    /// The basis store's disk tier: `basis-dir` (by default
+    /// `rproxy-basis` in the spool directory), unless it is "off" or
+    /// either of its sizes is 0.
+    fn basis_disk_tier(&self) -> Option<DiskTier> {
+        let dir = match &self.basis_dir {
+            Some(dir) if dir.as_os_str() == BASIS_DIR_OFF => return None,
+            Some(dir) => dir.clone(),
+            // A process per connection would hold the directory's lock
+            // in turn, the others logging that they cannot: none by
+            // default (their memory tier dies with them too).
+            None if self.inetd => return None,
+            None => self.spool_dir().join(DEFAULT_BASIS_DIR),
+        };
+        (self.basis_disk.0 > 0 && self.max_disk_body.0 > 0).then_some(DiskTier {
+            dir,
+            budget: self.basis_disk.0,
+            max_body: self.max_disk_body.0,
+        })
     }
 
     /// The encoder's settings: the codec's defaults, with `level` and
@@ -465,6 +556,8 @@ pub fn default_coding() -> CoderConfig {
         .config_with(Vec::new(), HeaderValue::from_static("accelerator"));
     CoderConfig {
         basis_store_bytes: 32 << 20,
+        basis_disk: None,
+        basis_shared: None,
         // A client proxy reads no request body as a signature.
         max_body_signature_bytes: 0,
         ..CoderConfig::from(&config)
@@ -590,6 +683,38 @@ allow-addresses = ["192.168.0.0/16"]
         let never: AcceleratorSettings =
             toml::from_str("health-failures = 0\nhealth-down-time = 0").unwrap();
         assert_eq!(never.to_config(address).unwrap().health.failures, 0);
+    }
+
+    #[test]
+    fn a_redis_url_is_checked_and_its_password_never_shown() {
+        let address = "127.0.0.1:8081".parse().unwrap();
+        let settings: AcceleratorSettings = toml::from_str(
+            "basis-redis = \"redis://:s3cret@10.0.0.5:6379/2\"\nbasis-redis-timeout = \"20ms\"",
+        )
+        .unwrap();
+        let shared = settings.to_config(address).unwrap().basis_shared.unwrap();
+        assert_eq!(shared.timeout, Duration::from_millis(20));
+        assert_eq!(shared.max_body, 16 << 20);
+        assert!(!format!("{shared:?}").contains("s3cret"), "{shared:?}");
+        for (text, expected) in [
+            ("basis-redis = \"http://:s3cret@host\"", "use redis://"),
+            (
+                "basis-redis = \"redis://h\"\nbasis-redis-timeout = 0",
+                "--basis-redis-timeout 0",
+            ),
+        ] {
+            let settings: AcceleratorSettings = toml::from_str(text).unwrap();
+            let error = settings.to_config(address).unwrap_err();
+            assert!(error.0.contains(expected), "{text}: {error}");
+            assert!(!error.0.contains("s3cret"), "{error}");
+        }
+        assert!(
+            AcceleratorSettings::default()
+                .to_config(address)
+                .unwrap()
+                .basis_shared
+                .is_none()
+        );
     }
 
     #[test]

@@ -78,9 +78,12 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
     let origin_addr = start(Arc::new(origin)).await?;
 
     // The roles' defaults, as `rproxy accelerator` and `rproxy client`
-    // run with no flags, but for the addresses and Via names.
+    // run with no flags, but for the addresses and Via names, and no
+    // basis store on disk: the demo's bodies are small, and it leaves
+    // nothing in the temp directory.
     let accelerator = Accelerator::new(AcceleratorConfig {
         via_name: HeaderValue::from_static("demo-accelerator"),
+        basis_disk: None,
         ..AcceleratorConfig::for_origin(format!("http://{origin_addr}").parse()?)
     })?;
     let accelerator_addr = start(Arc::new(accelerator)).await?;

@@ -15,6 +15,9 @@ pub struct Running {
     /// The address its ready line named.
     pub address: SocketAddr,
     log: Arc<Mutex<Vec<String>>>,
+    /// Its `TMPDIR`: what it makes in the temp directory by default (an
+    /// accelerator's spool and basis store) goes here, and with it.
+    _tmp: tempfile::TempDir,
 }
 
 impl Running {
@@ -22,9 +25,11 @@ impl Running {
     /// Its admin listener is off, so that tests running at once do not
     /// contend for the default port.
     pub fn start(args: &[&str]) -> Running {
+        let tmp = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
             .args(args)
             .args(["--admin-listen", "off"])
+            .env("TMPDIR", tmp.path())
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()
@@ -41,6 +46,7 @@ impl Running {
             child,
             address: "0.0.0.0:0".parse().unwrap(),
             log,
+            _tmp: tmp,
         };
         let ready = running.wait_for_line("ready");
         let at = ready

@@ -379,6 +379,8 @@ pub fn accelerator_config(origin: SocketAddr) -> AcceleratorConfig {
         origin_timeout: Duration::from_secs(5),
         basis_store_bytes: 16 << 20,
         max_stored_body: 4 << 20,
+        // Tests that keep large bodies on disk give their own temp dir.
+        basis_disk: None,
         ..AcceleratorConfig::for_origin(format!("http://{origin}").parse().unwrap())
     }
 }

@@ -66,7 +66,7 @@ pub(super) fn read_bounded(file: File, max: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Creates a fresh temp file (`create_new`, random name, mode 0600).
-pub(super) fn create_temp(
+pub(crate) fn create_temp(
     fs: &dyn Fs,
     dir: &Path,
     kind: &str,
@@ -136,14 +136,14 @@ pub(super) fn rename_all(fs: &dyn Fs, pairs: &[(&PathBuf, &PathBuf)]) -> Result<
     Ok(())
 }
 
-pub(super) fn remove_if_exists(fs: &dyn Fs, path: &Path) -> io::Result<()> {
+pub(crate) fn remove_if_exists(fs: &dyn Fs, path: &Path) -> io::Result<()> {
     match fs.remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
 }
 
-pub(super) fn fsync_dir(fs: &dyn Fs, dir: &Path) -> Result<(), CacheError> {
+pub(crate) fn fsync_dir(fs: &dyn Fs, dir: &Path) -> Result<(), CacheError> {
     fs.sync_dir(dir).map_err(CacheError::io(dir))
 }
 

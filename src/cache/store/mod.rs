@@ -85,12 +85,12 @@
 //! the start-up walk and rebuild), `listing` (the same walk, read-only,
 //! for `rproxy cache ls`), `lock` (the directory's lock), `health` (the
 //! full-disk count and log lines) and `files` (the file-system steps they
-//! share).
+//! share, which the accelerator's basis store on disk writes with too).
 //!
 //! Main types: [`CacheStore`], [`EntryWriter`], [`Entry`], [`PurgeReport`],
 //! [`Listing`].
 
-mod files;
+pub(crate) mod files;
 mod health;
 mod hit;
 mod index;
