@@ -105,9 +105,11 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
         let url = format!("http://{origin_addr}{path}");
         let before = client.stats().snapshot();
         // Through the client proxy as a forward proxy: absolute-form
-        // target, as `curl -x` sends it.
+        // target, as `curl -x` sends it, taking gzip as a browser does (a
+        // small page goes gzipped where that beats its stream).
         let request = Request::get(url.as_str())
             .header(http::header::HOST, origin_addr.to_string())
+            .header(http::header::ACCEPT_ENCODING, "gzip")
             .body(Empty::new())
             .expect("valid request");
         let stream = tokio::net::TcpStream::connect(client_addr).await?;
@@ -119,12 +121,19 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<Vec<Fetch>> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        let body = response
+        let gzipped = response
+            .headers()
+            .get(http::header::CONTENT_ENCODING)
+            .is_some_and(|v| v == "gzip");
+        let mut body = response
             .into_body()
             .collect()
             .await
             .with_context(|| format!("fetching {url}"))?
             .to_bytes();
+        if gzipped {
+            body = gunzip(&body).with_context(|| format!("gunzipping {url}"))?;
+        }
         let after = client.stats().snapshot();
         let file = options.root.join(path.trim_start_matches('/'));
         let on_disk =
@@ -167,6 +176,13 @@ async fn start<H: Handler>(handler: Arc<H>) -> anyhow::Result<SocketAddr> {
         std::future::pending(),
     ));
     Ok(addr)
+}
+
+fn gunzip(bytes: &[u8]) -> std::io::Result<bytes::Bytes> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out)?;
+    Ok(out.into())
 }
 
 fn gzip9_len(bytes: &[u8]) -> u64 {
