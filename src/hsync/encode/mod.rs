@@ -18,7 +18,7 @@ use super::matcher::SIMD_BLOCKS;
 use super::signature::{
     BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size,
 };
-use super::{CONTEXT_LEN, DEFAULT_STRONG_LEN, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
+use super::{CONTEXT_LEN, DEFAULT_STRONG_LEN, MAX_BASIS_WINDOW, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
 use literals::LiteralCompressor;
 pub use literals::UNCODED_LEVEL;
@@ -289,6 +289,11 @@ impl Encoder {
         }
         options.codec = LiteralCodec::ZstdBasis;
         let mut encoder = Encoder::new(None, Some(expected_len), options);
+        // The window must stay within its basis slice (see
+        // `MAX_BASIS_WINDOW`), whatever `new` made of the new signature's
+        // blocks: there are no basis blocks to hold back here, and the new
+        // signature's builder batches its blocks itself.
+        encoder.window_bytes = encoder.window_bytes.min(MAX_BASIS_WINDOW);
         encoder.header.codec = LiteralCodec::ZstdBasis;
         encoder.literals =
             LiteralCompressor::new(LiteralCodec::ZstdBasis, &options, Some(expected_len));
