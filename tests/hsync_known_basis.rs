@@ -16,6 +16,7 @@ use support::*;
 fn fast(window_bytes: usize) -> EncoderOptions {
     EncoderOptions {
         window_bytes,
+        basis_window_bytes: window_bytes,
         zstd_level: 3,
         basis_zstd_level: 3,
         ..EncoderOptions::default()
