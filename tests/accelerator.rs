@@ -690,6 +690,7 @@ fn small_windows(origin: SocketAddr) -> AcceleratorConfig {
         encoder: EncoderOptions {
             zstd_level: 3,
             window_bytes: 16 << 10,
+            basis_window_bytes: 16 << 10,
             ..EncoderOptions::default()
         },
         ..config(origin)

@@ -363,6 +363,7 @@ async fn start_accelerator(origin: SocketAddr, basis_store_bytes: usize) -> Acce
             // Small windows: a stream has many frames, so half of one
             // rebuilds a usable prefix (D-A8).
             window_bytes: 16 << 10,
+            basis_window_bytes: 16 << 10,
             ..EncoderOptions::default()
         },
         ..accelerator_config(origin)

@@ -19,6 +19,7 @@ use support::*;
 fn fast(window_bytes: usize, codec: LiteralCodec) -> EncoderOptions {
     EncoderOptions {
         window_bytes,
+        basis_window_bytes: window_bytes,
         codec,
         zstd_level: 3,
         basis_zstd_level: 3,

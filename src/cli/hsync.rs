@@ -121,7 +121,7 @@ pub struct Tuning {
     /// Smallest block size (bytes).
     #[arg(long, value_parser = clap::value_parser!(u32).range(512..=1 << 20))]
     pub min_block: Option<u32>,
-    /// Window size (bytes).
+    /// Window size (bytes); with --basis-body (codec 3) at most 3 MiB.
     #[arg(long)]
     pub window: Option<usize>,
     /// Bytes of zstd work (prefix + literals) per stream at --zstd-level
@@ -136,6 +136,7 @@ impl Tuning {
         options.zstd_level = self.zstd_level.unwrap_or(options.zstd_level);
         options.min_block_size = self.min_block.unwrap_or(options.min_block_size);
         options.window_bytes = self.window.unwrap_or(options.window_bytes);
+        options.basis_window_bytes = self.window.unwrap_or(options.basis_window_bytes);
         options.high_level_budget = self.high_level_budget.unwrap_or(options.high_level_budget);
         options
     }

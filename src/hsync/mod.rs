@@ -62,7 +62,9 @@
 //!        slice of the basis, S = min(6 MiB, 64 × W) long, starting
 //!        min(2 MiB, S / 3) before the window's offset (clamped to the
 //!        basis), then the body context as for 2; windows are usually one
-//!        LITERAL, zstd finding the basis text itself.
+//!        LITERAL, zstd finding the basis text itself. Our encoder keeps
+//!        these windows within MAX_BASIS_WINDOW (3 MiB), so that the
+//!        slice covers each with 1 MiB to spare; decoders do not rely on it.
 //!   A window rebuilds at most MAX_WINDOW_OUTPUT bytes.
 //!
 //! kind 2, SIG: signature entries for the next blocks of the new body
@@ -151,6 +153,17 @@ pub(crate) const ZSTD_WINDOW_LOG_MAX: u32 = 25;
 pub const BASIS_LOOKBEHIND: u64 = 2 << 20;
 /// Longest slice of basis in a `ZstdBasis` prefix (bytes).
 pub const BASIS_SPAN: u64 = 6 << 20;
+/// Largest window our encoder writes in codec 3 (bytes). A window of at
+/// least 96 KiB gets a basis slice of [`BASIS_SPAN`] bytes that starts
+/// [`BASIS_LOOKBEHIND`] before its offset, so it reaches 4 MiB past the
+/// offset. A window of 3 MiB leaves 1 MiB of that for old text that the
+/// new body moved back (deletions), as the lookbehind leaves 2 MiB for
+/// text moved forward. Windows sized by the new signature's blocks (8 of
+/// them, up to 8 MiB on large bodies) left their back half without old
+/// text. Only the encoder depends on it: the decoder builds each window's
+/// slice from its offset and length alone.
+pub const MAX_BASIS_WINDOW: usize = (BASIS_SPAN - BASIS_LOOKBEHIND) as usize - (1 << 20);
+
 /// A window's prefix parts (context, basis slice) hold at most this many
 /// bytes per byte the window rebuilds, so the decoder's work stays in
 /// proportion to its output whatever the window sizes (a stream of 1-byte
@@ -365,6 +378,22 @@ mod tests {
             decode(&short_sig, true),
             Err(DecodeError::SignatureMismatch { .. })
         ));
+    }
+
+    /// Every window our codec 3 encoder writes lies within its basis
+    /// slice, with 1 MiB to spare from 96 KiB windows on.
+    #[test]
+    fn the_basis_slice_covers_every_codec3_window() {
+        for start in [0, 1 << 20, 5 << 20, 1 << 30] {
+            for len in [1, 4096, 96 << 10, 1 << 20, MAX_BASIS_WINDOW as u64] {
+                let slice = basis_slice(start, len, u64::MAX);
+                let spare = if len >= 96 << 10 { 1 << 20 } else { 0 };
+                assert!(
+                    slice.start <= start && slice.end >= start + len + spare,
+                    "window {start}+{len}: slice {slice:?}"
+                );
+            }
+        }
     }
 
     #[test]

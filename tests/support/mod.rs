@@ -159,6 +159,7 @@ pub fn reference_signature(body: &[u8], block_size: u32) -> Vec<u8> {
 pub fn options(window_bytes: usize, codec: LiteralCodec) -> EncoderOptions {
     EncoderOptions {
         window_bytes,
+        basis_window_bytes: window_bytes,
         codec,
         zstd_level: 3,
         ..EncoderOptions::default()
