@@ -399,6 +399,16 @@ impl Coder {
             }),
             None => None,
         };
+        // What a coding against a held body holds beyond the rsync
+        // coding's: 3 MiB windows, and each window's prefix holds a slice
+        // of the basis (at most BASIS_SPAN) twice over (slice and prefix).
+        let window_cost = match &held {
+            Some(basis) => {
+                coded_transfer_cost(self.config.encoder.basis_window_bytes, content_length)
+                    + 2 * basis.size().min(crate::hsync::BASIS_SPAN)
+            }
+            None => coded_transfer_cost(self.config.encoder.window_bytes, content_length),
+        };
         let encoder = match held {
             Some(basis) => {
                 let mut encoder =
@@ -487,7 +497,7 @@ impl Coder {
                 // The coding's state (with the basis signature's index,
                 // about its size), and the copy of the body collected for
                 // the basis store.
-                coded_transfer_cost(self.config.encoder.window_bytes, content_length)
+                window_cost
                     + signature_len
                     + if keep {
                         self.bodies.collecting_memory(content_length)
