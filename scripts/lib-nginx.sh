@@ -118,16 +118,30 @@ lab_build() {
 # A free loopback TCP port: bind port 0 and report what the kernel chose.
 # Without python3, probe random high ports until one refuses connections.
 lab_free_port() {
+    # Below the kernel's ephemeral range (32768 and up by default): a port
+    # bound to 0 and released comes from that range, where an outgoing
+    # connection (curl, a proxy to its upstream) may take it before the
+    # server that was meant to binds it.
     if command -v python3 >/dev/null 2>&1; then
-        python3 -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
+        python3 -c 'import random, socket
+for _ in range(1000):
+    port = random.randrange(20000, 32768)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free port below 32768")'
         return
     fi
     local port
     for _ in $(seq 100); do
-        port=$((20000 + RANDOM % 40000))
+        port=$((20000 + RANDOM % 12768))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return
@@ -311,11 +325,16 @@ lab_start_relay() {
 # (a TOML file), its log in logs/NAME.log, ready once URL/.rproxy/stats
 # answers. Sets lab_started_pid.
 lab_start_rproxy() {
-    local name=$1 role=$2 config=$3 url=$4
+    local name=$1 role=$2 config=$3 url=$4 own=()
     # The admin listener on a port of its own choosing: five proxies share
-    # this machine, and the default ports are one per role.
+    # this machine, and the default ports are one per role. So does an
+    # accelerator's spool (its disk basis store is locked per process).
+    if [[ $role == accelerator ]]; then
+        mkdir -p "$lab_tmp/spool-$name"
+        own=(--spool-dir "$lab_tmp/spool-$name")
+    fi
     RUST_LOG=${RUST_LOG:-warn} "$lab_rproxy" "$role" --config "$config" --admin-listen 127.0.0.1:0 \
-        >"$lab_tmp/logs/$name.log" 2>&1 &
+        "${own[@]}" >"$lab_tmp/logs/$name.log" 2>&1 &
     lab_started_pid=$!
     lab_pids+=("$lab_started_pid")
     lab_proc_names[$lab_started_pid]="rproxy $role $name"
