@@ -16,9 +16,10 @@
 use bytes::Bytes;
 use http::header::HeaderValue;
 
+use super::transfer::ClientBasis;
 use super::{ClientProxy, ClientStats, Target};
 use crate::cache::{CacheKey, Entry};
-use crate::hsync::{DEFAULT_STRONG_LEN, SignatureBuilder, SignatureParams, choose_block_size};
+use crate::hsync::{DEFAULT_STRONG_LEN, FileBasis, SignatureParams, choose_block_size, sign};
 use crate::http::headers::byte_sequence;
 
 /// Block size of a signature sent in a request body: as fine as the
@@ -158,49 +159,19 @@ impl ClientProxy {
             block_size: choose_block_size(offer.body_len, budget, BODY_SIGNATURE_BLOCK),
             strong_len: DEFAULT_STRONG_LEN,
         };
+        // Positional reads of the entry's file: the decoder reads the
+        // same open file.
         let body = match &offer.body {
-            BasisBody::Memory(bytes) => BodySource::Memory(bytes.clone()),
-            BasisBody::File(file) => BodySource::File(file.try_clone().ok()?),
+            BasisBody::Memory(bytes) => ClientBasis::Memory(bytes.clone()),
+            BasisBody::File(file) => {
+                ClientBasis::File(FileBasis::new(file.try_clone().ok()?).ok()?)
+            }
         };
-        let len = offer.body_len;
-        tokio::task::spawn_blocking(move || signature_of(body, len, params))
+        tokio::task::spawn_blocking(move || sign(&body, params).ok())
             .await
             .ok()?
             .map(Bytes::from)
     }
-}
-
-enum BodySource {
-    Memory(Bytes),
-    File(std::fs::File),
-}
-
-/// The signature of the first `len` bytes of `body`; `None` if the file
-/// cannot be read that far.
-fn signature_of(body: BodySource, len: u64, params: SignatureParams) -> Option<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let mut builder = SignatureBuilder::new(params);
-    match body {
-        BodySource::Memory(bytes) => builder.update(&bytes),
-        BodySource::File(file) => {
-            // Positioned reads: the decoder reads the same open file.
-            let mut buf = vec![0; 1 << 20];
-            let mut at = 0;
-            while at < len {
-                let want = buf
-                    .len()
-                    .min(usize::try_from(len - at).unwrap_or(usize::MAX));
-                let n = file.read_at(&mut buf[..want], at).ok()?;
-                if n == 0 {
-                    return None;
-                }
-                builder.update(&buf[..n]);
-                at += n as u64;
-            }
-        }
-    }
-    builder.finish();
-    Some(builder.to_signature_bytes())
 }
 
 /// The `Hsync-Basis` and cut `Hsync-Signature` for an entry, or `None` when

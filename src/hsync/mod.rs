@@ -106,7 +106,7 @@ pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_command
 pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, UNCODED_LEVEL};
 pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
 pub use signature::{
-    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size,
+    BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size, sign,
 };
 
 use fast_rsync::SignatureOptions;

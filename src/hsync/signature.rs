@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use fast_rsync::Signature;
 
+use super::basis::Basis;
 use super::delta::DeltaCommand;
 use super::matcher::{BlockIndex, SIMD_BLOCKS};
 
@@ -231,6 +232,27 @@ pub struct SignatureBuilder {
     /// Entries of the completed blocks (no header).
     entries: Vec<u8>,
     finished: bool,
+}
+
+/// The whole signature (header + entries) of `basis` at `params`, read a
+/// MiB at a time (a file basis by positional reads).
+///
+/// # Errors
+/// Reading the basis failed.
+pub fn sign(basis: &(impl Basis + ?Sized), params: SignatureParams) -> std::io::Result<Vec<u8>> {
+    const CHUNK: u64 = 1 << 20;
+    let mut builder = SignatureBuilder::new(params);
+    let mut chunk = Vec::with_capacity(CHUNK as usize);
+    let mut at = 0;
+    while at < basis.size() {
+        let len = CHUNK.min(basis.size() - at);
+        chunk.clear();
+        basis.append_range(at, len as usize, &mut chunk)?;
+        builder.update(&chunk);
+        at += len;
+    }
+    builder.finish();
+    Ok(builder.to_signature_bytes())
 }
 
 impl SignatureBuilder {

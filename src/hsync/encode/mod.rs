@@ -804,7 +804,7 @@ mod tests {
     /// reader hands out, for each codec's encoder.
     #[test]
     fn reading_from_a_reader_gives_the_pushed_stream() {
-        use crate::hsync::{SignatureBuilder, SignatureParams};
+        use crate::hsync::SignatureParams;
         use std::io::Read;
         /// Hands out at most `piece` bytes per read.
         struct Trickle<'a>(&'a [u8], usize);
@@ -823,13 +823,14 @@ mod tests {
         let basis = words(300 << 10, 4);
         let mut new = basis.clone();
         new.splice(70_000..70_000, random_base64(3000, 5));
-        let mut builder = SignatureBuilder::new(SignatureParams {
-            block_size: 2048,
-            strong_len: crate::hsync::DEFAULT_STRONG_LEN,
-        });
-        builder.update(&basis);
-        builder.finish();
-        let signature = builder.to_signature_bytes();
+        let signature = crate::hsync::sign(
+            &basis,
+            SignatureParams {
+                block_size: 2048,
+                strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+            },
+        )
+        .unwrap();
         let encoders = || {
             [
                 super::Encoder::new(None, None, options),
@@ -854,7 +855,7 @@ mod tests {
 
     #[test]
     fn releasing_buffers_between_pushes_leaves_the_stream_unchanged() {
-        use crate::hsync::{SignatureBuilder, SignatureParams};
+        use crate::hsync::SignatureParams;
         let options = EncoderOptions {
             window_bytes: 64 << 10,
             ..EncoderOptions::default()
@@ -863,13 +864,14 @@ mod tests {
         let mut new = basis.clone();
         new.splice(100_000..100_000, random_base64(3000, 2));
         new.extend_from_slice(&random_base64(200 << 10, 3));
-        let mut builder = SignatureBuilder::new(SignatureParams {
-            block_size: 2048,
-            strong_len: crate::hsync::DEFAULT_STRONG_LEN,
-        });
-        builder.update(&basis);
-        builder.finish();
-        let signature = builder.to_signature_bytes();
+        let signature = crate::hsync::sign(
+            &basis,
+            SignatureParams {
+                block_size: 2048,
+                strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+            },
+        )
+        .unwrap();
         let encoders = || {
             [
                 super::Encoder::new(None, None, options),
