@@ -13,7 +13,8 @@
 # Part 1, 64 MiB, every command pinned to CPU 0 (taskset -c 0), best of
 # REPEAT runs by CPU time (user+sys from wait4, which other load on the
 # machine disturbs far less than wall time; both are shown):
-#   ours    rproxy hsync sign (basis), encode (new vs the signature),
+#   ours    rproxy hsync sign (basis), encode (new vs the signature; and
+#           against the basis body itself, as a kept basis, --basis-body),
 #           decode (stream + basis, verified)
 #   peers   zstd -3 -T1 (new alone), zstd -3 -T1 --long=27 --patch-from
 #           (compress and decompress), rdiff signature + delta (default
@@ -154,6 +155,11 @@ for ((i = 0; i < repeat; i++)); do
     measure encode /dev/null "$rproxy" hsync encode --signature "$tmp/sig" "$tmp/new" -o "$tmp/stream"
     measure decode "$tmp/out" "$rproxy" hsync decode --basis "$tmp/basis" "$tmp/stream"
     cmp -s "$tmp/out" "$tmp/new" || die "hsync decode did not rebuild the new body"
+    # Against a basis the accelerator kept (codec 3), the case zstd
+    # --patch-from is the peer of.
+    measure encode_kept /dev/null "$rproxy" hsync encode --basis-body "$tmp/basis" "$tmp/new" -o "$tmp/stream3"
+    measure decode_kept "$tmp/out" "$rproxy" hsync decode --basis "$tmp/basis" "$tmp/stream3"
+    cmp -s "$tmp/out" "$tmp/new" || die "hsync decode (kept basis) did not rebuild the new body"
     measure zstd3 "$tmp/new.zst" zstd -q -3 -T1 -c "$tmp/new"
     measure zstd3_d /dev/null zstd -q -d -c "$tmp/new.zst"
     measure patch_from /dev/null zstd -q -3 -T1 --long=27 --patch-from="$tmp/basis" "$tmp/new" -f -o "$tmp/patch.zst"
@@ -186,6 +192,8 @@ printf "%-34s %8s %8s %9s %9s %8s %9s\n" "command" "wall s" "cpu s" "MB/s wall" 
 row "rproxy hsync sign (basis)" "$basis_bytes" "$(size "$tmp/sig")" sign
 row "rproxy hsync encode" "$new_bytes" "$(size "$tmp/stream")" encode
 row "rproxy hsync decode (verified)" "$new_bytes" - decode
+row "rproxy hsync encode --basis-body" "$new_bytes" "$(size "$tmp/stream3")" encode_kept
+row "rproxy hsync decode (kept basis)" "$new_bytes" - decode_kept
 row "zstd -3 -T1 (new alone)" "$new_bytes" "$(size "$tmp/new.zst")" zstd3
 row "zstd -d (of the above)" "$new_bytes" - zstd3_d
 row "zstd -3 --long=27 --patch-from" "$new_bytes" "$(size "$tmp/patch.zst")" patch_from
@@ -200,13 +208,14 @@ echo "rproxy: $(cat "$tmp/encode.err")"
 rdiff_sd=$(awk -v s="$(best rdiff_sig)" -v d="$(best rdiff_delta)" -v bytes="$new_bytes" \
     'BEGIN { split(s, a, " "); split(d, b, " "); printf "%.1f", bytes / 1e6 / (a[2] + b[2]) }')
 enc=$(mbps encode "$new_bytes") dec=$(mbps decode "$new_bytes")
+enc3=$(mbps encode_kept "$new_bytes") dec3=$(mbps decode_kept "$new_bytes")
 echo
 echo "ratios (MB/s by CPU time; >1 means rproxy is faster or meets the target):"
 awk -v enc="$enc" -v dec="$dec" -v z3="$(mbps zstd3 "$new_bytes")" \
     -v z3d="$(mbps zstd3_d "$new_bytes")" -v pf="$(mbps patch_from "$new_bytes")" \
     -v pfd="$(mbps patch_from_d "$new_bytes")" -v rsd="$rdiff_sd" \
     -v rd="$(mbps rdiff_delta "$new_bytes")" -v rp="$(mbps rdiff_patch "$new_bytes")" \
-    -v h="$(mbps hash "$new_bytes")" -v hname="$hasher_name" 'BEGIN {
+    -v h="$(mbps hash "$new_bytes")" -v hname="$hasher_name" -v enc3="$enc3" -v dec3="$dec3" 'BEGIN {
     f = "  %-15s %8.1f MB/s  %-30s %8.1f MB/s  ratio %6.3fx\n"
     printf f, "encode", enc, "target", 400, enc / 400
     printf f, "encode", enc, "zstd -3 -T1", z3, enc / z3
@@ -218,8 +227,11 @@ awk -v enc="$enc" -v dec="$dec" -v z3="$(mbps zstd3 "$new_bytes")" \
     printf f, "decode+verify", dec, "zstd -d --patch-from", pfd, dec / pfd
     printf f, "decode+verify", dec, "rdiff patch", rp, dec / rp
     printf f, "decode+verify", dec, hname, h, dec / h
+    printf f, "encode (kept)", enc3, "target", 400, enc3 / 400
+    printf f, "encode (kept)", enc3, "zstd -3 --patch-from", pf, enc3 / pf
+    printf f, "decode (kept)", dec3, "zstd -d --patch-from", pfd, dec3 / pfd
 }'
-rm -f "$tmp"/{basis,new,out,stream,new.zst,patch.zst,delta,rsig,sig}
+rm -f "$tmp"/{basis,new,out,stream,stream3,new.zst,patch.zst,delta,rsig,sig}
 
 if [[ ${NO_1G:-0} == 1 ]]; then
     echo
