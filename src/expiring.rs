@@ -168,6 +168,14 @@ where
             .map(|slot| &slot.value)
     }
 
+    /// The entries live at `now`, in no order.
+    pub fn iter(&self, now: Instant) -> impl Iterator<Item = (&K, &V)> {
+        self.entries
+            .iter()
+            .filter(move |(_, slot)| slot.is_live(now))
+            .map(|(key, slot)| (key, &slot.value))
+    }
+
     /// The value under `key`, mutably, if its entry is live at `now`.
     /// Changing the value does not refresh the entry.
     pub fn get_mut<Q>(&mut self, key: &Q, now: Instant) -> Option<&mut V>

@@ -31,6 +31,8 @@
 //! - [`cli`]: the `rproxy` subcommands over the above.
 //! - [`demo`]: `rproxy demo` and its static origin.
 //! - [`expiring`]: a map whose entries expire by age, used by several layers.
+//! - [`feed`]: the change feed (ANTACID-style CSNs): the accelerator's
+//!   logs, pulls, pushes; a client proxy replicates zones from it.
 //! - [`logging`]: the diagnostic log's set-up and level (the access log is
 //!   [`http::access_log`]).
 #![forbid(unsafe_code)]
@@ -44,6 +46,7 @@ pub mod client_proxy;
 pub mod config;
 pub mod demo;
 pub mod expiring;
+pub mod feed;
 pub mod hsync;
 pub mod http;
 pub mod logging;

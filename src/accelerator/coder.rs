@@ -22,6 +22,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 
 use crate::cache::freshness::Storability;
+use crate::feed::primary::FeedCommit;
 use crate::hsync::{Encoder, EncoderOptions};
 use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
@@ -353,6 +354,12 @@ impl Coder {
         let content_length = content_length(&parts.headers);
         let signature_len = offer.signature.as_ref().map_or(0, Vec::len) as u64;
         let note = parts.extensions.get::<Note>().cloned();
+        // Only what a shared cache may store goes in a change feed, whatever
+        // the basis store keeps (D-B3, A-6).
+        let feed = parts
+            .extensions
+            .remove::<FeedCommit>()
+            .filter(|_| shareable(request, &parts.headers) == Storability::Storable);
         // A small body may yet go plain, with the head the origin sent.
         let small = content_length.is_some_and(|len| len <= SMALL_BODY);
         let plain_headers = small.then(|| parts.headers.clone());
@@ -452,6 +459,7 @@ impl Coder {
                 stats: self.stats.clone(),
                 parking: None,
                 note,
+                feed,
             };
             let body = match encode_whole(origin, coding, offer.accepts_gzip, method, uri).await? {
                 Whole::Coded(stream) => stream,
@@ -510,6 +518,7 @@ impl Coder {
             stats: self.stats.clone(),
             parking: self.parking.clone(),
             note,
+            feed,
         };
         let body = encode_body(body, framing, coding, pacer, method, uri);
         Ok(Response::from_parts(parts, body))

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use crate::feed::primary::FeedCommit;
 use crate::hsync::Encoder;
 use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
@@ -31,4 +32,6 @@ pub(super) struct Coding {
     pub(super) parking: Option<Parking>,
     /// The request's access log note, told the coding's figures at its end.
     pub(super) note: Option<Note>,
+    /// The site's change feed, told the body's digest once it is whole.
+    pub(super) feed: Option<FeedCommit>,
 }

@@ -147,6 +147,8 @@ pub struct AcceleratorConfig {
     /// Where the queue is saved every second and reloaded at start-up, so
     /// places survive a restart.
     pub queue_state: Option<std::path::PathBuf>,
+    /// The change feed (`--feed-state`); `None`: no feed.
+    pub feed: Option<FeedConfig>,
     /// Encoders that run at once (0: one per core). The others wait for
     /// a turn, one per chunk of the origin body, so a burst of large bodies
     /// leaves the async workers, and cheap requests, their share of the CPU
@@ -167,6 +169,15 @@ pub struct AcceleratorConfig {
     pub transfer_memory: u64,
 }
 
+/// The change feed's settings ([`crate::feed`]).
+#[derive(Debug, Clone)]
+pub struct FeedConfig {
+    /// Where each site's log is kept.
+    pub dir: PathBuf,
+    /// How long (and how many) updates each log keeps.
+    pub retention: crate::feed::Retention,
+}
+
 /// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -182,4 +193,12 @@ pub enum ConfigError {
     /// TLS to an origin cannot be set up.
     #[error("origin TLS: {0}")]
     Tls(#[from] crate::http::tls::TlsError),
+    /// The change feed's directory cannot be made.
+    #[error("feed-state {}: {error}", dir.display())]
+    Feed {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
 }

@@ -56,6 +56,7 @@ mod checks;
 pub mod coder;
 mod coding;
 mod config;
+mod feed;
 mod origin;
 pub mod pace;
 mod pacing;
@@ -69,7 +70,7 @@ mod whole;
 
 pub use coder::{Coder, CoderConfig, Offer};
 pub use config::{
-    AcceleratorConfig, ConfigError, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
+    AcceleratorConfig, ConfigError, FeedConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
     TrustedForwarders,
 };
 pub use stats::{STATS_PATH, Stats, StatsSnapshot, Timings};
@@ -83,6 +84,8 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
+use crate::feed::primary::FeedCommit;
+use crate::feed::{FEED_PATH, Feeds};
 use crate::http::access_log::{Note, Side};
 use crate::http::error::ProxyError;
 use crate::http::headers::{Hop, answer_at_this_hop, max_forwards, via_names_hop};
@@ -106,6 +109,8 @@ pub struct Accelerator {
     sites: Sites,
     coder: Coder,
     stats: Arc<Stats>,
+    /// The sites' change feeds (`--feed-state`), kept across reloads.
+    feeds: Option<Arc<Feeds>>,
 }
 
 impl Accelerator {
@@ -121,12 +126,23 @@ impl Accelerator {
             .clone()
             .map(|queue| Arc::new(Slots::new(queue, config.queue_state.clone())));
         let stats = Arc::new(Stats::default());
+        let feeds =
+            match &config.feed {
+                Some(feed) => Some(Feeds::open(&feed.dir, feed.retention).map_err(|error| {
+                    ConfigError::Feed {
+                        dir: feed.dir.clone(),
+                        error,
+                    }
+                })?),
+                None => None,
+            };
         Ok(Accelerator {
             coder: Coder::new(CoderConfig::from(&config), stats.clone()),
             stats,
             slots,
             config,
             sites,
+            feeds,
         })
     }
 
@@ -150,6 +166,7 @@ impl Accelerator {
             coder: self.coder.reconfigured(CoderConfig::from(&config)),
             stats: self.stats.clone(),
             slots: self.slots.clone(),
+            feeds: self.feeds.clone(),
             config,
         })
     }
@@ -222,6 +239,12 @@ impl Accelerator {
             Ok(route) => route,
             Err(refusal) => return self.refuse(refusal),
         };
+        if request.uri().path() == FEED_PATH
+            && route.in_feed
+            && let Some(feeds) = self.feeds.clone()
+        {
+            return self.feed_request(request, route, feeds).await;
+        }
         if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
             return self.refuse(ProxyError::loop_detected(format!(
                 "request already passed {}",
@@ -276,6 +299,14 @@ impl Accelerator {
         let method = parts.method.clone();
         let uri = parts.uri.clone();
         let note = parts.extensions.get::<Note>().cloned();
+        let feed = match &self.feeds {
+            Some(feeds) if route.in_feed && method == Method::GET => Some(FeedCommit::new(
+                feeds.clone(),
+                route.host.to_str().unwrap_or_default().to_ascii_lowercase(),
+                uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+            )),
+            _ => None,
+        };
         let FromOrigin {
             mut parts,
             body,
@@ -289,6 +320,9 @@ impl Accelerator {
             Some(request) if self.coder.codes(&offer, &parts) => {
                 if let Some(note) = note {
                     parts.extensions.insert(note);
+                }
+                if let Some(feed) = feed {
+                    parts.extensions.insert(feed);
                 }
                 match (self.coder)
                     .code(parts, body, framing, offer, &request, method, uri)
@@ -336,6 +370,9 @@ impl Handler for Accelerator {
     }
 
     fn stopped(&self) {
+        if let Some(feeds) = &self.feeds {
+            feeds.write_clean();
+        }
         if let Some(slots) = &self.slots
             && let Err(error) = slots.save()
         {

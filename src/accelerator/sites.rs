@@ -78,6 +78,9 @@ pub(super) struct Route {
     pub client: OriginClient,
     /// The origin server's health; `None` for a parent-mode site.
     pub health: Option<Arc<Health>>,
+    /// The site's own origin (not a parent's whole web): its changes may
+    /// go in the change feed.
+    pub in_feed: bool,
 }
 
 /// Where one CONNECT goes: a parent-mode site's tunnel.
@@ -475,6 +478,7 @@ impl Site {
             asked: asked.map(|a| a.authority.to_string()),
             client: self.client.clone(),
             health: self.health.clone(),
+            in_feed: matches!(self.origin, Origin::Server { .. }),
         })
     }
 }

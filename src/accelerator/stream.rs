@@ -24,6 +24,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use tokio::sync::mpsc;
 
+use crate::feed::primary::FeedCommit;
 use crate::http::access_log::Note;
 use crate::http::body_pipe::{self, Downstream, LINK_SLICE, Stall, UpstreamChunk};
 use crate::http::server::{BodyError, ProxyBody};
@@ -79,6 +80,7 @@ pub(super) fn encode_body(
         stats,
         parking,
         note,
+        feed,
     } = coding;
     let pacing = Pacing::new(encoder, pacer);
     let (to_encoder, from_origin) = body_pipe::upstream_channel();
@@ -136,6 +138,7 @@ pub(super) fn encode_body(
             method,
             uri,
             note,
+            feed,
         }
         .run(pacing),
     );
@@ -161,6 +164,7 @@ struct Streaming {
     method: Method,
     uri: Uri,
     note: Option<Note>,
+    feed: Option<FeedCommit>,
 }
 
 impl Streaming {
@@ -241,6 +245,7 @@ impl Streaming {
             }
         }
         let task_stats = self.stats.clone();
+        let feed = self.feed.take();
         let parked = self.to_client.is_parked();
         let finished = self
             .encoders
@@ -251,6 +256,9 @@ impl Streaming {
                     Stats::add(&task_stats.stream_bytes, summary.stream_bytes);
                     if let Some(body) = kept {
                         body.keep(summary.digest);
+                    }
+                    if let Some(feed) = feed {
+                        feed.commit(&summary.digest, summary.body_len);
                     }
                 }
                 (out, finished)

@@ -56,6 +56,7 @@ pub(super) async fn encode_whole(
         stats,
         parking: _,
         note,
+        feed,
     } = coding;
     let body = match tokio::time::timeout(origin.timeout, origin.body.collect()).await {
         Err(_) => {
@@ -85,6 +86,9 @@ pub(super) async fn encode_whole(
             let summary = encoder.finish(&mut out)?;
             if let Some(store) = &store {
                 store.insert(summary.digest, body.to_vec().into());
+            }
+            if let Some(feed) = &feed {
+                feed.commit(&summary.digest, summary.body_len);
             }
             tracing::debug!(
                 %method, %uri, status = 200, mode = "hsync", basis = ?summary.basis,

@@ -243,6 +243,20 @@ pub struct AcceleratorArgs {
     /// start-up, so places survive a restart of up to 300 s.
     #[arg(long, value_name = "FILE")]
     pub queue_state: Option<PathBuf>,
+    /// Directory of the change feed's logs: turns the feed on. Each site
+    /// numbers the changes of its bodies (a path served or submitted with
+    /// another body than last time) and client proxies subscribed to a
+    /// zone pull them from GET /.well-known/hsync-feed on the site's host
+    /// and prefetch them; a deploy hook POSTs the changed paths there.
+    #[arg(long, value_name = "DIR")]
+    pub feed_state: Option<PathBuf>,
+    /// Time the feed keeps an update (168h, 30m, seconds); a client proxy
+    /// that last asked before that gets the whole listing (a reset).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub feed_retain: Option<Duration>,
+    /// Updates each site's feed keeps at most (the oldest go first).
+    #[arg(long, value_name = "N")]
+    pub feed_max_entries: Option<usize>,
     /// PEM certificate chain: serve TLS (HTTP/2 or HTTP/1.1 by ALPN) for
     /// client proxies with an https:// upstream. Needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -276,9 +290,9 @@ impl AcceleratorArgs {
         override_with_flags!(settings, self;
             plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_body_signature, max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
-                max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, slots, queue_max, queue_hold_grace, health_interval, health_failures,
+                max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, feed_retain, feed_max_entries, slots, queue_max, queue_hold_grace, health_interval, health_failures,
                 health_down_time, health_max_down_time;
-            optional: origin, via_name, spool_dir, basis_dir, basis_redis, queue_per_address, queue_state, tls_cert, tls_key,
+            optional: origin, via_name, spool_dir, basis_dir, basis_redis, queue_per_address, queue_state, feed_state, tls_cert, tls_key,
                 health_path;
             switches: no_adapt, basis_store_private, inetd);
         self.auth.apply(&mut settings.auth);

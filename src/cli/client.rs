@@ -22,7 +22,7 @@ use super::serving::{
 use crate::cache::CacheStore;
 use crate::client_proxy::ClientProxy;
 use crate::config::units::{Size, parse_duration};
-use crate::config::{self, AdminListen, ClientSettings, override_with_flags};
+use crate::config::{self, AdminListen, ClientSettings, SubscribeSettings, override_with_flags};
 use crate::http::access_log::Logged;
 use crate::http::auth::AuthGate;
 
@@ -213,6 +213,21 @@ pub struct ClientArgs {
     /// upstream proxy is checked by that proxy.)
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',', num_args = 1..)]
     pub connect_allow_addresses: Option<Vec<ipnet::IpNet>>,
+    /// Replicate this zone (http://host[:port]/path-prefix, repeatable)
+    /// from its upstream's change feed (an accelerator with --feed-state,
+    /// or a client proxy replicating it): the bodies that change there are
+    /// fetched ahead of users, as deltas, and the zone's feed is served to
+    /// client proxies behind this one. A [[subscribe]] table says more.
+    #[arg(long, value_name = "ZONE")]
+    pub subscribe: Vec<String>,
+    /// Time between pulls of each --subscribe zone (10s); a push to
+    /// --queue-callback makes one pull at once.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub subscribe_interval: Option<Duration>,
+    /// Bytes per second the prefetches of each --subscribe zone take on
+    /// average (1M; 0: no cap). They always wait for users' fetches.
+    #[arg(long, value_name = "SIZE")]
+    pub prefetch_rate: Option<Size>,
 }
 
 impl ClientArgs {
@@ -237,6 +252,12 @@ impl ClientArgs {
             optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;
             switches: private, no_downstream_coding, inetd, allow_open);
+        for zone in &self.subscribe {
+            let mut table = SubscribeSettings::zone(zone);
+            table.interval = self.subscribe_interval.unwrap_or(table.interval);
+            table.rate = self.prefetch_rate.unwrap_or(table.rate);
+            settings.subscriptions.push(table);
+        }
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
         self.log.apply(&mut settings.log);
@@ -297,6 +318,12 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     listening.serve(proxy, limits, None, reload, |address, proxy| {
         let admin = admin.and_then(|admin| admin.spawn(address, Arc::new(Following(proxy.clone()))));
         tracing::info!(listen = %address, admin = %shown(admin), routes = %describe, cache = %cache, "client proxy ready");
+        for zone in proxy.current().role().role().replicas().zones() {
+            let handler = proxy.clone();
+            tokio::spawn(ClientProxy::replicate(zone.clone(), move || {
+                Some(handler.current().role().shared_role())
+            }));
+        }
         let proxy = proxy.current();
         if let Some(listener) = callbacks {
             match tokio::net::TcpListener::from_std(listener) {

@@ -49,6 +49,7 @@ pub mod hot;
 mod pass;
 pub mod queue_wait;
 mod ranges;
+pub mod replica;
 mod routes;
 mod stats;
 pub mod targeted;
@@ -82,6 +83,7 @@ use coalesce::{InFlight, Role};
 use hit::Lookup;
 use hot::HotCache;
 use queue_wait::{MAX_LISTED_WAITS, QueueWaitConfig, QueueWaits};
+use replica::{Replicas, Subscription};
 use routes::{Routes, Target};
 use transfer::full;
 
@@ -153,6 +155,8 @@ pub struct ClientConfig {
     /// How answers to downstream client proxies that offer hsync are coded
     /// (a chain of proxies); `None` serves them plain bodies.
     pub downstream_coding: Option<CoderConfig>,
+    /// The zones replicated from their upstream's change feed.
+    pub subscriptions: Vec<Subscription>,
 }
 
 /// Codes `response` for a downstream client proxy that offered hsync,
@@ -193,6 +197,8 @@ pub struct ClientProxy {
     memory: TransferMemory,
     /// What the bodies spooled for stalled user agents take on disk.
     spool_disk: SpoolDisk,
+    /// The zones replicated (their logs outlive a reload).
+    replicas: Arc<Replicas>,
 }
 
 impl ClientProxy {
@@ -215,6 +221,7 @@ impl ClientProxy {
             ..ClientStats::default()
         });
         let mut proxy = ClientProxy {
+            replicas: Arc::new(Replicas::open(&config.subscriptions, store.root())),
             routes,
             coder: None,
             memory: TransferMemory::new(config.transfer_memory),
@@ -266,6 +273,7 @@ impl ClientProxy {
             waits: self.waits.clone(),
             stats: self.stats.clone(),
             store: self.store.clone(),
+            replicas: self.replicas.clone(),
             config,
         })
     }
@@ -300,10 +308,17 @@ impl ClientProxy {
         &self.stats
     }
 
-    /// What `GET /.rproxy/stats` answers: the counters and the first
-    /// waits in the upstream's queue, as JSON.
+    /// What `GET /.rproxy/stats` answers: the counters, the first waits
+    /// in the upstream's queue and the zones replicated, as JSON.
     pub fn stats_json(&self) -> String {
-        self.stats.to_json(&self.waits.views(MAX_LISTED_WAITS))
+        self.stats
+            .to_json(&self.waits.views(MAX_LISTED_WAITS), &self.replicas.views())
+    }
+
+    /// The zones replicated from change feeds (`[[subscribe]]`): spawn
+    /// [`ClientProxy::replicate`] for each.
+    pub fn replicas(&self) -> &Arc<Replicas> {
+        &self.replicas
     }
 
     /// The cache.
@@ -316,14 +331,15 @@ impl ClientProxy {
         &self.waits
     }
 
-    /// Serves QUEUE callbacks on `listener` (`--queue-callback`) for ever;
+    /// Serves QUEUE callbacks (and change feed pushes) on `listener`
+    /// (`--queue-callback`) for ever;
     /// `X-Node` tells the upstream where it is only if the configuration
     /// names it ([`QueueWaitConfig::node`]).
     pub fn serve_queue_callbacks(
         &self,
         listener: tokio::net::TcpListener,
     ) -> impl Future<Output = ()> + Send + 'static {
-        queue_wait::callback::serve_callbacks(listener, self.waits.clone())
+        queue_wait::callback::serve_callbacks(listener, self.waits.clone(), self.replicas.clone())
     }
 
     fn is_shared(&self) -> bool {
@@ -358,6 +374,10 @@ impl ClientProxy {
                 self.config.via_name.to_str().unwrap_or("us")
             ))
             .log_and_respond();
+        }
+        // A proxy behind us replicating a zone we replicate.
+        if let Some(response) = self.answer_feed_pull(request.method(), &target.url) {
+            return response;
         }
         let mut request = request;
         let method = request.method().clone();

@@ -11,6 +11,7 @@ use std::time::Instant;
 use http::StatusCode;
 use http::header::HeaderValue;
 
+use super::replica::ZoneView;
 use super::transfer::Report;
 use crate::cache::CacheStore;
 use crate::http::access_log::Note;
@@ -291,16 +292,19 @@ impl ClientStats {
 
     /// The counters and the requests waiting in the upstream's queue
     /// (`queue`) as a JSON object.
-    pub fn to_json(&self, waiting: &[WaitView]) -> String {
+    pub fn to_json(&self, waiting: &[WaitView], zones: &[ZoneView]) -> String {
         #[derive(serde::Serialize)]
         struct Stats<'a> {
             #[serde(flatten)]
             counters: StatsSnapshot,
             queue: &'a [WaitView],
+            #[serde(skip_serializing_if = "<[ZoneView]>::is_empty")]
+            feed: &'a [ZoneView],
         }
         let stats = Stats {
             counters: self.snapshot(),
             queue: waiting,
+            feed: zones,
         };
         serde_json::to_string(&stats).expect("integers and strings serialise") + "\n"
     }

@@ -19,8 +19,9 @@ use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::accelerator::basis_store::{DiskTier, SharedTier};
 use crate::accelerator::{
-    AcceleratorConfig, CoderConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
+    AcceleratorConfig, CoderConfig, FeedConfig, ParentPolicy, SiteConfig, SiteNames, SiteOrigin,
 };
+use crate::feed::Retention as FeedRetention;
 use crate::hsync::EncoderOptions;
 use crate::http::address_policy::AddressPolicy;
 use crate::http::health::HealthPolicy;
@@ -237,6 +238,11 @@ pub struct AcceleratorSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_state: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub feed_state: Option<PathBuf>,
+    #[serde(with = "units::duration")]
+    pub feed_retain: Duration,
+    pub feed_max_entries: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
@@ -298,6 +304,9 @@ impl Default for AcceleratorSettings {
             queue_per_address: None,
             queue_hold_grace: Duration::from_secs(10),
             queue_state: None,
+            feed_state: None,
+            feed_retain: FeedRetention::default().max_age,
+            feed_max_entries: FeedRetention::default().max_entries,
             tls_cert: None,
             tls_key: None,
             limits: LimitSettings::default(),
@@ -330,6 +339,7 @@ impl Settings for AcceleratorSettings {
         "queue-per-address",
         "queue-hold-grace",
         "queue-state",
+        "feed-state",
         "limits.max-connections",
     ];
 
@@ -500,6 +510,13 @@ impl AcceleratorSettings {
                 queue
             }),
             queue_state: self.queue_state.clone(),
+            feed: self.feed_state.clone().map(|dir| FeedConfig {
+                dir,
+                retention: FeedRetention {
+                    max_age: self.feed_retain,
+                    max_entries: self.feed_max_entries.max(1),
+                },
+            }),
             max_encoders: self.max_encoders,
             spool_dir: self.spool_dir(),
             max_spool: self.max_spool.0,

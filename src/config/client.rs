@@ -20,6 +20,7 @@ use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
 use crate::client_proxy::queue_wait::QueueWaitConfig;
+use crate::client_proxy::replica::{Prefetch, Subscription};
 use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
 use crate::http::address_policy::AddressPolicy;
 use crate::http::auth::basic_credentials;
@@ -64,6 +65,78 @@ pub struct RouteSettings {
 
 /// A fallback to the URL's own host.
 const DIRECT: &str = "direct";
+
+/// One `[[subscribe]]` table: a zone replicated from its upstream's
+/// change feed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SubscribeSettings {
+    /// `http://host[:port]/prefix/`.
+    pub zone: String,
+    /// Time between pulls.
+    #[serde(default = "default_subscribe_interval", with = "units::duration")]
+    pub interval: Duration,
+    /// Bytes per second prefetches take on average (0: no cap).
+    #[serde(default = "default_prefetch_rate")]
+    pub rate: Size,
+    /// `held` (the default): fetch the changed paths the cache holds;
+    /// `all`: every changed path of the zone.
+    #[serde(default)]
+    pub prefetch: Prefetch,
+}
+
+/// How often a zone is pulled when its table does not say.
+pub const DEFAULT_SUBSCRIBE_INTERVAL: Duration = Duration::from_secs(10);
+/// What prefetches take when a zone's table does not say (1 MiB/s).
+pub const DEFAULT_PREFETCH_RATE: Size = Size(1024 * 1024);
+
+fn default_subscribe_interval() -> Duration {
+    DEFAULT_SUBSCRIBE_INTERVAL
+}
+
+fn default_prefetch_rate() -> Size {
+    DEFAULT_PREFETCH_RATE
+}
+
+impl SubscribeSettings {
+    /// `zone` with the defaults.
+    pub fn zone(zone: &str) -> SubscribeSettings {
+        SubscribeSettings {
+            zone: zone.to_owned(),
+            interval: DEFAULT_SUBSCRIBE_INTERVAL,
+            rate: DEFAULT_PREFETCH_RATE,
+            prefetch: Prefetch::default(),
+        }
+    }
+
+    /// The validated subscription; `index` names it in errors.
+    fn to_subscription(&self, index: usize) -> Result<Subscription, UsageError> {
+        let at = |what: String| UsageError(format!("subscribe {}: {what}", index + 1));
+        let zone: Uri = self
+            .zone
+            .parse()
+            .map_err(|e| at(format!("zone {}: {e}", self.zone)))?;
+        if zone.scheme() != Some(&http::uri::Scheme::HTTP)
+            || zone.authority().is_none()
+            || zone.query().is_some()
+            || !zone.path().starts_with('/')
+        {
+            return Err(at(format!(
+                "zone {}: give http://host[:port]/path-prefix (the URLs the zone holds start with it)",
+                self.zone
+            )));
+        }
+        if self.interval.is_zero() {
+            return Err(at("interval: give more than 0".into()));
+        }
+        Ok(Subscription {
+            zone,
+            interval: self.interval,
+            rate: self.rate.0,
+            prefetch: self.prefetch,
+        })
+    }
+}
 
 impl RouteSettings {
     /// The validated route; `index` names it in errors.
@@ -187,6 +260,9 @@ pub struct ClientSettings {
     /// `[[route]]` tables, tried in order.
     #[serde(rename = "route", skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteSettings>,
+    /// `[[subscribe]]` tables: zones replicated from change feeds.
+    #[serde(rename = "subscribe", skip_serializing_if = "Vec::is_empty")]
+    pub subscriptions: Vec<SubscribeSettings>,
 }
 
 impl Default for ClientSettings {
@@ -234,6 +310,7 @@ impl Default for ClientSettings {
             auth: AuthSettings::default(),
             log: LogSettings::default(),
             routes: Vec::new(),
+            subscriptions: Vec::new(),
         }
     }
 }
@@ -254,6 +331,7 @@ impl Settings for ClientSettings {
         "queue-page-after",
         "queue-callback",
         "queue-node",
+        "subscribe",
         "limits.max-connections",
     ];
 
@@ -294,7 +372,14 @@ impl ClientSettings {
         )?;
         let routes = self.route_configs()?;
         let base = self.config_with(routes, via_name(self.via_name.as_deref(), address)?);
+        let subscriptions = self
+            .subscriptions
+            .iter()
+            .enumerate()
+            .map(|(index, table)| table.to_subscription(index))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(ClientConfig {
+            subscriptions,
             upstream_credentials: self.upstream_credentials()?,
             upstream_tls: self.upstream_tls()?,
             queue: QueueWaitConfig {
@@ -412,6 +497,7 @@ impl ClientSettings {
                 allow_addresses: self.connect_allow_addresses.clone(),
                 idle_timeout: self.limits.idle_timeout,
             },
+            subscriptions: Vec::new(),
         }
     }
 

@@ -34,7 +34,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use accelerator::AcceleratorSettings;
-pub use client::{ClientSettings, UPSTREAM_PASSWORD_ENV};
+pub use client::{ClientSettings, SubscribeSettings, UPSTREAM_PASSWORD_ENV};
 pub use shared::{AdminListen, AuthSettings, LimitSettings, LogSettings};
 pub use units::Size;
 

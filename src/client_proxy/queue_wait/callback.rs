@@ -23,6 +23,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::QueueWaits;
+use crate::client_proxy::replica::Replicas;
+use crate::feed::wire::parse_feed_line;
 use crate::queue::headers::{MAX_CALLBACK_LINE_LEN, parse_queue_callback};
 
 /// Callback connections served at once; more are closed at once.
@@ -84,8 +86,13 @@ pub async fn read_line(
 }
 
 /// Accepts QUEUE callbacks on `listener` for ever, waking the waits of
-/// `waits` they name.
-pub async fn serve_callbacks(listener: TcpListener, waits: Arc<QueueWaits>) {
+/// `waits` they name, and change feed pushes (`FEED token csn`), waking
+/// the zone of `replicas` they name (a forged one makes a zone pull early).
+pub async fn serve_callbacks(
+    listener: TcpListener,
+    waits: Arc<QueueWaits>,
+    replicas: Arc<Replicas>,
+) {
     let permits = Arc::new(Semaphore::new(MAX_CALLBACK_CONNECTIONS));
     loop {
         let (mut stream, peer) = match listener.accept().await {
@@ -101,6 +108,7 @@ pub async fn serve_callbacks(listener: TcpListener, waits: Arc<QueueWaits>) {
             continue;
         };
         let waits = waits.clone();
+        let replicas = replicas.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let line = tokio::time::timeout(
@@ -119,6 +127,14 @@ pub async fn serve_callbacks(listener: TcpListener, waits: Arc<QueueWaits>) {
                     return;
                 }
             };
+            if let Some((token, csn)) = parse_feed_line(&line) {
+                if replicas.wake(&token) {
+                    tracing::debug!(%peer, csn, "change feed pushed: pulling now");
+                } else {
+                    tracing::debug!(%peer, "change feed push for a zone we do not replicate");
+                }
+                return;
+            }
             match parse_queue_callback(&line) {
                 Ok((id, server)) if waits.wake(id) => {
                     tracing::info!(%peer, %server, "QUEUE callback: coming back now");

@@ -1,0 +1,229 @@
+//! The accelerator's feed requests, on a site's own host
+//! ([`crate::feed`]): `GET /.well-known/hsync-feed` answers a pull from the
+//! site's log; `POST` is a submission (SubmitUpdate): each path listed is
+//! fetched from the origin, hashed as it streams, and committed when its
+//! body changed and a shared cache may store it.
+//!
+//! A submission is bounded: at most [`MAX_SUBMITTED`] paths, read within
+//! the body timeout, fetched one after another, each body no longer than
+//! `--max-encode-len`. Anyone who may request the site may submit: it
+//! costs the origin what requesting those paths would, and a path only
+//! enters the feed with what the origin serves to anyone.
+//!
+//! Main item: [`Accelerator::feed_request`].
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Incoming;
+use serde::Serialize;
+
+use super::Accelerator;
+use super::basis_store::shareable;
+use super::origin::FromOrigin;
+use super::sites::Route;
+use crate::cache::freshness::Storability;
+use crate::feed::Feeds;
+use crate::feed::wire::{MAX_SUBMISSION_BYTES, Pull, parse_submission};
+use crate::http::server::{Peer, ProxyBody, text_response};
+use crate::http::upstream_guard::ExchangeCheck;
+use crate::queue::X_NODE;
+use crate::queue::headers::parse_x_node;
+
+/// What became of one submitted path.
+#[derive(Debug, Serialize)]
+struct Submitted {
+    path: String,
+    /// `committed`, `unchanged`, `not-shareable`, `not-coded`, `origin-status`, `failed`.
+    result: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    csn: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+}
+
+impl Accelerator {
+    /// Answers a request for the feed of `route`'s site.
+    pub(super) async fn feed_request(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        route: Route,
+        feeds: Arc<Feeds>,
+    ) -> Response<ProxyBody> {
+        let host = route.host.to_str().unwrap_or_default().to_ascii_lowercase();
+        match *request.method() {
+            Method::GET => {
+                let pull = match Pull::parse(request.uri().query()) {
+                    Ok(pull) => pull,
+                    Err(message) => return text_response(StatusCode::BAD_REQUEST, message),
+                };
+                let answer = feeds.answer(&host, &pull, callback_node(&request));
+                json(
+                    StatusCode::OK,
+                    serde_json::to_vec(&answer).unwrap_or_default(),
+                )
+            }
+            Method::POST => {
+                let body = request.into_body();
+                let read = tokio::time::timeout(
+                    self.config.origin_timeout,
+                    Limited::new(body, MAX_SUBMISSION_BYTES).collect(),
+                )
+                .await;
+                let text = match read {
+                    Ok(Ok(body)) => body.to_bytes(),
+                    Ok(Err(error)) => {
+                        return text_response(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            format!(
+                                "a submission lists paths in at most {MAX_SUBMISSION_BYTES} bytes: {error}"
+                            ),
+                        );
+                    }
+                    Err(_) => {
+                        return text_response(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "the submission did not arrive in time".into(),
+                        );
+                    }
+                };
+                let paths = match std::str::from_utf8(&text)
+                    .map_err(|_| "a submission is UTF-8 text".to_owned())
+                    .and_then(parse_submission)
+                {
+                    Ok(paths) => paths,
+                    Err(message) => return text_response(StatusCode::BAD_REQUEST, message),
+                };
+                let mut results = Vec::with_capacity(paths.len());
+                for path in paths {
+                    results.push(self.submit(&host, &route, &feeds, path).await);
+                }
+                json(
+                    StatusCode::OK,
+                    serde_json::to_vec(&results).unwrap_or_default(),
+                )
+            }
+            _ => {
+                let mut response = text_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "the change feed answers GET (a pull) and POST (the paths that changed)".into(),
+                );
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
+                response
+            }
+        }
+    }
+
+    /// Fetches `path` of `host` from the origin and commits its body if it
+    /// changed.
+    async fn submit(
+        &self,
+        host: &str,
+        route: &Route,
+        feeds: &Arc<Feeds>,
+        path: String,
+    ) -> Submitted {
+        let outcome = |result, detail: Option<String>| Submitted {
+            path: path.clone(),
+            result,
+            csn: None,
+            detail,
+        };
+        let mut request = Request::get(path.as_str())
+            .header(header::HOST, route.host.clone())
+            .body(())
+            .expect("a parsed path");
+        let route = match self.sites.route(&request) {
+            Ok(route) => route,
+            Err(error) => return outcome("failed", Some(error.to_string())),
+        };
+        request.headers_mut().insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        let (mut parts, ()) = request.into_parts();
+        if let Err(error) = self.rewrite_request(&mut parts, &route, false, true) {
+            return outcome("failed", Some(error.to_string()));
+        }
+        let forwarded = parts.headers.clone();
+        let empty = Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        let FromOrigin {
+            parts,
+            body,
+            framing,
+        } = match self.fetch(parts, empty, &route).await {
+            Ok(answer) => answer,
+            Err(error) => return outcome("failed", Some(error.to_string())),
+        };
+        if parts.status != StatusCode::OK {
+            return outcome("origin-status", Some(parts.status.as_str().to_owned()));
+        }
+        if let Storability::NotStorable(reason) = shareable(&forwarded, &parts.headers) {
+            return outcome("not-shareable", Some(reason.to_owned()));
+        }
+        if parts.headers.contains_key(header::CONTENT_ENCODING) {
+            return outcome("not-coded", Some("the origin sent it content-coded".into()));
+        }
+        let limit = usize::try_from(self.config.max_encode_len).unwrap_or(usize::MAX);
+        let read = tokio::time::timeout(self.config.origin_timeout, async {
+            let mut hasher = blake3::Hasher::new();
+            let mut length = 0u64;
+            let mut body = Limited::new(body, limit);
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|error| error.to_string())?;
+                if let Some(data) = frame.data_ref() {
+                    hasher.update(data);
+                    length += data.len() as u64;
+                }
+            }
+            Ok::<_, String>((*hasher.finalize().as_bytes(), length))
+        })
+        .await;
+        let (digest, length) = match read {
+            Ok(Ok(read)) => read,
+            Ok(Err(error)) => return outcome("failed", Some(format!("origin body: {error}"))),
+            Err(_) => return outcome("failed", Some("origin body timed out".into())),
+        };
+        if let Some(violation) = framing.as_ref().and_then(ExchangeCheck::violation) {
+            return outcome("failed", Some(ExchangeCheck::error(violation).to_string()));
+        }
+        match feeds.commit(host, &path, &digest, length) {
+            Some(csn) => Submitted {
+                csn: Some(csn),
+                ..outcome("committed", None)
+            },
+            None => outcome("unchanged", None),
+        }
+    }
+}
+
+/// Where a pull asked to be pushed: its `X-Node`, when that is the
+/// puller's own address (never a third party's).
+fn callback_node(request: &Request<Incoming>) -> Option<std::net::SocketAddr> {
+    let node = parse_x_node(request.headers().get(&X_NODE)?.as_bytes()).ok()?;
+    let peer = request.extensions().get::<Peer>()?.0;
+    (node.ip() == peer.ip()).then_some(node)
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
