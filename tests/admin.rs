@@ -564,3 +564,97 @@ async fn purge_on_the_admin_listener_removes_a_url_prefix_from_a_running_cache()
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// `POST target` with `body` on `addr`: (status, body).
+async fn http_post(addr: SocketAddr, target: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    (head[9..12].parse().unwrap(), body.to_owned())
+}
+
+#[tokio::test]
+async fn a_change_feed_submission_on_either_admin_listener_reaches_the_accelerator() {
+    let origin = site().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut accelerator, accelerator_addr, accelerator_admin) = start_binary(&[
+        "accelerator",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--origin",
+        &format!("http://{}", origin.addr),
+        "--feed-state",
+        dir.path().join("feed").to_str().unwrap(),
+        "--access-log",
+        "off",
+    ]);
+    let (mut client, _, client_admin) = start_binary(&[
+        "client",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &format!("http://{accelerator_addr}"),
+        "--cache",
+        dir.path().join("cache").to_str().unwrap(),
+        "--access-log",
+        "off",
+    ]);
+    let (accelerator_admin, client_admin) = (accelerator_admin.unwrap(), client_admin.unwrap());
+    let script = origin.url("/app.js");
+    let results = |body: &str| -> Vec<(String, Option<u64>)> {
+        let list: serde_json::Value = serde_json::from_str(body).unwrap();
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["result"].as_str().unwrap().to_owned(), r["csn"].as_u64()))
+            .collect()
+    };
+
+    // The accelerator fetches the URL and commits its body, once.
+    let (status, body) = http_post(accelerator_admin, "/feed", &script).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        results(&body),
+        [("committed".to_owned(), Some(1))],
+        "{body}"
+    );
+    let (_, body) = http_post(accelerator_admin, "/feed", &format!("{script}\n")).await;
+    assert_eq!(results(&body), [("unchanged".to_owned(), None)], "{body}");
+    assert_eq!(origin.requests_to("/app.js"), 2);
+
+    // A client proxy passes a submission up (ANTACID's ars-s): a page
+    // whose body changed since is committed next.
+    let page = origin.url("/page.html");
+    let (status, body) = http_post(client_admin, "/feed", &format!("{script}\n{page}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        results(&body),
+        [
+            ("unchanged".to_owned(), None),
+            ("committed".to_owned(), Some(2))
+        ],
+        "{body}"
+    );
+    // What is not a URL is said to be so, and commits nothing.
+    let (_, body) = http_post(accelerator_admin, "/feed", "/app.js").await;
+    assert_eq!(results(&body), [("failed".to_owned(), None)], "{body}");
+
+    accelerator.kill().unwrap();
+    accelerator.wait().unwrap();
+    client.kill().unwrap();
+    client.wait().unwrap();
+}

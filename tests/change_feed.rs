@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Both client proxies subscribe to the zone `http://127.0.0.1:PORT/static/`
-//! with a 1 s interval. nginx serves five files with `max-age=3600`, so a
+//! with a 1 s interval, and take pushes on a callback address. nginx serves five files with `max-age=3600`, so a
 //! stored version stays fresh (and, without the feed, stale content would
 //! be served for an hour). Checked:
 //! - after every node restarted, five files changed and one submission
@@ -384,6 +384,9 @@ fn zones_replicate_down_a_tree_of_client_proxies() {
     for node in [&a, &b] {
         let zone = node.zone();
         assert_eq!(zone["prefetched"], FILES as u64, "{zone}");
+        // Each was pushed by its upstream (the accelerator, A), rather
+        // than waiting for its next pull.
+        assert!(zone["pushed"].as_u64() >= Some(1), "{zone}");
     }
 
     // Users now get version 2 from each cache, fresh, with nothing from

@@ -10,7 +10,10 @@
 //! costs the origin what requesting those paths would, and a path only
 //! enters the feed with what the origin serves to anyone.
 //!
-//! Main item: [`Accelerator::feed_request`].
+//! The admin listener's `POST /feed` takes absolute URLs instead, for any
+//! site ([`Accelerator::submit_urls`]).
+//!
+//! Main items: [`Accelerator::feed_request`], [`Accelerator::submit_urls`].
 
 use std::sync::Arc;
 
@@ -27,11 +30,11 @@ use super::origin::FromOrigin;
 use super::sites::Route;
 use crate::cache::freshness::Storability;
 use crate::feed::Feeds;
-use crate::feed::wire::{MAX_SUBMISSION_BYTES, Pull, parse_submission};
+use crate::feed::wire::{
+    MAX_SUBMISSION_BYTES, MAX_SUBMITTED, Pull, callback_node, parse_submission,
+};
 use crate::http::server::{Peer, ProxyBody, text_response};
 use crate::http::upstream_guard::ExchangeCheck;
-use crate::queue::X_NODE;
-use crate::queue::headers::parse_x_node;
 
 /// What became of one submitted path.
 #[derive(Debug, Serialize)]
@@ -60,7 +63,14 @@ impl Accelerator {
                     Ok(pull) => pull,
                     Err(message) => return text_response(StatusCode::BAD_REQUEST, message),
                 };
-                let answer = feeds.answer(&host, &pull, callback_node(&request));
+                let answer = feeds.answer(
+                    &host,
+                    &pull,
+                    callback_node(
+                        request.headers(),
+                        request.extensions().get::<Peer>().map(|peer| peer.0),
+                    ),
+                );
                 json(
                     StatusCode::OK,
                     serde_json::to_vec(&answer).unwrap_or_default(),
@@ -117,6 +127,66 @@ impl Accelerator {
                 response
             }
         }
+    }
+
+    /// A submission on the admin listener: absolute URLs, one per line,
+    /// each fetched and committed in its site's feed. The status and JSON
+    /// to answer.
+    pub(crate) async fn submit_urls(&self, text: &str) -> (StatusCode, String) {
+        let Some(feeds) = self.feeds.clone() else {
+            return (
+                StatusCode::NOT_IMPLEMENTED,
+                "\"no change feed: start the accelerator with --feed-state\"\n".into(),
+            );
+        };
+        let mut results = Vec::new();
+        for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
+            if results.len() >= MAX_SUBMITTED {
+                return (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("\"at most {MAX_SUBMITTED} URLs in one submission\"\n"),
+                );
+            }
+            let failed = |detail: String| Submitted {
+                path: line.to_owned(),
+                result: "failed",
+                csn: None,
+                detail: Some(detail),
+            };
+            let request = match line.parse::<http::Uri>() {
+                Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => {
+                    Request::get(uri).body(()).expect("a parsed URI")
+                }
+                _ => {
+                    results.push(failed("not an absolute http:// URL".into()));
+                    continue;
+                }
+            };
+            let route = match self.sites.route(&request) {
+                Ok(route) if route.in_feed => route,
+                Ok(_) => {
+                    results.push(failed("a parent-mode site keeps no feed".into()));
+                    continue;
+                }
+                Err(error) => {
+                    results.push(failed(error.to_string()));
+                    continue;
+                }
+            };
+            let host = route.host.to_str().unwrap_or_default().to_ascii_lowercase();
+            let path = request
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned();
+            let mut result = self.submit(&host, &route, &feeds, path).await;
+            result.path = line.to_owned();
+            results.push(result);
+        }
+        (
+            StatusCode::OK,
+            serde_json::to_string(&results).unwrap_or_default() + "\n",
+        )
     }
 
     /// Fetches `path` of `host` from the origin and commits its body if it
@@ -202,14 +272,6 @@ impl Accelerator {
             None => outcome("unchanged", None),
         }
     }
-}
-
-/// Where a pull asked to be pushed: its `X-Node`, when that is the
-/// puller's own address (never a third party's).
-fn callback_node(request: &Request<Incoming>) -> Option<std::net::SocketAddr> {
-    let node = parse_x_node(request.headers().get(&X_NODE)?.as_bytes()).ok()?;
-    let peer = request.extensions().get::<Peer>()?.0;
-    (node.ip() == peer.ip()).then_some(node)
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {

@@ -35,7 +35,20 @@ pub trait Source: Send + Sync + 'static {
         let _ = url_prefix;
         None
     }
+
+    /// A change feed submission (`POST /feed`): `urls`, one per line,
+    /// changed at their origin. `None` for a role that takes none; else
+    /// the status and JSON to answer.
+    fn submit(&self, urls: String) -> Submission<'_> {
+        let _ = urls;
+        Box::pin(async { None })
+    }
 }
+
+/// What [`Source::submit`] answers, when it takes submissions.
+pub type Submission<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Option<(http::StatusCode, String)>> + Send + 'a>,
+>;
 
 /// How requests ended, by outcome (a request may count under more than
 /// one: a delta is a miss too, a revalidation a hit).
@@ -180,6 +193,10 @@ impl Source for ClientProxy {
         Some(self.store().purge_prefix(url_prefix))
     }
 
+    fn submit(&self, urls: String) -> Submission<'_> {
+        Box::pin(async move { Some(self.submit_upstream(&urls).await) })
+    }
+
     fn figures(&self) -> Figures {
         let stats = self.stats().snapshot();
         Figures {
@@ -238,6 +255,10 @@ impl Source for ClientProxy {
 }
 
 impl Source for Accelerator {
+    fn submit(&self, urls: String) -> Submission<'_> {
+        Box::pin(async move { Some(self.submit_urls(&urls).await) })
+    }
+
     fn figures(&self) -> Figures {
         let stats = self.stats().snapshot();
         let timings = stats.timings.unwrap_or_default();

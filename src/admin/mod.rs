@@ -1,7 +1,8 @@
 //! The admin listener (`admin-listen`, loopback by default, never the
 //! proxy's own socket): Prometheus metrics at `/metrics`, a status page at
-//! `/`, the same JSON counters as the proxy's `/.rproxy/stats`, and
-//! `PURGE /URL-PREFIX` to remove cached entries. It
+//! `/`, the same JSON counters as the proxy's `/.rproxy/stats`,
+//! `PURGE /URL-PREFIX` to remove cached entries, and `POST /feed` with the
+//! URLs that changed for the change feed ([`crate::feed`]). It
 //! serves an [`Admin`] with the same accept loop and connection checks as
 //! the proxies ([`crate::http::server`]), and a task samples the counters
 //! every 10 s for the page's charts.
@@ -35,13 +36,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
+use crate::feed::wire::MAX_SUBMISSION_BYTES;
 use crate::http::auth::{Authenticator, Refusal};
 use crate::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, text_response};
 
-pub use figures::{BasisFigures, CacheFigures, Figures, Outcomes, Source};
+pub use figures::{BasisFigures, CacheFigures, Figures, Outcomes, Source, Submission};
 pub use history::{History, SAMPLE_EVERY};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
 pub use page::{Summary, UpstreamView};
@@ -52,6 +54,12 @@ pub const METRICS_PATH: &str = "/metrics";
 /// The method that removes cached entries by URL prefix, as Varnish and
 /// Squid name it.
 const PURGE: &str = "PURGE";
+
+/// Where the admin listener takes change feed submissions.
+pub const FEED_SUBMIT_PATH: &str = "/feed";
+
+/// Time a submission's body has to arrive.
+const SUBMISSION_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections the admin listener serves at once: a scraper and a few
 /// browsers, not the proxy's thousands.
@@ -137,14 +145,18 @@ impl Admin {
         if request.method().as_str() == PURGE {
             return self.purge(request.uri()).await;
         }
+        if request.method() == Method::POST && request.uri().path() == FEED_SUBMIT_PATH {
+            return self.submit(request.into_body()).await;
+        }
         if request.method() != Method::GET && request.method() != Method::HEAD {
             let mut response = text_response(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "the admin listener answers GET, HEAD and PURGE".into(),
+                format!("the admin listener answers GET, HEAD, PURGE, and POST {FEED_SUBMIT_PATH}"),
             );
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, PURGE"));
+            response.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, PURGE, POST"),
+            );
             return response;
         }
         let (body, content_type) = match request.uri().path() {
@@ -174,6 +186,48 @@ impl Admin {
 }
 
 impl Admin {
+    /// `POST /feed`: the URLs that changed, one per line, for the change
+    /// feed (a deploy hook's SubmitUpdate): the accelerator fetches and
+    /// commits them; a client proxy passes them to its upstream.
+    async fn submit(&self, body: Incoming) -> Response<ProxyBody> {
+        let read = tokio::time::timeout(
+            SUBMISSION_READ_TIMEOUT,
+            Limited::new(body, MAX_SUBMISSION_BYTES).collect(),
+        )
+        .await;
+        let urls = match read {
+            Ok(Ok(body)) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+            _ => {
+                return text_response(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "POST {FEED_SUBMIT_PATH} with the changed URLs, one per line, \
+                         in at most {MAX_SUBMISSION_BYTES} bytes"
+                    ),
+                );
+            }
+        };
+        match self.source.submit(urls).await {
+            Some((status, json)) => {
+                let mut response = Response::new(
+                    Full::new(Bytes::from(json))
+                        .map_err(|never| match never {})
+                        .boxed(),
+                );
+                *response.status_mut() = status;
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+            None => text_response(
+                StatusCode::NOT_IMPLEMENTED,
+                "this role keeps no change feed".into(),
+            ),
+        }
+    }
+
     /// `PURGE /URL-PREFIX`: removes the cached entries whose URL starts
     /// with the prefix (as stored: lower-case scheme and host, no default
     /// port); `PURGE /*` removes them all. Safe while requests run: one

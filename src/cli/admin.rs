@@ -184,4 +184,11 @@ impl<R: Handler + Source> Source for Following<R> {
     fn purge(&self, url_prefix: &str) -> Option<crate::cache::PurgeReport> {
         self.0.current().role().role().purge(url_prefix)
     }
+
+    fn submit(&self, urls: String) -> crate::admin::Submission<'_> {
+        Box::pin(async move {
+            let current = self.0.current();
+            current.role().role().submit(urls).await
+        })
+    }
 }

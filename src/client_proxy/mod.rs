@@ -76,7 +76,7 @@ use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH, Hop, answer_at_this_hop,
     max_forwards, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
 };
-use crate::http::server::{Handler, ProxyBody, counted};
+use crate::http::server::{Handler, Peer, ProxyBody, counted};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::TransferMemory;
 use coalesce::{InFlight, Role};
@@ -376,7 +376,12 @@ impl ClientProxy {
             .log_and_respond();
         }
         // A proxy behind us replicating a zone we replicate.
-        if let Some(response) = self.answer_feed_pull(request.method(), &target.url) {
+        if let Some(response) = self.answer_feed_pull(
+            request.method(),
+            &target.url,
+            request.headers(),
+            request.extensions().get::<Peer>().map(|peer| peer.0),
+        ) {
             return response;
         }
         let mut request = request;

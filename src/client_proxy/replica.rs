@@ -4,7 +4,8 @@
 //! line to the QUEUE callback listener), prefetches the bodies that changed
 //! through its own fetch path (coded against what it holds, stored as any
 //! answer), and commits each update to its own copy of the log, under the
-//! primary's CSN, so proxies behind it replicate from it.
+//! primary's CSN, so proxies behind it replicate from it (and are pushed
+//! each update, as the accelerator pushes, when they gave an address).
 //!
 //! Prefetching yields to users: it waits while any user fetch is under
 //! way, one body at a time, and then as long as the bytes it took would
@@ -23,12 +24,13 @@
 //!
 //! Main types: [`Subscription`], [`Replicas`], [`Zone`].
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};
 use serde::{Deserialize, Serialize};
@@ -38,6 +40,8 @@ use super::coalesce::Role;
 use super::transfer::full;
 use super::{ClientProxy, empty};
 use crate::cache::CacheKey;
+use crate::feed::primary::Subscribers;
+use crate::feed::wire::callback_node;
 use crate::feed::{Answer, FEED_PATH, FeedLog, Pull, Update, state};
 use crate::http::server::{ProxyBody, text_response};
 use crate::queue::X_NODE;
@@ -103,6 +107,7 @@ pub struct Zone {
 
 #[derive(Default)]
 struct ZoneCounters {
+    pushed: AtomicU64,
     pulls: AtomicU64,
     pull_failures: AtomicU64,
     resets: AtomicU64,
@@ -120,6 +125,8 @@ pub struct ZoneView {
     incarnation: String,
     csn: u64,
     entries: usize,
+    /// Pushes received (each made a pull at once).
+    pushed: u64,
     pulls: u64,
     pull_failures: u64,
     resets: u64,
@@ -145,6 +152,7 @@ impl Zone {
             incarnation: log.incarnation().to_owned(),
             csn: log.csn(),
             entries: log.len(),
+            pushed: n(&c.pushed),
             pulls: n(&c.pulls),
             pull_failures: n(&c.pull_failures),
             resets: n(&c.resets),
@@ -172,6 +180,8 @@ impl Zone {
 #[derive(Default)]
 pub struct Replicas {
     zones: Vec<Arc<Zone>>,
+    /// Proxies behind this one that pulled with a callback address.
+    subscribers: Subscribers,
 }
 
 impl Replicas {
@@ -198,7 +208,10 @@ impl Replicas {
                 })
             })
             .collect();
-        Replicas { zones }
+        Replicas {
+            zones,
+            subscribers: Subscribers::default(),
+        }
     }
 
     /// The zones.
@@ -211,6 +224,7 @@ impl Replicas {
     pub fn wake(&self, token: &str) -> bool {
         match self.zones.iter().find(|zone| zone.token == token) {
             Some(zone) => {
+                zone.counters.pushed.fetch_add(1, Ordering::Relaxed);
                 zone.wake.notify_one();
                 true
             }
@@ -292,10 +306,15 @@ impl ClientProxy {
                 caught_up = update.csn - 1;
                 break;
             }
-            zone.log
+            let (path, csn) = (update.path.clone(), update.csn);
+            let applied = zone
+                .log
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .apply(update);
+            if applied {
+                self.replicas.subscribers.push(&zone.origin, &path, csn);
+            }
         }
         if changed {
             zone.log
@@ -415,6 +434,91 @@ impl ClientProxy {
         Ok(())
     }
 
+    /// A submission on the admin listener (absolute URLs, one per line):
+    /// passed up, as a POST of the paths to each origin's feed, to the
+    /// primary (ars-s). The status and the answers, as one JSON list.
+    pub(crate) async fn submit_upstream(&self, text: &str) -> (StatusCode, String) {
+        let mut by_origin: Vec<(String, Vec<String>)> = Vec::new();
+        for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
+            let Some((origin, path)) = line
+                .parse::<Uri>()
+                .ok()
+                .filter(|uri| uri.scheme_str() == Some("http"))
+                .and_then(|uri| {
+                    let authority = uri.authority()?.as_str().to_owned();
+                    let path = uri.path_and_query()?.as_str().to_owned();
+                    Some((format!("http://{authority}"), path))
+                })
+            else {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "\"{}: not an absolute http:// URL\"\n",
+                        line.escape_default()
+                    ),
+                );
+            };
+            match by_origin.iter_mut().find(|(o, _)| *o == origin) {
+                Some((_, paths)) => paths.push(path),
+                None => by_origin.push((origin, vec![path])),
+            }
+        }
+        let mut results: Vec<serde_json::Value> = Vec::new();
+        for (origin, paths) in by_origin {
+            match self.post_submission(&origin, &paths).await {
+                Ok(answers) => results.extend(answers),
+                Err(detail) => results.extend(paths.iter().map(|path| {
+                    serde_json::json!({
+                        "path": format!("{origin}{path}"),
+                        "result": "failed",
+                        "detail": detail,
+                    })
+                })),
+            }
+        }
+        (
+            StatusCode::OK,
+            serde_json::to_string(&results).unwrap_or_default() + "\n",
+        )
+    }
+
+    /// POSTs `paths` to `origin`'s feed, upstream: the answers.
+    async fn post_submission(
+        &self,
+        origin: &str,
+        paths: &[String],
+    ) -> Result<Vec<serde_json::Value>, String> {
+        let url = format!("{origin}{FEED_PATH}");
+        let request = Request::post(url.as_str())
+            .body(())
+            .map_err(|e| format!("{url}: {e}"))?;
+        let target = self.routes.target(&request).map_err(|e| e.to_string())?;
+        let (parts, ()) = request.into_parts();
+        let outbound = self.outbound(
+            &parts,
+            parts.headers.clone(),
+            &target,
+            full(paths.join("\n")),
+        );
+        let response = self
+            .send(outbound, &target)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("the answer: {e}"))?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(format!(
+                "the upstream answered {status}: {}",
+                String::from_utf8_lossy(&body).trim()
+            ));
+        }
+        serde_json::from_slice(&body).map_err(|e| format!("the answer is not a feed's: {e}"))
+    }
+
     /// What crossed the link so far (answers and basis signatures sent).
     fn link_bytes(&self) -> u64 {
         self.stats.upstream_bytes.load(Ordering::Relaxed)
@@ -428,6 +532,8 @@ impl ClientProxy {
         &self,
         method: &Method,
         url: &Uri,
+        headers: &HeaderMap,
+        peer: Option<SocketAddr>,
     ) -> Option<Response<ProxyBody>> {
         if *method != Method::GET || url.path() != FEED_PATH {
             return None;
@@ -440,6 +546,11 @@ impl ClientProxy {
         )
         .to_ascii_lowercase();
         let zone = self.replicas.serving(&origin, &pull.prefix)?;
+        if let (Some(node), Some(token)) = (callback_node(headers, peer), &pull.notify) {
+            self.replicas
+                .subscribers
+                .subscribe(node, token, &zone.origin, &pull.prefix);
+        }
         let log = zone.log.lock().unwrap_or_else(PoisonError::into_inner);
         if log.incarnation().is_empty() {
             let mut response = text_response(

@@ -68,8 +68,7 @@ pub struct Feeds {
     writer_started: AtomicBool,
     /// Ourselves, for the writer task (which ends with us).
     me: Weak<Feeds>,
-    subscriptions: Mutex<ExpiringMap<(SocketAddr, String), Subscription>>,
-    pushes: Arc<Semaphore>,
+    subscribers: Subscribers,
 }
 
 impl std::fmt::Debug for Feeds {
@@ -95,11 +94,7 @@ impl Feeds {
             wake_writer: Arc::new(Notify::new()),
             writer_started: AtomicBool::new(false),
             me: me.clone(),
-            subscriptions: Mutex::new(ExpiringMap::with_max_entries(
-                SUBSCRIPTION_TTL,
-                NonZeroUsize::new(MAX_SUBSCRIPTIONS).expect("not zero"),
-            )),
-            pushes: Arc::new(Semaphore::new(MAX_PUSHES)),
+            subscribers: Subscribers::default(),
         }))
     }
 
@@ -115,7 +110,7 @@ impl Feeds {
         })??;
         tracing::info!(host, path, csn, length, "change feed: committed");
         self.mark_dirty(host);
-        self.push(host, path, csn);
+        self.subscribers.push(host, path, csn);
         Some(csn)
     }
 
@@ -123,17 +118,7 @@ impl Feeds {
     /// is subscribed to pushes.
     pub fn answer(&self, host: &str, pull: &Pull, node: Option<SocketAddr>) -> Answer {
         if let (Some(node), Some(token)) = (node, &pull.notify) {
-            self.subscriptions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(
-                    (node, token.clone()),
-                    Subscription {
-                        host: host.to_owned(),
-                        prefix: pull.prefix.clone(),
-                    },
-                    tokio::time::Instant::now(),
-                );
+            self.subscribers.subscribe(node, token, host, &pull.prefix);
         }
         self.with_log(host, |log| {
             log.answer(pull.since, pull.incarnation.as_deref(), &pull.prefix)
@@ -258,15 +243,50 @@ impl Feeds {
             .collect();
         self.dir.join(format!("{name}.json"))
     }
+}
+
+/// Who asked to be pushed, and the pushes under way: the peers that
+/// pulled with a callback address, for [`SUBSCRIPTION_TTL`] after their
+/// last pull (an expiring table, seed 003).
+pub struct Subscribers {
+    table: Mutex<ExpiringMap<(SocketAddr, String), Subscription>>,
+    pushes: Arc<Semaphore>,
+}
+
+impl Default for Subscribers {
+    fn default() -> Self {
+        Subscribers {
+            table: Mutex::new(ExpiringMap::with_max_entries(
+                SUBSCRIPTION_TTL,
+                NonZeroUsize::new(MAX_SUBSCRIPTIONS).expect("not zero"),
+            )),
+            pushes: Arc::new(Semaphore::new(MAX_PUSHES)),
+        }
+    }
+}
+
+impl Subscribers {
+    /// `node` wants a `FEED token` line for each update of `site` under
+    /// `prefix`.
+    pub fn subscribe(&self, node: SocketAddr, token: &str, site: &str, prefix: &str) {
+        self.table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                (node, token.to_owned()),
+                Subscription {
+                    host: site.to_owned(),
+                    prefix: prefix.to_owned(),
+                },
+                tokio::time::Instant::now(),
+            );
+    }
 
     /// Tells the subscribers of `host`'s zones that hold `path`.
-    fn push(&self, host: &str, path: &str, csn: u64) {
+    pub fn push(&self, host: &str, path: &str, csn: u64) {
         let now = tokio::time::Instant::now();
         let targets: Vec<(SocketAddr, String)> = {
-            let mut subscriptions = self
-                .subscriptions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut subscriptions = self.table.lock().unwrap_or_else(PoisonError::into_inner);
             subscriptions.sweep(now);
             subscriptions
                 .iter(now)

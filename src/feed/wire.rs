@@ -18,9 +18,14 @@
 //! ```
 //!
 //! Main items: [`FEED_PATH`], [`Pull`], [`parse_submission`],
-//! [`feed_line`], [`parse_feed_line`].
+//! [`feed_line`], [`parse_feed_line`], [`callback_node`].
+
+use std::net::SocketAddr;
 
 use http::Uri;
+
+use crate::queue::X_NODE;
+use crate::queue::headers::parse_x_node;
 
 /// Where a site's feed is, on the site's own host.
 pub const FEED_PATH: &str = "/.well-known/hsync-feed";
@@ -147,6 +152,13 @@ pub fn parse_feed_line(line: &[u8]) -> Option<(String, u64)> {
     let (token, csn) = rest.split_once(' ')?;
     is_token(token).then_some(())?;
     Some((token.to_owned(), csn.parse().ok()?))
+}
+
+/// Where a pull asked to be pushed: its `X-Node`, only when that is the
+/// puller's own address `peer` (never a third party's).
+pub fn callback_node(headers: &http::HeaderMap, peer: Option<SocketAddr>) -> Option<SocketAddr> {
+    let node = parse_x_node(headers.get(&X_NODE)?.as_bytes()).ok()?;
+    (node.ip() == peer?.ip()).then_some(node)
 }
 
 fn is_token(text: &str) -> bool {
