@@ -460,3 +460,48 @@ fn zones_replicate_down_a_tree_of_client_proxies() {
     }
     drop(nginx);
 }
+
+#[test]
+fn a_watched_document_root_reaches_the_replicas_without_a_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let root: PathBuf = dir.path().join("www");
+    std::fs::create_dir_all(root.join("static")).unwrap();
+    write_version(&root, 0, 1);
+    let nginx = Nginx::start(dir.path(), &root);
+    let origin = format!("http://127.0.0.1:{}", nginx.port);
+    let zone = format!("{origin}/static/");
+    let url = format!("{zone}f0.txt");
+    let watch = format!("{}={origin}/", root.display());
+    let accelerator = Node::start(
+        [
+            "accelerator",
+            "--listen",
+            "127.0.0.1:0",
+            "--origin",
+            &origin,
+            "--feed-state",
+            dir.path().join("feed").to_str().unwrap(),
+            "--feed-watch",
+            &watch,
+            "--feed-watch-interval",
+            "100ms",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    );
+    let client = Node::start(client_args(dir.path(), "c", &accelerator.url(), &zone));
+    assert_eq!(get_through(&client, &url).1, version(0, 1));
+
+    // A deploy that only writes the file: the walk sees it, the
+    // accelerator commits it, the client proxy is pushed and prefetches.
+    write_version(&root, 0, 2);
+    within(
+        Duration::from_secs(5),
+        "the client proxy prefetched",
+        || client.zone()["prefetched"].as_u64() >= Some(1),
+    );
+    let (head, body) = get_through(&client, &url);
+    assert!(head.contains("cache-status: rproxy; hit"), "{head}");
+    assert_eq!(body, version(0, 2));
+    drop(nginx);
+}

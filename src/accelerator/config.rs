@@ -176,6 +176,10 @@ pub struct FeedConfig {
     pub dir: PathBuf,
     /// How long (and how many) updates each log keeps.
     pub retention: crate::feed::Retention,
+    /// Document roots watched, each with the URL its files are served at.
+    pub watches: Vec<(PathBuf, String)>,
+    /// Time between two walks of a watched root.
+    pub watch_interval: std::time::Duration,
 }
 
 /// Why the configuration cannot be used.

@@ -25,11 +25,13 @@ use hyper::body::Incoming;
 use serde::Serialize;
 
 use super::Accelerator;
+use super::FeedConfig;
 use super::basis_store::shareable;
 use super::origin::FromOrigin;
 use super::sites::Route;
 use crate::cache::freshness::Storability;
 use crate::feed::Feeds;
+use crate::feed::watch::DocRoot;
 use crate::feed::wire::{
     MAX_SUBMISSION_BYTES, MAX_SUBMITTED, Pull, callback_node, parse_submission,
 };
@@ -187,6 +189,47 @@ impl Accelerator {
             StatusCode::OK,
             serde_json::to_string(&results).unwrap_or_default() + "\n",
         )
+    }
+
+    /// The walks of the document roots `feed` watches (`--feed-watch`),
+    /// for the caller to spawn once: each changed file is submitted as on
+    /// the admin listener, to the accelerator `current` gives (the one a
+    /// reload made). `None` when nothing is watched.
+    pub fn watch_doc_roots(
+        feed: &Option<FeedConfig>,
+        current: impl Fn() -> Option<Arc<Accelerator>> + Send + 'static,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let feed = feed.as_ref().filter(|feed| !feed.watches.is_empty())?;
+        let mut roots: Vec<DocRoot> = feed
+            .watches
+            .iter()
+            .map(|(dir, url)| DocRoot::new(dir.clone(), url.clone()))
+            .collect();
+        let interval = feed.watch_interval;
+        Some(async move {
+            loop {
+                let walked = tokio::task::spawn_blocking(move || {
+                    let changed: Vec<String> =
+                        roots.iter_mut().flat_map(DocRoot::changes).collect();
+                    (roots, changed)
+                })
+                .await;
+                let Ok((walked_roots, changed)) = walked else {
+                    return;
+                };
+                roots = walked_roots;
+                if !changed.is_empty() {
+                    let Some(accelerator) = current() else {
+                        return;
+                    };
+                    for batch in changed.chunks(MAX_SUBMITTED) {
+                        let (_, answer) = accelerator.submit_urls(&batch.join("\n")).await;
+                        tracing::info!(files = batch.len(), %answer, "change feed: document root changed");
+                    }
+                }
+                tokio::time::sleep(interval).await;
+            }
+        })
     }
 
     /// Fetches `path` of `host` from the origin and commits its body if it

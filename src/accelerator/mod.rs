@@ -171,6 +171,11 @@ impl Accelerator {
         })
     }
 
+    /// The settings it runs with.
+    pub fn config(&self) -> &AcceleratorConfig {
+        &self.config
+    }
+
     /// The counters.
     pub fn stats(&self) -> &Stats {
         &self.stats

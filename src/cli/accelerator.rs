@@ -257,6 +257,16 @@ pub struct AcceleratorArgs {
     /// Updates each site's feed keeps at most (the oldest go first).
     #[arg(long, value_name = "N")]
     pub feed_max_entries: Option<usize>,
+    /// Watch a static document root (DIR=URL, repeatable: the directory
+    /// and the URL its files are served at, such as
+    /// /var/www/html=http://www.example.com/): each file whose size or
+    /// time changes is fetched from the origin and committed to the feed
+    /// if its body changed. Needs --feed-state.
+    #[arg(long, value_name = "DIR=URL")]
+    pub feed_watch: Vec<String>,
+    /// Time between two walks of each --feed-watch root (2s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub feed_watch_interval: Option<Duration>,
     /// PEM certificate chain: serve TLS (HTTP/2 or HTTP/1.1 by ALPN) for
     /// client proxies with an https:// upstream. Needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -290,11 +300,14 @@ impl AcceleratorArgs {
         override_with_flags!(settings, self;
             plain: listen, admin_listen, max_encode_len, level, bulk_level, max_signature,
                 max_body_signature, max_encoders, max_spool, max_spool_total, transfer_memory, connect_timeout, origin_timeout, basis_store,
-                max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, feed_retain, feed_max_entries, slots, queue_max, queue_hold_grace, health_interval, health_failures,
+                max_stored_body, basis_disk, max_disk_body, basis_redis_timeout, max_redis_body, feed_retain, feed_max_entries, feed_watch_interval, slots, queue_max, queue_hold_grace, health_interval, health_failures,
                 health_down_time, health_max_down_time;
             optional: origin, via_name, spool_dir, basis_dir, basis_redis, queue_per_address, queue_state, feed_state, tls_cert, tls_key,
                 health_path;
             switches: no_adapt, basis_store_private, inetd);
+        if !self.feed_watch.is_empty() {
+            settings.feed_watch.clone_from(&self.feed_watch);
+        }
         self.auth.apply(&mut settings.auth);
         self.limits.apply(&mut settings.limits);
         self.log.apply(&mut settings.log);
@@ -361,6 +374,14 @@ pub fn run(args: AcceleratorArgs) -> anyhow::Result<()> {
         |address, accelerator| {
             let admin = admin.and_then(|admin| admin.spawn(address, Arc::new(Following(accelerator.clone()))));
             tracing::info!(listen = %address, admin = %shown(admin), sites = %describe, tls = tls.is_some(), "accelerator ready");
+            let handler = accelerator.clone();
+            if let Some(watching) =
+                Accelerator::watch_doc_roots(&accelerator.current().role().role().config().feed, move || {
+                    Some(handler.current().role().shared_role())
+                })
+            {
+                tokio::spawn(watching);
+            }
             let accelerator = accelerator.current();
             let accelerator = accelerator.role().role();
             if let Some(slots) = accelerator.slots() {

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
@@ -242,6 +242,11 @@ pub struct AcceleratorSettings {
     #[serde(with = "units::duration")]
     pub feed_retain: Duration,
     pub feed_max_entries: usize,
+    /// `DIR=URL`: document roots whose changed files are submitted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub feed_watch: Vec<String>,
+    #[serde(with = "units::duration")]
+    pub feed_watch_interval: Duration,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -307,6 +312,8 @@ impl Default for AcceleratorSettings {
             feed_state: None,
             feed_retain: FeedRetention::default().max_age,
             feed_max_entries: FeedRetention::default().max_entries,
+            feed_watch: Vec::new(),
+            feed_watch_interval: Duration::from_secs(2),
             tls_cert: None,
             tls_key: None,
             limits: LimitSettings::default(),
@@ -408,8 +415,49 @@ impl AcceleratorSettings {
                 ));
             }
         }
+        let watches = self.feed_watches()?;
         let via_name = via_name(self.via_name.as_deref(), address)?;
-        Ok(self.config_with(sites, via_name))
+        let mut config = self.config_with(sites, via_name);
+        if let Some(feed) = &mut config.feed {
+            feed.watches = watches;
+        }
+        Ok(config)
+    }
+
+    /// The document roots `feed-watch` names, checked.
+    fn feed_watches(&self) -> Result<Vec<(PathBuf, String)>, UsageError> {
+        if self.feed_watch.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.feed_state.is_none() {
+            return Err(UsageError(
+                "--feed-watch needs --feed-state (the change feed's directory)".into(),
+            ));
+        }
+        if self.feed_watch_interval.is_zero() {
+            return Err(UsageError(
+                "--feed-watch-interval 0: give the time between walks, such as 2s".into(),
+            ));
+        }
+        self.feed_watch
+            .iter()
+            .map(|watch| {
+                let bad = |why: &str| {
+                    UsageError(format!(
+                        "--feed-watch {watch}: {why}; give DIR=URL, such as /var/www/html=http://www.example.com/"
+                    ))
+                };
+                let (dir, url) = watch.split_once('=').ok_or_else(|| bad("no ="))?;
+                let uri: Uri = url.parse().map_err(|_| bad("the URL does not parse"))?;
+                if uri.scheme().is_none() || uri.authority().is_none() || !uri.path().ends_with('/') {
+                    return Err(bad("the URL must be absolute and end with /"));
+                }
+                if !Path::new(dir).is_dir() {
+                    return Err(bad("not a directory"));
+                }
+                Ok((PathBuf::from(dir), url.to_owned()))
+            })
+            .collect()
     }
 
     /// Where the admin listener listens; `None` when it is off or under
@@ -512,6 +560,8 @@ impl AcceleratorSettings {
             queue_state: self.queue_state.clone(),
             feed: self.feed_state.clone().map(|dir| FeedConfig {
                 dir,
+                watches: Vec::new(),
+                watch_interval: self.feed_watch_interval,
                 retention: FeedRetention {
                     max_age: self.feed_retain,
                     max_entries: self.feed_max_entries.max(1),

@@ -10,7 +10,9 @@
 //!   listing the paths that changed (a deploy hook): the accelerator
 //!   fetches each from the origin and commits what changed. At a replica
 //!   the same request passes upstream as any POST does, so a submission
-//!   reaches the primary from anywhere in the tree (ars-s).
+//!   reaches the primary from anywhere in the tree (ars-s). A watched
+//!   document root (`--feed-watch`, [`watch`]) submits the files that
+//!   change in it.
 //! - **PullCommittedUpdates** = `GET /.well-known/hsync-feed?since=n`: the
 //!   updates after CSN n under the zone's prefix, collapsed to the latest
 //!   per path, or a reset (the whole listing) for a peer behind what the
@@ -42,6 +44,7 @@
 pub mod log;
 pub mod primary;
 pub mod state;
+pub mod watch;
 pub mod wire;
 
 pub use log::{Answer, FeedLog, Retention, Update};
