@@ -652,6 +652,12 @@ async fn a_change_feed_submission_on_either_admin_listener_reaches_the_accelerat
     // What is not a URL is said to be so, and commits nothing.
     let (_, body) = http_post(accelerator_admin, "/feed", "/app.js").await;
     assert_eq!(results(&body), [("failed".to_owned(), None)], "{body}");
+    // The site's log, in the metrics.
+    let (metrics, _) = scrape(accelerator_admin).await;
+    let site = origin.addr.to_string();
+    let site = Some(("zone", site.as_str()));
+    assert_eq!(sample(&metrics, "rproxy_feed_csn", site), 2.0);
+    assert_eq!(sample(&metrics, "rproxy_feed_entries", site), 2.0);
 
     accelerator.kill().unwrap();
     accelerator.wait().unwrap();

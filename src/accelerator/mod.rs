@@ -176,6 +176,24 @@ impl Accelerator {
         &self.config
     }
 
+    /// The change feed's logs, for the metrics.
+    pub fn feed_figures(&self) -> Vec<crate::admin::FeedFigures> {
+        let Some(feeds) = &self.feeds else {
+            return Vec::new();
+        };
+        feeds
+            .figures()
+            .into_iter()
+            .map(|(zone, csn, entries, pulls)| crate::admin::FeedFigures {
+                zone,
+                csn,
+                entries,
+                pulls,
+                ..crate::admin::FeedFigures::default()
+            })
+            .collect()
+    }
+
     /// The counters.
     pub fn stats(&self) -> &Stats {
         &self.stats

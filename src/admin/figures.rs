@@ -179,6 +179,27 @@ pub struct Figures {
     /// The health of each checked origin (accelerator) or upstream proxy
     /// (client proxy), now.
     pub health: Vec<HealthView>,
+    /// The change feed: each site's log (accelerator) or each zone
+    /// replicated (client proxy).
+    pub feed: Vec<FeedFigures>,
+}
+
+/// One change feed log, as the metrics show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FeedFigures {
+    /// The site's host (accelerator) or the zone's URL (client proxy):
+    /// configured, never a user's.
+    pub zone: String,
+    /// The last CSN committed, or caught up to.
+    pub csn: u64,
+    /// Updates the log holds.
+    pub entries: u64,
+    /// Pulls answered (accelerator) or made (client proxy).
+    pub pulls: u64,
+    /// Bodies prefetched, and their link bytes (client proxy).
+    pub prefetched: u64,
+    /// The link bytes of those prefetches.
+    pub prefetch_bytes: u64,
 }
 
 impl Figures {
@@ -246,6 +267,7 @@ impl Source for ClientProxy {
             tunnels: stats.tunnels,
             tunnel_bytes: stats.tunnel_bytes,
             health: self.health_views(),
+            feed: self.feed_figures(),
         }
     }
 
@@ -297,6 +319,7 @@ impl Source for Accelerator {
             tunnels: stats.tunnels,
             tunnel_bytes: stats.tunnel_bytes,
             health: self.health_views(),
+            feed: self.feed_figures(),
         }
     }
 

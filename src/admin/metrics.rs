@@ -136,6 +136,58 @@ fn health(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error>
     Ok(())
 }
 
+/// Each change feed log, labelled with its site or zone (configured:
+/// not a user's URL).
+fn feed(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    if f.feed.is_empty() {
+        return Ok(());
+    }
+    type Pick = fn(&crate::admin::FeedFigures) -> u64;
+    let rows: [(&str, &str, MetricType, Pick); 5] = [
+        (
+            "feed_csn",
+            "The last CSN committed (accelerator) or caught up to (client proxy).",
+            MetricType::Gauge,
+            |z| z.csn,
+        ),
+        (
+            "feed_entries",
+            "Updates the log holds (one per path).",
+            MetricType::Gauge,
+            |z| z.entries,
+        ),
+        (
+            "feed_pulls",
+            "Pulls answered (accelerator) or made (client proxy).",
+            MetricType::Counter,
+            |z| z.pulls,
+        ),
+        (
+            "feed_prefetched",
+            "Changed bodies fetched ahead of users (client proxy).",
+            MetricType::Counter,
+            |z| z.prefetched,
+        ),
+        (
+            "feed_prefetch_bytes",
+            "Link bytes those prefetches took (client proxy).",
+            MetricType::Counter,
+            |z| z.prefetch_bytes,
+        ),
+    ];
+    for (name, help, kind, pick) in rows {
+        let mut family = e.encode_descriptor(name, help, None, kind)?;
+        for zone in &f.feed {
+            let labels = [("zone", zone.zone.as_str())];
+            match kind {
+                MetricType::Gauge => gauge(pick(zone)).encode(family.encode_family(&labels)?)?,
+                _ => ConstCounter::new(pick(zone)).encode(family.encode_family(&labels)?)?,
+            }
+        }
+    }
+    Ok(())
+}
+
 fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let bytes = Some(&Unit::Bytes);
     let secs = Some(&Unit::Seconds);
@@ -340,6 +392,7 @@ fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt
         )?;
     }
     health(f, e)?;
+    feed(f, e)?;
     one(
         e,
         "tunnels",

@@ -43,7 +43,7 @@ use crate::feed::wire::MAX_SUBMISSION_BYTES;
 use crate::http::auth::{Authenticator, Refusal};
 use crate::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, text_response};
 
-pub use figures::{BasisFigures, CacheFigures, Figures, Outcomes, Source, Submission};
+pub use figures::{BasisFigures, CacheFigures, FeedFigures, Figures, Outcomes, Source, Submission};
 pub use history::{History, SAMPLE_EVERY};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
 pub use page::{Summary, UpstreamView};

@@ -556,6 +556,7 @@ mod tests {
             upstream_latency: Default::default(),
             tunnels: 0,
             tunnel_bytes: 0,
+            feed: Vec::new(),
             health: vec![HealthView {
                 name: "http://accel<x>".into(),
                 state: HealthState::Down {

@@ -315,6 +315,11 @@ impl ClientProxy {
             .to_json(&self.waits.views(MAX_LISTED_WAITS), &self.replicas.views())
     }
 
+    /// The replicated zones, for the metrics.
+    pub fn feed_figures(&self) -> Vec<crate::admin::FeedFigures> {
+        self.replicas.figures()
+    }
+
     /// The zones replicated from change feeds (`[[subscribe]]`): spawn
     /// [`ClientProxy::replicate`] for each.
     pub fn replicas(&self) -> &Arc<Replicas> {

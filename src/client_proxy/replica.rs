@@ -237,6 +237,21 @@ impl Replicas {
         self.zones.iter().map(|zone| zone.view()).collect()
     }
 
+    /// The zones as the metrics show them.
+    pub fn figures(&self) -> Vec<crate::admin::FeedFigures> {
+        self.views()
+            .into_iter()
+            .map(|view| crate::admin::FeedFigures {
+                zone: view.zone,
+                csn: view.csn,
+                entries: view.entries as u64,
+                pulls: view.pulls,
+                prefetched: view.prefetched,
+                prefetch_bytes: view.prefetch_bytes,
+            })
+            .collect()
+    }
+
     /// The zone that serves a pull of `origin` under `prefix`: one of
     /// ours with that origin whose prefix holds it.
     fn serving(&self, origin: &str, prefix: &str) -> Option<&Arc<Zone>> {

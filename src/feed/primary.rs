@@ -69,6 +69,8 @@ pub struct Feeds {
     /// Ourselves, for the writer task (which ends with us).
     me: Weak<Feeds>,
     subscribers: Subscribers,
+    /// Pulls answered, by site.
+    pulls: Mutex<HashMap<String, u64>>,
 }
 
 impl std::fmt::Debug for Feeds {
@@ -95,6 +97,7 @@ impl Feeds {
             writer_started: AtomicBool::new(false),
             me: me.clone(),
             subscribers: Subscribers::default(),
+            pulls: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -120,10 +123,37 @@ impl Feeds {
         if let (Some(node), Some(token)) = (node, &pull.notify) {
             self.subscribers.subscribe(node, token, host, &pull.prefix);
         }
-        self.with_log(host, |log| {
+        match self.with_log(host, |log| {
             log.answer(pull.since, pull.incarnation.as_deref(), &pull.prefix)
-        })
-        .unwrap_or_else(|| FeedLog::new(String::new()).answer(0, None, "/"))
+        }) {
+            Some(answer) => {
+                *self
+                    .pulls
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(host.to_owned())
+                    .or_default() += 1;
+                answer
+            }
+            None => FeedLog::new(String::new()).answer(0, None, "/"),
+        }
+    }
+
+    /// Each site's log, for the metrics: (host, CSN, entries, pulls).
+    pub fn figures(&self) -> Vec<(String, u64, u64, u64)> {
+        let pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut figures: Vec<_> = self
+            .logs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(host, log)| {
+                let pulled = pulls.get(host).copied().unwrap_or(0);
+                (host.clone(), log.csn(), log.len() as u64, pulled)
+            })
+            .collect();
+        figures.sort();
+        figures
     }
 
     /// Writes dirty logs as they come, on a task the first change starts
