@@ -347,6 +347,10 @@ impl Settings for AcceleratorSettings {
         "queue-hold-grace",
         "queue-state",
         "feed-state",
+        "feed-retain",
+        "feed-max-entries",
+        "feed-watch",
+        "feed-watch-interval",
         "limits.max-connections",
     ];
 
