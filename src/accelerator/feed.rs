@@ -5,8 +5,10 @@
 //! body changed and a shared cache may store it.
 //!
 //! A submission is bounded: at most [`MAX_SUBMITTED`] paths, read within
-//! the body timeout, fetched one after another, each body no longer than
-//! `--max-encode-len`. Anyone who may request the site may submit: it
+//! the origin timeout, fetched one after another, each body no longer than
+//! `--max-encode-len`, two submissions at a time
+//! ([`crate::feed::primary::MAX_SUBMISSIONS`]); a feed request takes an
+//! upload slot as any request does (`--slots`). Anyone who may request the site may submit: it
 //! costs the origin what requesting those paths would, and a path only
 //! enters the feed with what the origin serves to anyone.
 //!
@@ -109,6 +111,16 @@ impl Accelerator {
                     Ok(paths) => paths,
                     Err(message) => return text_response(StatusCode::BAD_REQUEST, message),
                 };
+                let Some(_turn) = feeds.submission_turn().await else {
+                    let mut response = text_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "other submissions are being fetched; send it again".into(),
+                    );
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                    return response;
+                };
                 let mut results = Vec::with_capacity(paths.len());
                 for path in paths {
                     results.push(self.submit(&host, &route, &feeds, path).await);
@@ -139,6 +151,12 @@ impl Accelerator {
             return (
                 StatusCode::NOT_IMPLEMENTED,
                 "\"no change feed: start the accelerator with --feed-state\"\n".into(),
+            );
+        };
+        let Some(_turn) = feeds.submission_turn().await else {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "\"other submissions are being fetched; send it again\"\n".into(),
             );
         };
         let mut results = Vec::new();

@@ -262,12 +262,6 @@ impl Accelerator {
             Ok(route) => route,
             Err(refusal) => return self.refuse(refusal),
         };
-        if request.uri().path() == FEED_PATH
-            && route.in_feed
-            && let Some(feeds) = self.feeds.clone()
-        {
-            return self.feed_request(request, route, feeds).await;
-        }
         if via_names_hop(request.headers(), self.config.via_name.as_bytes()) {
             return self.refuse(ProxyError::loop_detected(format!(
                 "request already passed {}",
@@ -292,7 +286,14 @@ impl Accelerator {
             }
         };
         let slots = self.slots.clone();
-        let response = self.exchange(request, route).await;
+        // A feed request takes its turn as any other: its work (a long
+        // listing, a submission's origin fetches) is bounded by the slots.
+        let response = match self.feeds.clone() {
+            Some(feeds) if route.in_feed && request.uri().path() == FEED_PATH => {
+                self.feed_request(request, route, feeds).await
+            }
+            _ => self.exchange(request, route).await,
+        };
         match (slots, token) {
             (Some(slots), Some(token)) => slots.release_with(token, response),
             _ => response,

@@ -8,6 +8,9 @@
 //! [`CRASH_GAP`] CSNs, so none that may have reached a peer is ever given
 //! to another path.
 //!
+//! Submissions (each a list of paths the accelerator fetches from the
+//! origin) take turns: [`MAX_SUBMISSIONS`] at once, whoever sends them.
+//!
 //! Pushing: a pull with `X-Node` (the peer's own address only: never a
 //! third party's) and a `notify` token subscribes that address to the
 //! zone for [`SUBSCRIPTION_TTL`] (an expiring table, seed 003); each
@@ -44,6 +47,11 @@ pub const SUBSCRIPTION_TTL: Duration = Duration::from_secs(600);
 const MAX_SUBSCRIPTIONS: usize = 4096;
 /// Pushes under way at once.
 pub const MAX_PUSHES: usize = 16;
+/// Submissions fetched at once; another waits up to
+/// [`SUBMISSION_WAIT`] for its turn, then gets a 503.
+pub const MAX_SUBMISSIONS: usize = 2;
+/// How long a submission waits for its turn.
+pub const SUBMISSION_WAIT: Duration = Duration::from_secs(10);
 /// Time a push has to connect and send its line.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// Sites (hosts) with a log, at most: a parent-mode site never commits,
@@ -71,6 +79,8 @@ pub struct Feeds {
     subscribers: Subscribers,
     /// Pulls answered, by site.
     pulls: Mutex<HashMap<String, u64>>,
+    /// Submissions under way (each fetches from the origin).
+    submissions: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Feeds {
@@ -98,6 +108,7 @@ impl Feeds {
             me: me.clone(),
             subscribers: Subscribers::default(),
             pulls: Mutex::new(HashMap::new()),
+            submissions: Arc::new(Semaphore::new(MAX_SUBMISSIONS)),
         }))
     }
 
@@ -137,6 +148,16 @@ impl Feeds {
             }
             None => FeedLog::new(String::new()).answer(0, None, "/"),
         }
+    }
+
+    /// A turn to fetch a submission's paths from the origin: at most
+    /// [`MAX_SUBMISSIONS`] at once, whoever sends them; `None` when none
+    /// came within [`SUBMISSION_WAIT`].
+    pub async fn submission_turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(SUBMISSION_WAIT, self.submissions.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
     }
 
     /// Each site's log, for the metrics: (host, CSN, entries, pulls).
@@ -436,6 +457,23 @@ mod tests {
             feeds.commit("h", "/c", &[4; 32], 1),
             Some(3 + CRASH_GAP + 1)
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn submissions_take_turns_whoever_sends_them() {
+        let dir = dir("turns");
+        let feeds = Feeds::open(&dir, Retention::default()).unwrap();
+        let first = feeds.submission_turn().await.unwrap();
+        let _second = feeds.submission_turn().await.unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(
+            feeds.submission_turn().await.is_none(),
+            "a third waits, then gives up"
+        );
+        assert_eq!(started.elapsed(), SUBMISSION_WAIT);
+        drop(first);
+        assert!(feeds.submission_turn().await.is_some());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
