@@ -19,7 +19,10 @@
 //! - a replica that was offline while a file changed ten times gets one
 //!   update for it (collapsing), and the latest body;
 //! - an accelerator killed (no clean stop) comes back with CSNs past
-//!   any it gave out, and its replicas reset and still converge.
+//!   any it gave out, and its replicas reset and still converge;
+//! - a file written in a watched document root reaches a replica with no
+//!   submission; a path served enters the feed, the same path with a
+//!   query does not.
 //!
 //! Needs nginx (Debian's `nginx`, in PATH or /usr/sbin) and curl.
 
@@ -491,6 +494,23 @@ fn a_watched_document_root_reaches_the_replicas_without_a_submission() {
     );
     let client = Node::start(client_args(dir.path(), "c", &accelerator.url(), &zone));
     assert_eq!(get_through(&client, &url).1, version(0, 1));
+    // Served, the path entered the feed; with a query (which may carry
+    // what one user was given) it did not.
+    let with_query = format!("{url}?token=alice");
+    assert_eq!(get_through(&client, &with_query).1, version(0, 1));
+    let (_, listing) = curl(&[
+        "-H",
+        &format!("Host: 127.0.0.1:{}", nginx.port),
+        &format!("{}/.well-known/hsync-feed?since=0", accelerator.url()),
+    ]);
+    let listing: Value = serde_json::from_slice(&listing).unwrap();
+    let paths: Vec<&str> = listing["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/static/f0.txt"], "{listing}");
 
     // A deploy that only writes the file: the walk sees it, the
     // accelerator commits it, the client proxy is pushed and prefetches.

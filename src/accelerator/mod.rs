@@ -323,12 +323,17 @@ impl Accelerator {
         let method = parts.method.clone();
         let uri = parts.uri.clone();
         let note = parts.extensions.get::<Note>().cloned();
+        // A query may carry what one user was given (a token, an id): a
+        // path served enters the feed only without one. Submissions and
+        // watched roots, which the operator names, may have any.
         let feed = match &self.feeds {
-            Some(feeds) if route.in_feed && method == Method::GET => Some(FeedCommit::new(
-                feeds.clone(),
-                route.host.to_str().unwrap_or_default().to_ascii_lowercase(),
-                uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
-            )),
+            Some(feeds) if route.in_feed && method == Method::GET && uri.query().is_none() => {
+                Some(FeedCommit::new(
+                    feeds.clone(),
+                    route.host.to_str().unwrap_or_default().to_ascii_lowercase(),
+                    uri.path().to_owned(),
+                ))
+            }
             _ => None,
         };
         let FromOrigin {
