@@ -6,9 +6,10 @@
 //! host has not answered in hsync). Everything the trip can end in is one
 //! [`Answer`], and [`ClientProxy::fetch`] turns each into the user agent's
 //! response in one match: a failure (or a stale entry served in its
-//! place), a 304 that refreshes the entry, an answer passed through, a
-//! body relayed, or a rebuilt body that failed its checks and is fetched
-//! once more whole.
+//! place, RFC 5861 §4: no answer, a 5xx, or a body that failed before the
+//! user agent saw a byte of it), a 304 that refreshes the entry, an answer
+//! passed through, a body relayed, or a rebuilt body that failed its
+//! checks and is fetched once more whole.
 //!
 //! Leaves out: the trip itself and the queue wait on the way
 //! ([`super::upstream`], [`super::queue_wait`]), rebuilding, checking and
@@ -98,6 +99,8 @@ enum Answer {
     BodyFailed {
         /// Why.
         reason: String,
+        /// The stale entry that `stale-if-error` allows in its place.
+        stale: Option<Entry>,
     },
 }
 
@@ -115,6 +118,9 @@ struct Relayable {
     /// body as a basis if no longer than the limit (`Hsync-Held`): told
     /// the body's digest once whole.
     held_by: Option<(Arc<super::upstream::Upstream>, http::Uri, u64)>,
+    /// The stale entry to answer with, should the body fail before the
+    /// user agent saw a byte of it (RFC 5861 §4).
+    stale_on_error: Option<Entry>,
 }
 
 /// Request headers that make a request conditional.
@@ -233,7 +239,23 @@ impl ClientProxy {
                 Box::pin(self.fetch_with(parts, target, key, None, None, Attempt::WithoutBasis))
                     .await
             }
-            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason } => {
+            Answer::BodyFailed {
+                reason,
+                stale: Some(entry),
+            } => {
+                // RFC 5861 §4: a connection that dropped mid-body is an
+                // error like a 5xx, as long as the user agent saw nothing
+                // of it yet (past that, only a cut can tell it).
+                tracing::debug!(url = %key, %reason, "upstream body failed; serving the stale entry");
+                match self.serve_stale_on_error(entry, &parts, None).await {
+                    Some(response) => response,
+                    None => ProxyError::bad_upstream_response(format!(
+                        "the upstream body failed: {reason}; retry"
+                    ))
+                    .log_and_respond(),
+                }
+            }
+            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason, .. } => {
                 ProxyError::bad_upstream_response(format!(
                     "the upstream body failed: {reason}; retry"
                 ))
@@ -253,7 +275,7 @@ impl ClientProxy {
         target: &mut Target,
         key: &CacheKey,
         mut basis: Option<BasisOffer>,
-        stale: Option<Entry>,
+        mut stale: Option<Entry>,
         leader: &mut Option<coalesce::Leader>,
     ) -> Answer {
         let mut headers = parts.headers.clone();
@@ -359,7 +381,10 @@ impl ClientProxy {
             };
         }
         if rparts.status.is_server_error()
-            && let Some(entry) = stale
+            && stale
+                .as_ref()
+                .is_some_and(|entry| self.may_serve_stale_on_error(entry, parts))
+            && let Some(entry) = stale.take()
             && let Some(response) = self
                 .serve_stale_on_error(entry, parts, Some(rparts.status))
                 .await
@@ -437,6 +462,7 @@ impl ClientProxy {
             storable,
             outcome,
             held_by: held_up_to.map(|limit| (target.upstream.clone(), target.url.clone(), limit)),
+            stale_on_error: stale.filter(|entry| self.may_serve_stale_on_error(entry, parts)),
         };
         self.relay(parts, key, relayable, basis, now, leader).await
     }
@@ -460,6 +486,7 @@ impl ClientProxy {
             storable,
             outcome,
             held_by,
+            stale_on_error,
         } = answer;
         let store_target = if storable {
             self.begin_entry(key, &parts.headers, &rparts, asked_at, hsync)
@@ -532,6 +559,7 @@ impl ClientProxy {
                 spool_dir: Some(self.store.root().join("tmp")),
                 spool_disk: self.spool_disk.clone(),
                 memory: self.memory.clone(),
+                hold_head: stale_on_error.is_some(),
             },
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {
@@ -558,7 +586,10 @@ impl ClientProxy {
                 reason,
                 corrupt: true,
             } if had_basis => Answer::RebuiltWrong { reason },
-            Relayed::Failed { reason, .. } => Answer::BodyFailed { reason },
+            Relayed::Failed { reason, .. } => Answer::BodyFailed {
+                reason,
+                stale: stale_on_error,
+            },
         }
     }
 }

@@ -286,7 +286,6 @@ impl ClientProxy {
         }
     }
 
-    /// Upstream failed: serve the stale entry if RFC 5861 allows it.
     /// Serves a stale entry at once when RFC 5861's
     /// `stale-while-revalidate` allows it (the caller revalidates it in the
     /// background); `Err` gives the entry back when it does not, `Ok(None)`
@@ -326,24 +325,37 @@ impl ClientProxy {
             .ok())
     }
 
+    /// Whether RFC 5861's `stale-if-error` lets `entry` answer this
+    /// request now, were upstream to fail.
+    pub(super) fn may_serve_stale_on_error(&self, entry: &Entry, parts: &Parts) -> bool {
+        let stored = stored_headers(entry);
+        let Ok(status) = StatusCode::from_u16(entry.meta.status) else {
+            return false;
+        };
+        let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
+        entry.meta.completeness == Completeness::Complete
+            && freshness::may_serve_stale_on_error(
+                &parts.headers,
+                &self.caching_view(parts, &stored),
+                age.current,
+                age.lifetime,
+                self.is_shared(),
+            )
+    }
+
+    /// Upstream failed: serves the stale entry if RFC 5861 allows it.
     pub(super) async fn serve_stale_on_error(
         &self,
         entry: Entry,
         parts: &Parts,
         upstream_status: Option<StatusCode>,
     ) -> Option<Response<ProxyBody>> {
+        if !self.may_serve_stale_on_error(&entry, parts) {
+            return None;
+        }
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).ok()?;
         let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
-        if !freshness::may_serve_stale_on_error(
-            &parts.headers,
-            &self.caching_view(parts, &stored),
-            age.current,
-            age.lifetime,
-            self.is_shared(),
-        ) {
-            return None;
-        }
         self.respond_from_entry(
             entry,
             stored,
