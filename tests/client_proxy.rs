@@ -1961,6 +1961,76 @@ async fn rfc5861_4_a_drop_after_bytes_went_to_the_user_agent_cuts_the_body() {
     proxy.assert_complete(&url, release(1));
 }
 
+/// RFC 9111 §3.4 for an interrupted transfer: a plain upstream that said
+/// `Accept-Ranges: bytes` with a strong ETag gets asked only for the rest
+/// of the kept prefix (`Range: bytes=N-`, `If-Range`) instead of the whole
+/// body again; the user agent gets the whole body, and the entry is whole.
+#[tokio::test]
+async fn rfc9111_3_4_an_interrupted_transfer_is_completed_by_range() {
+    let origin = origin(|request, earlier| async move {
+        let mut headers = vec![
+            ("cache-control", "max-age=60".to_owned()),
+            ("etag", "\"i1\"".to_owned()),
+            ("accept-ranges", "bytes".to_owned()),
+        ];
+        if earlier == 0 {
+            headers.push(("content-length", BODY_LEN.to_string()));
+            let body = ScriptedBody::new([
+                Step::Data(Bytes::from_static(&release(1)[..120_000])),
+                Step::Pause(Duration::from_millis(50)),
+                Step::Fail("cut mid-body"),
+            ]);
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            return respond(StatusCode::OK, &headers, body.boxed());
+        }
+        let range = request.headers()["range"].to_str().unwrap().to_owned();
+        let from: usize = range
+            .strip_prefix("bytes=")
+            .and_then(|r| r.strip_suffix('-'))
+            .unwrap()
+            .parse()
+            .unwrap();
+        headers.push((
+            "content-range",
+            format!("bytes {from}-{}/{BODY_LEN}", BODY_LEN - 1),
+        ));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        respond(
+            StatusCode::PARTIAL_CONTENT,
+            &headers,
+            full(&release(1)[from..]),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(client_config(origin.addr)).await;
+    let path = "/big.iso";
+    let url = format!("http://{}{path}", origin.addr);
+    let cut = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert!(cut.body.is_err(), "a cut body must not end cleanly");
+    eventually("partial entry committed", || {
+        proxy
+            .entry(&url)
+            .is_some_and(|e| e.completeness == Completeness::Partial)
+    })
+    .await;
+    let prefix_len = proxy.entry(&url).unwrap().body_len;
+    assert!(prefix_len > 0 && prefix_len < BODY_LEN as u64);
+
+    let resumed = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert_eq!(resumed.status, StatusCode::OK);
+    assert!(resumed.body() == release(1), "the whole body");
+    let seen = origin.seen_for(path);
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[1].header("range"),
+        Some(&*format!("bytes={prefix_len}-"))
+    );
+    assert_eq!(seen[1].header("if-range"), Some("\"i1\""));
+    proxy.settled(&url).await;
+    proxy.assert_complete(&url, release(1));
+}
+
 #[tokio::test]
 async fn p22_without_stale_if_error_the_upstream_error_reaches_the_user_agent() {
     let stack = Stack::start().await;

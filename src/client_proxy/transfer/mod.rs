@@ -41,7 +41,7 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 
 pub use super::cache_writer::StoreTarget;
 use crate::cache::CacheKey;
@@ -247,7 +247,7 @@ pub const WHOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// still has its stale entry to answer with). Once a byte went out, a
 /// failure can only cut the body.
 pub async fn relay(
-    upstream: Incoming,
+    upstream: ProxyBody,
     relay: Relay,
     wait: std::time::Duration,
     done: impl FnOnce(Report) + Send + 'static,
