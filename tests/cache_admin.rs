@@ -362,6 +362,7 @@ fn an_empty_prefix_without_all_is_refused_and_purges_nothing() {
         stored_at: 1,
         completeness: Completeness::Complete,
         shareable_as_basis: true,
+        complete_len: None,
     };
     writer.commit(entry, b"").unwrap();
     drop(store);

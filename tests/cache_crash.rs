@@ -33,6 +33,7 @@ fn new_entry() -> NewEntry {
         stored_at: 1_700_000_000,
         completeness: Completeness::Complete,
         shareable_as_basis: true,
+        complete_len: None,
     }
 }
 

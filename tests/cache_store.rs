@@ -29,6 +29,7 @@ fn info(completeness: Completeness) -> NewEntry {
         stored_at: 1_700_000_000,
         completeness,
         shareable_as_basis: true,
+        complete_len: None,
     }
 }
 

@@ -315,6 +315,22 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
                 release(1),
             )
         }
+        // Stale at once, within stale-if-error; then a new release, which
+        // the tap may cut.
+        "/stale-if-error-cut.js" => {
+            let (etag, body) = if earlier == 0 {
+                ("\"k1\"", release(1))
+            } else {
+                ("\"k2\"", release(2))
+            };
+            ok(
+                &[
+                    ("cache-control", "max-age=0, stale-if-error=60"),
+                    ("etag", etag),
+                ],
+                body,
+            )
+        }
         "/stale-if-error-hang.js" => {
             tokio::time::sleep(Duration::from_secs(30)).await;
             ok(&[], release(2))
@@ -1824,6 +1840,195 @@ async fn p22_a_stale_entry_within_stale_if_error_is_served_when_upstream_times_o
         !status.contains("fwd-status"),
         "no upstream status: {reply:?}"
     );
+}
+
+/// RFC 5861 §4: a connection that drops mid-body is an upstream error as
+/// a 5xx is. Here the update is coded against a basis the accelerator
+/// holds (no SIG frames), so the client holds its bytes until END: the
+/// user agent has seen nothing when the tap cuts the stream, and gets the
+/// stale entry instead of a 502.
+#[tokio::test]
+async fn rfc5861_4_stale_if_error_serves_the_stale_entry_when_the_upstream_drops_mid_body() {
+    let stack = Stack::start().await;
+    let path = "/stale-if-error-cut.js";
+    let url = stack.url(path);
+    assert!(stack.get(path).await.body() == release(1));
+    stack.proxy.settled(&url).await;
+    stack.tap.set_mode(TapMode::CutHalf);
+    let reply = stack.get(path).await;
+    assert!(
+        *stack.tap.cut_from.lock().unwrap() > 0,
+        "the answer was cut"
+    );
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert!(reply.body() == release(1), "the stored body, whole");
+    let status = reply.cache_status();
+    for part in ["fwd=stale", "detail=stale-if-error"] {
+        assert!(status.contains(part), "{part} missing: {reply:?}");
+    }
+    assert_eq!(stack.origin.requests_to(path), 2);
+    // The cut left the stored entry as it was.
+    stack.proxy.assert_complete(&url, release(1));
+    // Once the upstream is whole again, the new release comes.
+    stack.tap.set_mode(TapMode::Pass);
+    assert!(stack.get(path).await.body() == release(2));
+}
+
+/// A plain origin behind the client proxy whose first answer to every
+/// path is stale at once within `stale-if-error`, and whose later ones
+/// play `later` (a head, then these body steps).
+async fn stale_then(later: fn() -> Vec<Step>) -> (Server, Proxy) {
+    let origin = origin(move |_, earlier| async move {
+        let headers = [
+            ("cache-control", "max-age=0, stale-if-error=60"),
+            ("content-length", "200000"),
+        ];
+        let body = if earlier == 0 {
+            full(release(1))
+        } else {
+            ScriptedBody::new(later()).boxed()
+        };
+        respond(StatusCode::OK, &headers, body)
+    })
+    .await;
+    let proxy = Proxy::start(ClientConfig {
+        // The head of a slow body waits this long at most.
+        upstream_timeout: Duration::from_millis(300),
+        ..client_config(origin.addr)
+    })
+    .await;
+    (origin, proxy)
+}
+
+/// RFC 5861 §4, a body slower than the upstream wait: with a stale entry
+/// that `stale-if-error` allows, the head waits for the body's first byte
+/// rather than go out alone, so a drop before it still gets the stale
+/// entry.
+#[tokio::test]
+async fn rfc5861_4_stale_if_error_holds_the_head_until_the_first_byte_and_serves_stale_on_a_drop() {
+    let (origin, proxy) = stale_then(|| {
+        vec![
+            Step::Pause(Duration::from_millis(900)),
+            Step::Fail("dropped before the first byte"),
+        ]
+    })
+    .await;
+    let path = "/slow-drop.js";
+    let url = format!("http://{}{path}", origin.addr);
+    let first = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert!(first.body() == release(1));
+    proxy.settled(&url).await;
+    let reply = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert!(reply.body() == release(1), "the stored body, whole");
+    assert!(
+        reply.cache_status().contains("detail=stale-if-error"),
+        "{reply:?}"
+    );
+    assert_eq!(origin.requests_to(path), 2);
+    proxy.assert_complete(&url, release(1));
+}
+
+/// RFC 5861 §4's limit: once bytes of the new answer went to the user
+/// agent, nothing else can follow them; the body is cut (never completed
+/// with stale bytes), and the stored entry is left as it was.
+#[tokio::test]
+async fn rfc5861_4_a_drop_after_bytes_went_to_the_user_agent_cuts_the_body() {
+    let (origin, proxy) = stale_then(|| {
+        vec![
+            Step::Data(Bytes::from_static(&release(2)[..100_000])),
+            Step::Pause(Duration::from_millis(50)),
+            Step::Fail("dropped mid-body"),
+        ]
+    })
+    .await;
+    let path = "/late-drop.js";
+    let url = format!("http://{}{path}", origin.addr);
+    assert!(
+        send(proxy.addr, forward(Method::GET, origin.addr, path))
+            .await
+            .body()
+            == release(1)
+    );
+    proxy.settled(&url).await;
+    let reply = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body.is_err(), "a cut body must not end cleanly");
+    assert!(
+        !reply.cache_status().contains("stale-if-error"),
+        "{reply:?}"
+    );
+    proxy.assert_complete(&url, release(1));
+}
+
+/// RFC 9111 §3.4 for an interrupted transfer: a plain upstream that said
+/// `Accept-Ranges: bytes` with a strong ETag gets asked only for the rest
+/// of the kept prefix (`Range: bytes=N-`, `If-Range`) instead of the whole
+/// body again; the user agent gets the whole body, and the entry is whole.
+#[tokio::test]
+async fn rfc9111_3_4_an_interrupted_transfer_is_completed_by_range() {
+    let origin = origin(|request, earlier| async move {
+        let mut headers = vec![
+            ("cache-control", "max-age=60".to_owned()),
+            ("etag", "\"i1\"".to_owned()),
+            ("accept-ranges", "bytes".to_owned()),
+        ];
+        if earlier == 0 {
+            headers.push(("content-length", BODY_LEN.to_string()));
+            let body = ScriptedBody::new([
+                Step::Data(Bytes::from_static(&release(1)[..120_000])),
+                Step::Pause(Duration::from_millis(50)),
+                Step::Fail("cut mid-body"),
+            ]);
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            return respond(StatusCode::OK, &headers, body.boxed());
+        }
+        let range = request.headers()["range"].to_str().unwrap().to_owned();
+        let from: usize = range
+            .strip_prefix("bytes=")
+            .and_then(|r| r.strip_suffix('-'))
+            .unwrap()
+            .parse()
+            .unwrap();
+        headers.push((
+            "content-range",
+            format!("bytes {from}-{}/{BODY_LEN}", BODY_LEN - 1),
+        ));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        respond(
+            StatusCode::PARTIAL_CONTENT,
+            &headers,
+            full(&release(1)[from..]),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(client_config(origin.addr)).await;
+    let path = "/big.iso";
+    let url = format!("http://{}{path}", origin.addr);
+    let cut = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert!(cut.body.is_err(), "a cut body must not end cleanly");
+    eventually("partial entry committed", || {
+        proxy
+            .entry(&url)
+            .is_some_and(|e| e.completeness == Completeness::Partial)
+    })
+    .await;
+    let prefix_len = proxy.entry(&url).unwrap().body_len;
+    assert!(prefix_len > 0 && prefix_len < BODY_LEN as u64);
+
+    let resumed = send(proxy.addr, forward(Method::GET, origin.addr, path)).await;
+    assert_eq!(resumed.status, StatusCode::OK);
+    assert!(resumed.body() == release(1), "the whole body");
+    let seen = origin.seen_for(path);
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[1].header("range"),
+        Some(&*format!("bytes={prefix_len}-"))
+    );
+    assert_eq!(seen[1].header("if-range"), Some("\"i1\""));
+    proxy.settled(&url).await;
+    proxy.assert_complete(&url, release(1));
 }
 
 #[tokio::test]

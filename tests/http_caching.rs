@@ -352,3 +352,216 @@ async fn rfc9213_cdn_cache_control_counts_at_a_gateway_only() {
     }
     assert_eq!(asked.load(Ordering::SeqCst), 3);
 }
+
+/// The body the ranged origin serves (100,000 bytes).
+fn ranged_body(release: usize) -> Vec<u8> {
+    support::pseudo_text(10 + release as u64, 100_000)
+}
+
+/// An origin that answers `Range: bytes=a-b` and `bytes=a-` with 206
+/// (honouring `If-Range` unless `ignores_if_range`), `Accept-Ranges:
+/// bytes`, a strong ETag per release, and `max-age=60`. `release_of(n)`
+/// says which release the request after `n` earlier ones gets; `extra`
+/// headers go on every answer.
+async fn ranged(
+    release_of: fn(usize) -> usize,
+    ignores_if_range: bool,
+    extra: &'static [(&'static str, &'static str)],
+) -> Origin {
+    origin(move |request, earlier| {
+        let release = release_of(earlier);
+        let body = ranged_body(release);
+        let etag = format!("\"p{release}\"");
+        let range = request
+            .headers()
+            .get("range")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let if_range_fails = request
+            .headers()
+            .get("if-range")
+            .is_some_and(|v| v.to_str().unwrap() != etag)
+            && !ignores_if_range;
+        async move {
+            let len = body.len();
+            let wanted = range.filter(|_| !if_range_fails).map(|range| {
+                let (first, last) = range
+                    .strip_prefix("bytes=")
+                    .unwrap()
+                    .split_once('-')
+                    .unwrap();
+                let first: usize = first.parse().unwrap();
+                let last = if last.is_empty() {
+                    len - 1
+                } else {
+                    last.parse::<usize>().unwrap().min(len - 1)
+                };
+                (first, last)
+            });
+            let mut response = match wanted {
+                Some((first, last)) => {
+                    let mut response =
+                        Response::new(Full::new(Bytes::from(body[first..=last].to_vec())));
+                    *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+                    response.headers_mut().insert(
+                        "content-range",
+                        HeaderValue::from_str(&format!("bytes {first}-{last}/{len}")).unwrap(),
+                    );
+                    response
+                }
+                None => Response::new(Full::new(Bytes::from(body))),
+            };
+            let headers = response.headers_mut();
+            headers.insert("etag", HeaderValue::from_str(&etag).unwrap());
+            headers.insert("accept-ranges", HeaderValue::from_static("bytes"));
+            headers.insert("cache-control", HeaderValue::from_static("max-age=60"));
+            for (name, value) in extra {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            response
+        }
+    })
+    .await
+}
+
+/// What the client proxy keeps for `url`, if anything.
+fn kept(proxy: &ClientProxy, url: &str) -> Option<rproxy::cache::IndexEntry> {
+    proxy
+        .store()
+        .lookup(&rproxy::cache::CacheKey::parse(url).unwrap())
+}
+
+/// RFC 9111 §3.3: a 206 from the first byte with a strong ETag is kept as
+/// a partial entry (the accelerator passes a Range request through
+/// uncoded), and a Range request within it is answered from it while it
+/// is fresh (§3.4), with the whole length in `Content-Range`. A range
+/// past it goes upstream, and a 206 that does not start at the first byte
+/// is not kept.
+#[tokio::test]
+async fn rfc9111_3_3_a_206_from_the_first_byte_is_kept_and_answers_ranges_within_it() {
+    let origin = ranged(|_| 1, false, &[]).await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/video.bin");
+    let body = ranged_body(1);
+    let (status, headers, got) = get_with(proxy.addr, &url, &[("range", "bytes=0-49999")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-range"], "bytes 0-49999/100000");
+    assert!(got == body[..50_000]);
+    eventually("the prefix kept", || {
+        kept(&proxy, &url).is_some_and(|e| e.body_len == 50_000)
+    })
+    .await;
+    let entry = kept(&proxy, &url).unwrap();
+    assert_eq!(entry.completeness, rproxy::cache::Completeness::Partial);
+    assert_eq!(entry.body_blake3, blake3::hash(&body[..50_000]));
+
+    let (status, headers, got) = get_with(proxy.addr, &url, &[("range", "bytes=100-199")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-range"], "bytes 100-199/100000");
+    assert!(got == body[100..200]);
+    assert!(
+        headers["cache-status"].to_str().unwrap().contains("; hit"),
+        "{headers:?}"
+    );
+    assert_eq!(origin.requests_to("/video.bin"), 1);
+
+    let (status, headers, got) =
+        get_with(proxy.addr, &url, &[("range", "bytes=60000-60099")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(headers["content-range"], "bytes 60000-60099/100000");
+    assert!(got == body[60_000..60_100]);
+    assert_eq!(origin.requests_to("/video.bin"), 2, "past the prefix");
+    let entry = kept(&proxy, &url).unwrap();
+    assert_eq!(
+        (entry.completeness, entry.body_len),
+        (rproxy::cache::Completeness::Partial, 50_000),
+        "a piece that does not start at the first byte is not kept"
+    );
+}
+
+/// RFC 9111 §3.4: a GET of the whole body, with a prefix kept, asks only
+/// for the rest (`Range: bytes=N-`, `If-Range` with the strong ETag); the
+/// user agent gets one 200 of prefix and rest, and the entry becomes
+/// whole, answering hits (ranges included) from then on.
+#[tokio::test]
+async fn rfc9111_3_4_a_kept_prefix_is_completed_by_range_and_then_serves_hits() {
+    let origin = ranged(|_| 1, false, &[]).await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/video.bin");
+    let body = ranged_body(1);
+    get_with(proxy.addr, &url, &[("range", "bytes=0-29999")]).await;
+    eventually("the prefix kept", || kept(&proxy, &url).is_some()).await;
+
+    let (status, headers, got) = get_with(proxy.addr, &url, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(got == body, "{} bytes, not the origin's", got.len());
+    assert!(headers.get("content-range").is_none());
+    assert_eq!(headers["content-length"], "100000");
+    assert!(
+        headers["cache-status"]
+            .to_str()
+            .unwrap()
+            .contains("fwd=partial"),
+        "{headers:?}"
+    );
+    let seen = origin.seen_for("/video.bin");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].header("range"), Some("bytes=30000-"));
+    assert_eq!(seen[1].header("if-range"), Some("\"p1\""));
+    eventually("the entry whole", || {
+        kept(&proxy, &url).is_some_and(|e| e.completeness == rproxy::cache::Completeness::Complete)
+    })
+    .await;
+    assert_eq!(kept(&proxy, &url).unwrap().body_blake3, blake3::hash(&body));
+
+    let fetched = get(proxy.addr, &url).await;
+    fetched.assert_body("/video.bin", &body);
+    assert!(fetched.is_hit(), "{}", fetched.cache_status);
+    let (status, _, got) = get_with(proxy.addr, &url, &[("range", "bytes=70000-70099")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert!(got == body[70_000..70_100]);
+    assert_eq!(origin.requests_to("/video.bin"), 2);
+}
+
+/// RFC 9111 §3.4 (and 9110 §13.1.5): pieces join only under one strong
+/// validator. An origin that ignores `If-Range` and sends the rest of a
+/// changed body (another ETag) does not get it joined to the kept prefix:
+/// the prefix is discarded and the body fetched whole, so the user agent
+/// never sees a mix of the two.
+#[tokio::test]
+async fn rfc9111_3_4_a_piece_of_another_representation_discards_the_prefix() {
+    let origin = ranged(|earlier| if earlier == 0 { 1 } else { 2 }, true, &[]).await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/video.bin");
+    get_with(proxy.addr, &url, &[("range", "bytes=0-29999")]).await;
+    eventually("the prefix kept", || kept(&proxy, &url).is_some()).await;
+
+    let (status, headers, got) = get_with(proxy.addr, &url, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(got == ranged_body(2), "only the new release, whole");
+    assert_eq!(headers["etag"], "\"p2\"");
+    let seen = origin.seen_for("/video.bin");
+    assert_eq!(seen.len(), 3, "the rest, refused, then the whole");
+    assert_eq!(seen[1].header("range"), Some("bytes=30000-"));
+    assert_eq!(seen[2].header("range"), None);
+    eventually("the new release kept whole", || {
+        kept(&proxy, &url).is_some_and(|e| e.body_blake3 == blake3::hash(&ranged_body(2)))
+    })
+    .await;
+}
+
+/// A-6 holds for pieces: a 206 is kept only under the rules a 200 is, so
+/// one with `Set-Cookie` (and no `public`) is relayed and not kept.
+#[tokio::test]
+async fn rfc9111_3_3_a6_a_206_with_set_cookie_is_not_kept() {
+    let origin = ranged(|_| 1, false, &[("set-cookie", "session=alice-secret")]).await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/video.bin");
+    let (status, headers, got) = get_with(proxy.addr, &url, &[("range", "bytes=0-9999")]).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert!(got == ranged_body(1)[..10_000]);
+    assert_eq!(headers["set-cookie"], "session=alice-secret");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(kept(&proxy, &url).is_none());
+    get_with(proxy.addr, &url, &[("range", "bytes=0-99")]).await;
+    assert_eq!(origin.requests_to("/video.bin"), 2, "never a hit");
+}

@@ -27,8 +27,10 @@ pub const MAX_META_LEN: u64 = 1024 * 1024;
 pub enum Completeness {
     /// The whole response body, verified.
     Complete,
-    /// A verified prefix of an interrupted transfer plus its signature: only a
-    /// basis to resume from, never served as a response.
+    /// A verified prefix plus its signature: of an interrupted transfer, or
+    /// a 206 that began at the first byte (RFC 9111 §3.3). A basis to
+    /// resume from, and ranges within it answer Range requests; never
+    /// served as a whole response.
     Partial,
 }
 
@@ -49,6 +51,11 @@ pub struct NewEntry {
     /// with `Authorization`, `Cache-Control: private`, `Set-Cookie` (A-6,
     /// D-B1). Such entries are bases only in a single user's private cache.
     pub shareable_as_basis: bool,
+    /// For a prefix, the length of the whole body when known (a 206's
+    /// `Content-Range`, a 200's `Content-Length`): what ranges of the
+    /// prefix are answered against (RFC 9111 §3.3). `None` for a whole
+    /// body, whose length is its own.
+    pub complete_len: Option<u64>,
 }
 
 /// The metadata file of one entry (JSON).
@@ -84,6 +91,10 @@ pub struct EntryMeta {
     /// written before it was kept; those are checked whole first.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub outboard: String,
+    /// See [`NewEntry::complete_len`]; absent (`None`) in whole entries
+    /// and in entries written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete_len: Option<u64>,
 }
 
 /// Why a metadata file was rejected.
@@ -148,6 +159,9 @@ impl EntryMeta {
             completeness: entry.completeness,
             shareable_as_basis: entry.shareable_as_basis,
             outboard: String::new(),
+            complete_len: entry
+                .complete_len
+                .filter(|_| entry.completeness == Completeness::Partial),
         }
     }
 
@@ -305,6 +319,7 @@ mod tests {
                 stored_at: 1_700_000_000,
                 completeness: Completeness::Complete,
                 shareable_as_basis: true,
+                complete_len: None,
             },
             5,
             blake3::hash(b"hello"),
@@ -319,6 +334,43 @@ mod tests {
         assert_eq!(back, meta);
         let idx = IndexEntry::from_meta(&back).unwrap();
         assert_eq!(idx.body_blake3, blake3::hash(b"hello"));
+    }
+
+    #[test]
+    fn a_prefix_keeps_its_whole_length_and_a_whole_body_does_not() {
+        let key = CacheKey::parse("http://e.com/a").unwrap();
+        let entry = |completeness| NewEntry {
+            status: 200,
+            headers: Vec::new(),
+            stored_at: 1,
+            completeness,
+            shareable_as_basis: true,
+            complete_len: Some(10),
+        };
+        let prefix = EntryMeta::new(
+            &key,
+            entry(Completeness::Partial),
+            5,
+            blake3::hash(b"hello"),
+            b"",
+        );
+        let back = EntryMeta::from_json(&prefix.to_json()).unwrap();
+        assert_eq!(back.complete_len, Some(10));
+        let whole = EntryMeta::new(
+            &key,
+            entry(Completeness::Complete),
+            5,
+            blake3::hash(b"hello"),
+            b"",
+        );
+        assert_eq!(whole.complete_len, None);
+        // Written before the field was: read as unknown.
+        let json = String::from_utf8(sample().to_json()).unwrap();
+        assert!(!json.contains("complete_len"));
+        assert_eq!(
+            EntryMeta::from_json(json.as_bytes()).unwrap().complete_len,
+            None
+        );
     }
 
     #[test]

@@ -44,35 +44,40 @@ impl ClientProxy {
         super::targeted::caching_view(self.config.targeted_cache_control, parts, headers)
     }
 
-    /// Opens a cache entry for a storable response: the key with its Vary'd
-    /// request values, the headers to replay.
+    /// Opens a cache entry for a storable response of `status` with
+    /// `headers`: the key with its Vary'd request values, the headers to
+    /// replay. The whole body's length is `complete_len` when the response
+    /// is a piece of it (a 206's), else its `Content-Length`: a prefix
+    /// committed short of it keeps it (see [`NewEntry::complete_len`]).
     pub(super) async fn begin_entry(
         &self,
         key: &CacheKey,
         request: &HeaderMap,
-        response: &http::response::Parts,
+        (status, headers): (StatusCode, &HeaderMap),
         now: u64,
         identity: bool,
+        complete_len: Option<u64>,
     ) -> Option<StoreTarget> {
         let mut key = key.clone();
-        let names = vary_names(&response.headers, identity);
+        let names = vary_names(headers, identity);
         let plain = key.clone();
         for name in &names {
             key = key.with_vary(name, &request_value(request, name)).ok()?;
         }
         let private = !self.is_shared()
             || request.contains_key(header::AUTHORIZATION)
-            || response.headers.contains_key(header::SET_COOKIE)
-            || CacheControl::parse(&response.headers).private;
+            || headers.contains_key(header::SET_COOKIE)
+            || CacheControl::parse(headers).private;
+        let expected = content_length(headers);
         let entry = NewEntry {
-            status: response.status.as_u16(),
-            headers: headers_to_store(&response.headers),
+            status: status.as_u16(),
+            headers: headers_to_store(headers),
             stored_at: now,
             completeness: Completeness::Partial,
             shareable_as_basis: !private,
+            complete_len: complete_len.or(expected),
         };
         let store = self.store.clone();
-        let expected = content_length(&response.headers);
         tokio::task::spawn_blocking(move || {
             if !names.is_empty() {
                 // A Vary'd response replaces an unkeyed one for the URL.
@@ -232,7 +237,7 @@ pub(super) fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
         .filter(|(name, _)| {
             !matches!(
                 name.as_str(),
-                "content-length" | "transfer-encoding" | "cache-status" | "via"
+                "content-length" | "content-range" | "transfer-encoding" | "cache-status" | "via"
             ) && !IDENTIFYING_HEADERS.contains(&name.as_str())
                 && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT

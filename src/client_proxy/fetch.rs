@@ -6,9 +6,10 @@
 //! host has not answered in hsync). Everything the trip can end in is one
 //! [`Answer`], and [`ClientProxy::fetch`] turns each into the user agent's
 //! response in one match: a failure (or a stale entry served in its
-//! place), a 304 that refreshes the entry, an answer passed through, a
-//! body relayed, or a rebuilt body that failed its checks and is fetched
-//! once more whole.
+//! place, RFC 5861 §4: no answer, a 5xx, or a body that failed before the
+//! user agent saw a byte of it), a 304 that refreshes the entry, an answer
+//! passed through, a body relayed, or a rebuilt body that failed its
+//! checks and is fetched once more whole.
 //!
 //! Leaves out: the trip itself and the queue wait on the way
 //! ([`super::upstream`], [`super::queue_wait`]), rebuilding, checking and
@@ -30,9 +31,12 @@ use tokio::sync::oneshot;
 use super::basis::{BasisBody, BasisOffer};
 use super::coalesce;
 use super::entry::{content_length, stored_headers, strip_vary};
+use super::partial::{self, Chained, Resume};
 use super::queue_wait::Observed;
 use super::stats::{LoggedAtEnd, RequestLog, Started, record};
-use super::transfer::{self, ClientBasis, Coding, OriginDigest, Relay, Relayed, Report, full};
+use super::transfer::{
+    self, ClientBasis, Coding, OriginDigest, Outcome, Relay, Relayed, Report, full,
+};
 use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty, unix_now};
 use crate::cache::freshness::{self, CacheStatus, Forward, Storability};
 use crate::cache::{CacheKey, Completeness, Entry};
@@ -94,17 +98,29 @@ enum Answer {
         /// Why.
         reason: String,
     },
+    /// A resume by Range (RFC 9111 §3.4) answered with a piece that is not
+    /// the rest of the stored prefix (another ETag, coding, offset or
+    /// length), or with 416: the prefix is discarded and the body fetched
+    /// whole.
+    ResumeRefused {
+        /// Why.
+        reason: String,
+        /// The partial entry and its body's digest.
+        partial: (CacheKey, blake3::Hash),
+    },
     /// The body failed otherwise before the user agent saw a byte.
     BodyFailed {
         /// Why.
         reason: String,
+        /// The stale entry that `stale-if-error` allows in its place.
+        stale: Option<Entry>,
     },
 }
 
 /// An answer head worth relaying, and what was decided about it.
 struct Relayable {
     head: http::response::Parts,
-    body: Incoming,
+    body: ProxyBody,
     /// Coded with hsync (against the basis offered).
     hsync: bool,
     /// To be stored (RFC 9111, and status 200).
@@ -115,6 +131,31 @@ struct Relayable {
     /// body as a basis if no longer than the limit (`Hsync-Held`): told
     /// the body's digest once whole.
     held_by: Option<(Arc<super::upstream::Upstream>, http::Uri, u64)>,
+    /// The stale entry to answer with, should the body fail before the
+    /// user agent saw a byte of it (RFC 5861 §4).
+    stale_on_error: Option<Entry>,
+    /// What the body is of the representation.
+    piece: Piece,
+}
+
+/// What a relayed body is of the representation (RFC 9111 §3.3–3.4).
+enum Piece {
+    /// All of it, as it came.
+    Whole,
+    /// A 206 from the first byte: relayed as it came, stored as a prefix
+    /// (whole when it reaches the end).
+    FromStart {
+        /// The whole representation's length.
+        complete_len: u64,
+    },
+    /// A stored prefix and the 206 that brought the rest, served as one
+    /// 200.
+    Resumed {
+        /// The whole representation's length.
+        complete_len: u64,
+        /// The partial entry, discarded if the joined body fails a check.
+        partial: (CacheKey, blake3::Hash),
+    },
 }
 
 /// Request headers that make a request conditional.
@@ -125,6 +166,13 @@ const CONDITIONAL_HEADERS: [HeaderName; 5] = [
     header::IF_UNMODIFIED_SINCE,
     header::IF_RANGE,
 ];
+
+/// Whether a request carries conditions of its own.
+pub(super) fn is_conditional(headers: &HeaderMap) -> bool {
+    CONDITIONAL_HEADERS
+        .iter()
+        .any(|name| headers.contains_key(name))
+}
 
 impl ClientProxy {
     /// Fetches a GET upstream with the hsync offer (and validators for a
@@ -182,7 +230,20 @@ impl ClientProxy {
         mut leader: Option<coalesce::Leader>,
         attempt: Attempt,
     ) -> Response<ProxyBody> {
+        // A prefix kept of this URL is completed by Range where that is
+        // sound (RFC 9111 §3.4), else it is the basis of a coded fetch.
+        let mut resume = None;
+        let stale = match stale {
+            Some(entry)
+                if attempt == Attempt::First && self.is_resumable(&entry, &parts, &target) =>
+            {
+                resume = self.resume_from(entry).await;
+                None
+            }
+            stale => stale,
+        };
         let basis = match attempt {
+            Attempt::First if resume.is_some() => None,
             Attempt::First => {
                 let basis = self.choose_basis(&target, &key, stale.as_ref()).await;
                 let basis_key = basis.as_ref().map(|basis| &basis.key);
@@ -202,6 +263,7 @@ impl ClientProxy {
                 &key,
                 basis,
                 stale_complete,
+                resume,
                 &mut leader,
             )
             .await;
@@ -227,13 +289,40 @@ impl ClientProxy {
                 ProxyError::bad_upstream_response("upstream coded against a basis we did not offer")
                     .log_and_respond()
             }
+            Answer::ResumeRefused {
+                reason,
+                partial: (partial, digest),
+            } => {
+                tracing::warn!(url = %key, %reason, "the rest of a kept prefix does not match it; discarded, fetching the body whole");
+                let store = self.store.clone();
+                let _ =
+                    tokio::task::spawn_blocking(move || store.quarantine(&partial, digest)).await;
+                Box::pin(self.fetch_with(parts, target, key, None, leader, Attempt::WithoutBasis))
+                    .await
+            }
             Answer::RebuiltWrong { reason } if attempt == Attempt::First => {
                 // The basis is dropped by now; the retry cannot loop.
                 tracing::warn!(url = %key, %reason, "rebuilt body failed its checks; fetching it whole");
                 Box::pin(self.fetch_with(parts, target, key, None, None, Attempt::WithoutBasis))
                     .await
             }
-            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason } => {
+            Answer::BodyFailed {
+                reason,
+                stale: Some(entry),
+            } => {
+                // RFC 5861 §4: a connection that dropped mid-body is an
+                // error like a 5xx, as long as the user agent saw nothing
+                // of it yet (past that, only a cut can tell it).
+                tracing::debug!(url = %key, %reason, "upstream body failed; serving the stale entry");
+                match self.serve_stale_on_error(entry, &parts, None).await {
+                    Some(response) => response,
+                    None => ProxyError::bad_upstream_response(format!(
+                        "the upstream body failed: {reason}; retry"
+                    ))
+                    .log_and_respond(),
+                }
+            }
+            Answer::RebuiltWrong { reason } | Answer::BodyFailed { reason, .. } => {
                 ProxyError::bad_upstream_response(format!(
                     "the upstream body failed: {reason}; retry"
                 ))
@@ -247,17 +336,22 @@ impl ClientProxy {
     /// relaying goes on to [`relay`](Self::relay). A way that fails before
     /// answering passes the request to the next of the route's, which
     /// `target` then is.
+    #[allow(clippy::too_many_arguments)]
     async fn ask(
         &self,
         parts: &Parts,
         target: &mut Target,
         key: &CacheKey,
         mut basis: Option<BasisOffer>,
-        stale: Option<Entry>,
+        mut stale: Option<Entry>,
+        resume: Option<Resume>,
         leader: &mut Option<coalesce::Leader>,
     ) -> Answer {
         let mut headers = parts.headers.clone();
         let revalidating = stale.is_some();
+        if let Some(resume) = &resume {
+            resume.ask_rest(&mut headers);
+        }
         if let Some(entry) = &stale {
             // We answer the user agent's own conditions from the entry.
             for name in CONDITIONAL_HEADERS {
@@ -265,7 +359,9 @@ impl ClientProxy {
             }
             headers.extend(freshness::conditional_headers(&stored_headers(entry)));
         }
-        offer_hsync(&mut headers);
+        if resume.is_none() {
+            offer_hsync(&mut headers);
+        }
         let (response, now, by_digest) = loop {
             let mut headers = headers.clone();
             // A basis the upstream said it keeps goes by its digest alone:
@@ -359,12 +455,34 @@ impl ClientProxy {
             };
         }
         if rparts.status.is_server_error()
-            && let Some(entry) = stale
+            && stale
+                .as_ref()
+                .is_some_and(|entry| self.may_serve_stale_on_error(entry, parts))
+            && let Some(entry) = stale.take()
             && let Some(response) = self
                 .serve_stale_on_error(entry, parts, Some(rparts.status))
                 .await
         {
             return Answer::ServedStale(response);
+        }
+        if let Some(resume) = resume {
+            let partial = (resume.key.clone(), resume.digest);
+            match rparts.status {
+                StatusCode::PARTIAL_CONTENT => {
+                    return self
+                        .relay_resumed(parts, key, resume, rparts, rbody, now, leader)
+                        .await;
+                }
+                StatusCode::RANGE_NOT_SATISFIABLE => {
+                    return Answer::ResumeRefused {
+                        reason: "416 to the rest of the kept prefix".into(),
+                        partial,
+                    };
+                }
+                // A 200 (If-Range found another representation) is a
+                // whole new body, as on any miss; an error passes on.
+                _ => {}
+            }
         }
         if hsync_coded(&rparts.headers) == HsyncCoded::Layered {
             return Answer::Unusable(
@@ -405,10 +523,21 @@ impl ClientProxy {
         } else {
             CacheStatus::forwarded(Forward::Miss)
         };
+        // A 206 from the first byte with a strong ETag may start a partial
+        // entry, under the rules a 200 is stored by (RFC 9111 §3.3).
+        let from_start = (rparts.status == StatusCode::PARTIAL_CONTENT && !hsync)
+            .then(|| partial::keepable_206(&rparts.headers))
+            .flatten()
+            .filter(|range| self.is_longer_than_kept(key, range.len()));
+        let stored_status = if from_start.is_some() {
+            StatusCode::OK
+        } else {
+            rparts.status
+        };
         let storable = match freshness::storability(
             &parts.method,
             &parts.headers,
-            rparts.status,
+            stored_status,
             &self.caching_view(parts, &rparts.headers),
             self.is_shared(),
         ) {
@@ -430,13 +559,21 @@ impl ClientProxy {
                 rbody.map_err(BodyError::from).boxed(),
             ));
         }
+        let piece = match from_start {
+            Some(range) if storable => Piece::FromStart {
+                complete_len: range.complete_len,
+            },
+            _ => Piece::Whole,
+        };
         let relayable = Relayable {
             head: rparts,
-            body: rbody,
+            body: rbody.map_err(BodyError::from).boxed(),
+            piece,
             hsync,
             storable,
             outcome,
             held_by: held_up_to.map(|limit| (target.upstream.clone(), target.url.clone(), limit)),
+            stale_on_error: stale.filter(|entry| self.may_serve_stale_on_error(entry, parts)),
         };
         self.relay(parts, key, relayable, basis, now, leader).await
     }
@@ -460,10 +597,25 @@ impl ClientProxy {
             storable,
             outcome,
             held_by,
+            stale_on_error,
+            piece,
         } = answer;
+        let (stored_status, complete_len) = match &piece {
+            Piece::Whole => (rparts.status, None),
+            Piece::FromStart { complete_len } | Piece::Resumed { complete_len, .. } => {
+                (StatusCode::OK, Some(*complete_len))
+            }
+        };
         let store_target = if storable {
-            self.begin_entry(key, &parts.headers, &rparts, asked_at, hsync)
-                .await
+            self.begin_entry(
+                key,
+                &parts.headers,
+                (stored_status, &rparts.headers),
+                asked_at,
+                hsync,
+                complete_len,
+            )
+            .await
         } else {
             None
         };
@@ -499,10 +651,23 @@ impl ClientProxy {
                 expected_len: content_length(&rparts.headers),
             }
         };
-        let mut origin_digests = OriginDigest::parse_all(&rparts.headers, "content-digest");
-        if hsync || !rparts.headers.contains_key(header::CONTENT_ENCODING) {
+        // Content-Digest is of the bytes that came (a 206's: its piece),
+        // Repr-Digest of the whole representation (RFC 9530): each is
+        // checked where the relayed body is what it describes.
+        let mut origin_digests = Vec::new();
+        if !matches!(piece, Piece::Resumed { .. }) {
+            origin_digests = OriginDigest::parse_all(&rparts.headers, "content-digest");
+        }
+        if !matches!(piece, Piece::FromStart { .. })
+            && (hsync || !rparts.headers.contains_key(header::CONTENT_ENCODING))
+        {
             origin_digests.extend(OriginDigest::parse_all(&rparts.headers, "repr-digest"));
         }
+        // A joined body that fails a check takes its stored prefix with it.
+        let discard = match piece {
+            Piece::Resumed { partial, .. } => Some((self.store.clone(), partial)),
+            _ => None,
+        };
         rparts
             .headers
             .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
@@ -532,6 +697,7 @@ impl ClientProxy {
                 spool_dir: Some(self.store.root().join("tmp")),
                 spool_disk: self.spool_disk.clone(),
                 memory: self.memory.clone(),
+                hold_head: stale_on_error.is_some(),
             },
             self.config.upstream_timeout.min(transfer::WHOLE_WAIT),
             move |report: Report| {
@@ -541,6 +707,11 @@ impl ClientProxy {
                     && report.body_bytes <= *limit
                 {
                     upstream.remember_held(url, digest);
+                }
+                if let (Some((store, (partial, digest))), Outcome::Corrupt { .. }) =
+                    (&discard, &report.outcome)
+                {
+                    store.quarantine(partial, *digest);
                 }
                 record(&stats, &log, &report);
                 drop(leader);
@@ -558,8 +729,79 @@ impl ClientProxy {
                 reason,
                 corrupt: true,
             } if had_basis => Answer::RebuiltWrong { reason },
-            Relayed::Failed { reason, .. } => Answer::BodyFailed { reason },
+            Relayed::Failed { reason, .. } => Answer::BodyFailed {
+                reason,
+                stale: stale_on_error,
+            },
         }
+    }
+}
+
+impl ClientProxy {
+    /// The rest of a kept prefix came (a 206 to `Range: bytes=N-` with
+    /// `If-Range`): when it is the rest of the same representation, the
+    /// prefix and it go to the user agent as one 200 and are stored as the
+    /// whole body (RFC 9111 §3.4), checked as any body is (its length,
+    /// Repr-Digest); otherwise the prefix is discarded.
+    #[allow(clippy::too_many_arguments)]
+    async fn relay_resumed(
+        &self,
+        parts: &Parts,
+        key: &CacheKey,
+        resume: Resume,
+        mut rparts: http::response::Parts,
+        rbody: Incoming,
+        asked_at: u64,
+        leader: &mut Option<coalesce::Leader>,
+    ) -> Answer {
+        let partial = (resume.key.clone(), resume.digest);
+        let range = match resume.rest_in(&rparts.headers) {
+            Ok(range) => range,
+            Err(reason) => return Answer::ResumeRefused { reason, partial },
+        };
+        if content_length(&rparts.headers).is_some_and(|len| len != range.len()) {
+            return Answer::ResumeRefused {
+                reason: "a 206 whose Content-Length is not its range's".into(),
+                partial,
+            };
+        }
+        rparts.status = StatusCode::OK;
+        rparts.headers.remove(header::CONTENT_RANGE);
+        rparts.headers.remove(HSYNC_ETAG);
+        rparts.headers.insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from(range.complete_len),
+        );
+        let storable = freshness::storability(
+            &parts.method,
+            &parts.headers,
+            StatusCode::OK,
+            &self.caching_view(parts, &rparts.headers),
+            self.is_shared(),
+        ) == Storability::Storable;
+        if !storable {
+            return Answer::ResumeRefused {
+                reason: "the rest is not storable".into(),
+                partial,
+            };
+        }
+        ClientStats::add(&self.stats.misses, 1);
+        tracing::debug!(url = %key, from = resume.prefix_len, len = range.complete_len, "completing a kept prefix by Range");
+        let relayable = Relayable {
+            head: rparts,
+            body: Chained::new(resume.prefix, rbody.map_err(BodyError::from).boxed()).boxed(),
+            hsync: false,
+            storable,
+            outcome: CacheStatus::forwarded(Forward::Partial),
+            held_by: None,
+            stale_on_error: None,
+            piece: Piece::Resumed {
+                complete_len: range.complete_len,
+                partial,
+            },
+        };
+        self.relay(parts, key, relayable, None, asked_at, leader)
+            .await
     }
 }
 

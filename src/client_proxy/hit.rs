@@ -1,8 +1,9 @@
 //! Serving from the cache: the lookup (memory first, then the disk
 //! index and the entry's Vary'd variant), a fresh entry answered without
 //! asking upstream, the user agent's own validators answered with a 304,
-//! a stale entry refreshed by an upstream 304, and a stale entry served
-//! when upstream fails and RFC 5861 allows it.
+//! a stale entry refreshed by an upstream 304, a stale entry served
+//! when upstream fails and RFC 5861 allows it, and Range requests within
+//! a fresh partial entry's prefix (RFC 9111 §3.4).
 //!
 //! Leaves out: going upstream ([`super::fetch`]), the freshness rules
 //! themselves ([`crate::cache::freshness`]), reading and checking a stored
@@ -18,7 +19,7 @@ use http::{Method, Response, StatusCode};
 use super::cached_body::{self, CachedBody};
 use super::entry::{find_entry, headers_to_store, stored_headers};
 use super::hot::HotEntry;
-use super::ranges::{self, Stored};
+use super::ranges::{self, Requested, Stored};
 use super::transfer::full;
 use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, empty, unix_now};
 use crate::cache::freshness::{self, CacheStatus, Forward, Reuse};
@@ -56,7 +57,14 @@ impl ClientProxy {
             return Lookup::Miss;
         };
         if entry.meta.completeness != Completeness::Complete {
-            return Lookup::Stale(entry);
+            return match self.partial_hit(entry, parts).await {
+                Ok(response) => {
+                    ClientStats::add(&self.stats.hits, 1);
+                    Lookup::Fresh(response)
+                }
+                Err(Some(entry)) => Lookup::Stale(entry),
+                Err(None) => Lookup::Miss,
+            };
         }
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).unwrap_or(StatusCode::OK);
@@ -82,6 +90,98 @@ impl ClientProxy {
             }
             Reuse::Revalidate => Lookup::Stale(entry),
         }
+    }
+
+    /// A Range request answered from a partial entry (RFC 9111 §3.4: a
+    /// cache may serve the parts it holds): when the stored response is
+    /// fresh, the whole length is known, and every range asked lies within
+    /// the stored prefix (several only from a prefix read whole). The
+    /// entry comes back as `Err(Some(_))` otherwise (a basis, or the
+    /// prefix a resume completes), `Err(None)` when its body failed its
+    /// check (it is quarantined).
+    async fn partial_hit(
+        &self,
+        entry: Entry,
+        parts: &Parts,
+    ) -> Result<Response<ProxyBody>, Option<Entry>> {
+        let Some(complete_len) = entry.meta.complete_len.filter(|_| entry.meta.status == 200)
+        else {
+            return Err(Some(entry));
+        };
+        let conditional = [
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::IF_MATCH,
+            header::IF_UNMODIFIED_SINCE,
+        ]
+        .iter()
+        .any(|name| parts.headers.contains_key(name));
+        if parts.method != Method::GET || !parts.headers.contains_key(header::RANGE) || conditional
+        {
+            return Err(Some(entry));
+        }
+        let stored = stored_headers(&entry);
+        let len = entry.meta.body_len;
+        let ranges = match ranges::requested(&parts.method, &parts.headers, &stored, complete_len) {
+            Requested::Ranges(ranges)
+                if ranges.iter().all(|range| range.end <= len)
+                    && (ranges.len() == 1 || len <= cached_body::SMALL_BODY) =>
+            {
+                ranges
+            }
+            _ => return Err(Some(entry)),
+        };
+        let age = self.age_of(
+            parts,
+            StatusCode::OK,
+            &stored,
+            entry.meta.stored_at,
+            unix_now(),
+        );
+        let reuse = freshness::reuse(
+            &parts.headers,
+            &self.caching_view(parts, &stored),
+            age.current,
+            age.lifetime,
+            self.is_shared(),
+        );
+        if !matches!(reuse, Reuse::Serve) {
+            return Err(Some(entry));
+        }
+        let mut headers = stored;
+        headers.insert(header::AGE, HeaderValue::from(age.current));
+        headers.insert(
+            CACHE_STATUS,
+            freshness::cache_status(CACHE_NAME, &CacheStatus::hit()),
+        );
+        add_via(&mut headers, &self.config.via_name);
+        let (Ok(digest), Ok(key)) = (entry.meta.body_digest(), entry.meta.key()) else {
+            return Err(Some(entry));
+        };
+        let outboard = entry.meta.outboard();
+        let store = self.store.clone();
+        let stats = self.stats.clone();
+        let on_failure = move || {
+            ClientStats::add(&stats.digest_failures, 1);
+            store.quarantine(&key, digest);
+        };
+        let body = tokio::task::spawn_blocking(move || {
+            cached_body::serve_cached(entry.body, len, digest, outboard, on_failure)
+        })
+        .await
+        .ok()
+        .flatten()
+        .ok_or(None)?;
+        let body = match body {
+            CachedBody::Whole(bytes) => Stored::Whole(bytes),
+            CachedBody::Stream(body) => Stored::Stream(body),
+        };
+        Ok(ranges::answer(
+            Requested::Ranges(ranges),
+            headers,
+            body,
+            complete_len,
+        ))
     }
 
     /// A fresh hit served from memory: no file, no thread hop. `None` when
@@ -286,7 +386,6 @@ impl ClientProxy {
         }
     }
 
-    /// Upstream failed: serve the stale entry if RFC 5861 allows it.
     /// Serves a stale entry at once when RFC 5861's
     /// `stale-while-revalidate` allows it (the caller revalidates it in the
     /// background); `Err` gives the entry back when it does not, `Ok(None)`
@@ -326,24 +425,37 @@ impl ClientProxy {
             .ok())
     }
 
+    /// Whether RFC 5861's `stale-if-error` lets `entry` answer this
+    /// request now, were upstream to fail.
+    pub(super) fn may_serve_stale_on_error(&self, entry: &Entry, parts: &Parts) -> bool {
+        let stored = stored_headers(entry);
+        let Ok(status) = StatusCode::from_u16(entry.meta.status) else {
+            return false;
+        };
+        let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
+        entry.meta.completeness == Completeness::Complete
+            && freshness::may_serve_stale_on_error(
+                &parts.headers,
+                &self.caching_view(parts, &stored),
+                age.current,
+                age.lifetime,
+                self.is_shared(),
+            )
+    }
+
+    /// Upstream failed: serves the stale entry if RFC 5861 allows it.
     pub(super) async fn serve_stale_on_error(
         &self,
         entry: Entry,
         parts: &Parts,
         upstream_status: Option<StatusCode>,
     ) -> Option<Response<ProxyBody>> {
+        if !self.may_serve_stale_on_error(&entry, parts) {
+            return None;
+        }
         let stored = stored_headers(&entry);
         let status = StatusCode::from_u16(entry.meta.status).ok()?;
         let age = self.age_of(parts, status, &stored, entry.meta.stored_at, unix_now());
-        if !freshness::may_serve_stale_on_error(
-            &parts.headers,
-            &self.caching_view(parts, &stored),
-            age.current,
-            age.lifetime,
-            self.is_shared(),
-        ) {
-            return None;
-        }
         self.respond_from_entry(
             entry,
             stored,

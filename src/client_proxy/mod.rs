@@ -46,6 +46,7 @@ mod entry;
 mod fetch;
 mod hit;
 pub mod hot;
+mod partial;
 mod pass;
 pub mod queue_wait;
 mod ranges;

@@ -6,8 +6,12 @@
 //! §14.2): malformed, more than [`MAX_RANGES`], or several over a body that
 //! streams.
 //!
+//! Ranges of a partial entry's prefix are answered the same way, against
+//! the whole length it was kept with ([`super::hit`] decides when).
+//!
 //! Leaves out: which stored response is served ([`super::hit`]); a Range
-//! request that goes upstream is forwarded as it is.
+//! request that goes upstream is forwarded as it is ([`super::partial`]
+//! keeps what comes back when it can).
 //!
 //! Main items: [`requested`], [`Requested`], [`answer`].
 

@@ -156,6 +156,7 @@ mod tests {
             stored_at: 1_000,
             completeness: Completeness::Complete,
             shareable_as_basis: true,
+            complete_len: None,
         };
         w.commit(entry, b"sig").unwrap();
     }

@@ -405,6 +405,7 @@ mod tests {
             stored_at: 1,
             completeness,
             shareable_as_basis: true,
+            complete_len: None,
         };
         w.commit(entry, b"sig").unwrap();
     }
@@ -481,6 +482,7 @@ mod tests {
                 stored_at: 1,
                 completeness: Completeness::Complete,
                 shareable_as_basis: shareable,
+                complete_len: None,
             };
             w.commit(entry, b"sig").unwrap();
         };
@@ -510,6 +512,7 @@ mod tests {
             stored_at: 1,
             completeness: Completeness::Complete,
             shareable_as_basis: true,
+            complete_len: None,
         };
         w.commit(entry, b"").unwrap();
         // body and metadata, one block each; an empty signature is no block.

@@ -41,7 +41,7 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 
 pub use super::cache_writer::StoreTarget;
 use crate::cache::CacheKey;
@@ -145,6 +145,11 @@ pub struct Relay {
     /// The budget a large body takes its share of before the relay's
     /// state grows (see [`crate::http::transfer_memory`]).
     pub memory: TransferMemory,
+    /// Whether the caller has something better than a cut body to answer
+    /// with should the body fail before its first byte (a stale entry
+    /// that `stale-if-error` allows): the head is then held until that
+    /// byte, past the upstream wait, rather than sent without it.
+    pub hold_head: bool,
 }
 
 impl Relay {
@@ -236,13 +241,18 @@ pub const WHOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Streams `upstream` to the user agent per `relay`, and calls `done` once
 /// with the report when the relay is over (also when the user agent left).
 /// A body shorter than [`WHOLE_BELOW`] that is over within `wait` comes
-/// back whole; any other streams.
+/// back whole; any other streams. With [`Relay::hold_head`], a body that
+/// has sent nothing within `wait` is waited for until its first byte (or
+/// its end, or its failure, which is then [`Relayed::Failed`]: the caller
+/// still has its stale entry to answer with). Once a byte went out, a
+/// failure can only cut the body.
 pub async fn relay(
-    upstream: Incoming,
+    upstream: ProxyBody,
     relay: Relay,
     wait: std::time::Duration,
     done: impl FnOnce(Report) + Send + 'static,
 ) -> Relayed {
+    let hold_head = relay.hold_head;
     let (to_worker, from_upstream) = body_pipe::upstream_channel();
     let parking = relay.spool_dir.as_deref().map(|dir| Parking {
         dir: dir.into(),
@@ -295,6 +305,27 @@ pub async fn relay(
                     corrupt: corrupt_rx.await.unwrap_or(false),
                 };
             }
+            // Nothing yet, and a failure now would still have a better
+            // answer than a cut body (RFC 5861 §4): the head waits for
+            // the first byte, or the end, however long that takes.
+            Err(_) if hold_head && len == 0 => match from_worker.recv().await {
+                None => return Relayed::Whole(Bytes::new()),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        len += data.len();
+                        prefix.push(data);
+                    }
+                    if len > 0 {
+                        break;
+                    }
+                }
+                Some(Err(error)) => {
+                    return Relayed::Failed {
+                        reason: error.to_string(),
+                        corrupt: corrupt_rx.await.unwrap_or(false),
+                    };
+                }
+            },
             Err(_) => break,
         }
     }

@@ -465,6 +465,15 @@ impl Worker {
         let stored = match self.store.take() {
             Some(mut target) => {
                 target.entry.completeness = commit.completeness;
+                // A piece (a 206 from the first byte) that checked out is
+                // whole only if it reached the end (RFC 9111 §3.3).
+                if target
+                    .entry
+                    .complete_len
+                    .is_some_and(|len| len > self.body_bytes)
+                {
+                    target.entry.completeness = Completeness::Partial;
+                }
                 match commit_entry(
                     target.writer,
                     target.entry,
