@@ -48,6 +48,8 @@ use crate::queue::X_NODE;
 
 /// Longest pull answer read.
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+/// Rounds an update is tried again while the upstream serves the old body.
+const MAX_STALE_TRIES: u32 = 5;
 /// How often a prefetch looks again whether users still fetch.
 const USERS_FIRST_POLL: Duration = Duration::from_millis(20);
 
@@ -103,6 +105,9 @@ pub struct Zone {
     file: PathBuf,
     wake: Notify,
     counters: ZoneCounters,
+    /// Updates whose prefetch found the old body still served, by CSN,
+    /// and how often.
+    stale_tries: Mutex<std::collections::HashMap<u64, u32>>,
 }
 
 #[derive(Default)]
@@ -205,6 +210,7 @@ impl Replicas {
                     file,
                     wake: Notify::new(),
                     counters: ZoneCounters::default(),
+                    stale_tries: Mutex::default(),
                 })
             })
             .collect();
@@ -402,13 +408,21 @@ impl ClientProxy {
             zone.counters.not_held.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        let held_before: Vec<String> = held
+            .iter()
+            .map(|entry| entry.body_blake3.to_hex().to_string())
+            .collect();
         // Users first: none of their fetches waits behind ours.
         while !self.in_flight.is_empty() {
             tokio::time::sleep(USERS_FIRST_POLL).await;
         }
-        let Role::Leader(leader) = self.in_flight.join(key.digest()) else {
-            // A user fetches it right now: that stores it.
-            return Ok(());
+        let leader = match self.in_flight.join(key.digest()) {
+            Role::Leader(leader) => leader,
+            Role::Follower(follower) => {
+                // A user fetches it right now: what that stores is checked.
+                follower.wait().await;
+                return self.check_stored(zone, update, &key, &held_before);
+            }
         };
         let request = Request::get(url.as_str())
             .header(header::HOST, key_authority(&url))
@@ -420,10 +434,17 @@ impl ClientProxy {
         let started = tokio::time::Instant::now();
         let response = self
             .clone()
-            .fetch(parts, target, key, None, Some(leader))
+            .fetch(parts, target, key.clone(), None, Some(leader))
             .await;
         let status = response.status();
         let complete = drain(response).await;
+        // The body's end is not its commit: a large one is stored after its
+        // reader (here, us) had the last byte, and its fetch holds the
+        // coalescing slot until then. Only a stored body may be told to
+        // the proxies behind us.
+        if let Role::Follower(follower) = self.in_flight.join(key.digest()) {
+            follower.wait().await;
+        }
         let took = self.link_bytes().saturating_sub(before);
         if status.is_server_error() || !complete {
             return Err(format!(
@@ -446,7 +467,51 @@ impl ClientProxy {
             let due = Duration::from_secs_f64(took as f64 / zone.subscription.rate as f64);
             tokio::time::sleep_until(started + due).await;
         }
-        Ok(())
+        self.check_stored(zone, update, &key, &held_before)
+    }
+
+    /// After a prefetch: `Err` when the cache still holds only what it held
+    /// before (`held_before`'s digests), which means the upstream still
+    /// serves the old body (a replica that has not stored the new one yet),
+    /// so the update is tried again next round rather than passed on; at
+    /// most [`MAX_STALE_TRIES`] times, since a body that may not be stored
+    /// (an origin that says `no-store` now) would look the same. Another
+    /// body than the update's is fine: the path changed again since, and
+    /// its next update says so.
+    fn check_stored(
+        &self,
+        zone: &Zone,
+        update: &Update,
+        key: &CacheKey,
+        held_before: &[String],
+    ) -> Result<(), String> {
+        let mut held: Vec<String> = self
+            .store
+            .variants(key)
+            .iter()
+            .chain(self.store.lookup(key).iter())
+            .map(|entry| entry.body_blake3.to_hex().to_string())
+            .collect();
+        held.dedup();
+        let stale = !held.is_empty()
+            && !held.contains(&update.digest)
+            && held.iter().all(|digest| held_before.contains(digest));
+        let mut tries = zone
+            .stale_tries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !stale {
+            tries.remove(&update.csn);
+            return Ok(());
+        }
+        let count = tries.entry(update.csn).or_default();
+        *count += 1;
+        if *count >= MAX_STALE_TRIES {
+            tries.remove(&update.csn);
+            tracing::warn!(zone = %zone.subscription.zone, path = %update.path, "change feed: the upstream still serves the body held before; passed on all the same");
+            return Ok(());
+        }
+        Err("the upstream still serves the body held before".into())
     }
 
     /// A submission on the admin listener (absolute URLs, one per line):
