@@ -8,7 +8,7 @@
 #   (a) on demand:  nginx ──► accelerator ──► byte-relay.py ──► client ──► curl
 #   (b) feed:       nginx ──► accelerator ──► byte-relay.py ──► client A ──► client B ──► curl
 #                             --feed-state                      --subscribe   --subscribe
-#                                                               (pushed)      (pulls A)
+#                                                               (pushed)      (pushed by A)
 #
 # The `seq` lines of $CORPUS/MANIFEST form chains, as in
 # scripts/bench-corpus-pair.sh (bootstrap.css 5.2.0 → 5.2.3 → … → 5.3.3,
@@ -36,8 +36,9 @@
 #       and pushes a FEED line to A's --queue-callback listener; A pulls at
 #       once and prefetches each body (a delta against what it holds, over
 #       the relay; one at a time, paced at --prefetch-rate, 1M bytes/s by
-#       default) then takes the CSN; B pulls A every INTERVAL (A does not
-#       push to the proxies behind it) and prefetches from A. The script
+#       default) then takes the CSN and pushes B in turn (B pulled it with
+#       its own callback address; not with B_CALLBACK=0), which pulls A (at
+#       the latest after INTERVAL) and prefetches from A. The script
 #       polls A's and B's /.rproxy/stats until both zones' `csn` reach the
 #       highest CSN the POST answered. Then a user fetches each changed URL
 #       through B and through A: the body must equal the release (cmp), its
@@ -93,6 +94,9 @@
 # Usage: scripts/bench-changefeed.sh
 #   CORPUS=DIR        corpus folder (default ../shared/corpus from the repo root)
 #   INTERVAL=1s       --subscribe-interval of A and B
+#   B_CALLBACK=0      B without --queue-callback: A cannot push it, B pulls A
+#                     every INTERVAL only (as before replicas pushed down
+#                     the tree)
 #   FRESH_LIMIT=30    seconds a step may take to be fresh everywhere
 #   IDLE=3            seconds the closing idle-pull measurement watches A
 #   RPROXY, NGINX, CARGO_TARGET_DIR, KEEP_TMP, ACCEL_ARGS, CLIENT_ARGS:
@@ -202,12 +206,15 @@ start_node feed-accelerator accelerator --origin "$origin" \
 fd_accel=$node_url
 lab_start_relay "$fd_accel"
 fd_relay=$lab_relay_stats_url
-subscribe=(--subscribe "$zone" --subscribe-interval "$interval" --queue-callback 127.0.0.1:0)
+subscribe=(--subscribe "$zone" --subscribe-interval "$interval")
+pushed=(--queue-callback 127.0.0.1:0)
+b_pushed=("${pushed[@]}")
+[[ ${B_CALLBACK:-1} != 0 ]] || b_pushed=()
 start_node client-a client --upstream "$lab_relay_url" --cache "$lab_tmp/cache-a" \
-    --cache-size "${CACHE_SIZE:-2G}" "${subscribe[@]}"
+    --cache-size "${CACHE_SIZE:-2G}" "${subscribe[@]}" "${pushed[@]}"
 fd_a=$node_url
 start_node client-b client --upstream "$fd_a" --cache "$lab_tmp/cache-b" \
-    --cache-size "${CACHE_SIZE:-2G}" "${subscribe[@]}"
+    --cache-size "${CACHE_SIZE:-2G}" "${subscribe[@]}" "${b_pushed[@]}"
 fd_b=$node_url
 
 # delta BEFORE AFTER NAME: how far counter NAME moved between two stats.
@@ -353,7 +360,11 @@ for ((k = 0; k < steps; k++)); do
             for ((i = 0; i < n; i++)); do
                 url=/feed/${files[i]}
                 get "$proxy" "$origin$url"
-                cmp -s "$lab_tmp/got" "$corpus/${srcs[i]}" || lab_die "$url through $proxy after the feed: not ${srcs[i]} byte for byte"
+                if ! cmp -s "$lab_tmp/got" "$corpus/${srcs[i]}"; then
+                    was="not the previous release either"
+                    ! cmp -s "$lab_tmp/got" "$corpus/${prevs[i]}" || was="it is the previous release, ${prevs[i]}"
+                    lab_die "$url through $proxy after the feed: not ${srcs[i]} byte for byte ($was; Cache-Status: $(cache_status "$lab_tmp/head"))"
+                fi
                 cs=$(cache_status "$lab_tmp/head")
                 [[ $cs == "rproxy; hit"* ]] || lab_die "$url through $proxy after the feed: not a hit (Cache-Status: ${cs:-none})"
             done
@@ -429,13 +440,15 @@ final_a=$(lab_stats "$fd_a")
 final_b=$(lab_stats "$fd_b")
 zone_line() {
     local f out=""
-    for f in csn entries pulls pull_failures resets updates prefetched prefetch_bytes held_already not_held; do
+    for f in csn entries pushed pulls pull_failures resets updates prefetched prefetch_bytes held_already not_held; do
+        # (`pushed` is newer than the feed itself: absent, it is left out.)
+        [[ $1 == *"\"$f\":"* ]] || continue
         out+="$f=$(zone_field "$1" "$f") "
     done
     echo "${out% }"
 }
 
-awk -v corpus="$corpus" -v interval="$interval" -v steplog="$steplog" \
+awk -v corpus="$corpus" -v interval="$interval" -v steplog="$steplog" -v b_pushed="${#b_pushed[@]}" \
     -v idle_pulls="$idle_pulls" -v idle_link="$idle_link" -v idle_s="$idle" -v idle_moved="$idle_moved" \
     -v zone_a="$(zone_line "$final_a")" -v zone_b="$(zone_line "$final_b")" '
 function ver(p,   n, a) { n = split(p, a, "/"); return a[n - 1] }
@@ -448,7 +461,7 @@ BEGIN {
     printf "corpus: %s\n", corpus
     printf "(a) on demand: nginx (no-cache) -> accelerator -> relay -> client proxy -> curl, one fetch per update\n"
     printf "(b) feed: nginx (max-age=3600) -> accelerator --feed-state -> relay -> client A -> client B -> curl;\n"
-    printf "    A and B --subscribe the zone (--subscribe-interval %s, --queue-callback: the accelerator pushes to A)\n", interval
+    printf "    A and B --subscribe the zone (--subscribe-interval %s; --queue-callback: the accelerator pushes A, %s)\n", interval, b_pushed ? "A pushes B" : "B_CALLBACK=0: B only pulls"
     printf "od link = relay bytes up + down of the user'"'"'s fetch; od s+s = the client'"'"'s upstream_bytes + signature_bytes;\n"
     printf "feed stream = the coded answer to A'"'"'s prefetch (feed accelerator'"'"'s access log, to_downstream)\n\n"
     fmt = "%-28s %-8s %8s %6s %8s %8s %8s %8s %8s %8s %8s  %s\n"
@@ -509,8 +522,8 @@ END {
         printf "idle pulls of A: none in %d s (%d B on the link)\n", idle_s, idle_link
     if (ns > 0) {
         sort(ta, ns); sort(tb, ns)
-        printf "submit -> fresh at A (pushed):              min %.3f  median %.3f  max %.3f s over %d steps\n", ta[1] / 1000, median(ta, ns) / 1000, ta[ns] / 1000, ns
-        printf "submit -> fresh everywhere (B, pulls A):    min %.3f  median %.3f  max %.3f s\n", tb[1] / 1000, median(tb, ns) / 1000, tb[ns] / 1000
+        printf "submit -> fresh at A:                min %.3f  median %.3f  max %.3f s over %d steps\n", ta[1] / 1000, median(ta, ns) / 1000, ta[ns] / 1000, ns
+        printf "submit -> fresh everywhere (at B):   min %.3f  median %.3f  max %.3f s\n", tb[1] / 1000, median(tb, ns) / 1000, tb[ns] / 1000
     }
     printf "zone at A: %s\nzone at B: %s\n", zone_a, zone_b
 }
