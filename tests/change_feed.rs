@@ -59,17 +59,23 @@ impl Nginx {
             .expect("nginx is needed (Debian's nginx package)");
         let prefix = dir.join("nginx");
         std::fs::create_dir_all(prefix.join("temp")).unwrap();
-        let port = free_port();
         let user = if unsafe_is_root() {
             "user root root;"
         } else {
             ""
         };
-        let conf = prefix.join("nginx.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "{user}
+        // A port found free may be taken before nginx binds it (other
+        // programs here pick ports the same way): nginx then exits, or
+        // another server answers. A file only this nginx serves tells.
+        let marker = format!("nginx of {}\n", prefix.display());
+        std::fs::write(root.join("nginx-check.txt"), &marker).unwrap();
+        for _ in 0..20 {
+            let port = free_port();
+            let conf = prefix.join("nginx.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "{user}
 daemon off;
 master_process off;
 pid {p}/nginx.pid;
@@ -90,26 +96,45 @@ http {{
     }}
 }}
 ",
-                p = prefix.display(),
-                root = root.display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(nginx)
-            .args(["-p", prefix.to_str().unwrap(), "-c", conf.to_str().unwrap()])
-            .spawn()
+                    p = prefix.display(),
+                    root = root.display()
+                ),
+            )
             .unwrap();
-        let nginx = Nginx { child, port };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "nginx did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            let child = Command::new(nginx)
+                .args(["-p", prefix.to_str().unwrap(), "-c", conf.to_str().unwrap()])
+                .spawn()
+                .unwrap();
+            let mut nginx = Nginx { child, port };
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if nginx.child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if serves(port, &marker) {
+                    return nginx;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
-        nginx
+        panic!("nginx did not start on any of 20 free ports");
     }
+}
+
+/// Whether the server on `port` serves `/nginx-check.txt` as `marker`.
+fn serves(port: u16, marker: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut answer = String::new();
+    stream
+        .write_all(b"GET /nginx-check.txt HTTP/1.0\r\n\r\n")
+        .is_ok()
+        && stream.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
+        && answer.ends_with(marker)
 }
 
 impl Drop for Nginx {
@@ -130,7 +155,18 @@ fn unsafe_is_root() -> bool {
 /// A port below the ephemeral range that is free now (nginx cannot be told
 /// to take port 0 and say which it got).
 fn free_port() -> u16 {
-    let mut seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
+    // Seeded apart in each test (they run at once, in one process).
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread = u64::from_le_bytes(
+        blake3::hash(thread.as_bytes()).as_bytes()[..8]
+            .try_into()
+            .unwrap(),
+    );
+    let mut seed = nanos ^ thread;
     for _ in 0..1000 {
         seed = seed
             .wrapping_mul(6364136223846793005)
@@ -355,7 +391,11 @@ fn zones_replicate_down_a_tree_of_client_proxies() {
     // Users fetch version 1 through B: both caches hold it.
     for (n, url) in urls.iter().enumerate() {
         let (head, body) = get_through(&b, url);
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "{head}{}",
+            String::from_utf8_lossy(&body[..body.len().min(500)])
+        );
         assert_version(&body, n, 1);
     }
 

@@ -312,7 +312,17 @@ impl ClientProxy {
             log.csn() != answer.csn
         };
         if answer.reset {
-            zone.counters.resets.fetch_add(1, Ordering::Relaxed);
+            // A replica's first answer lists the zone: not a reset of
+            // anything it held.
+            let first = zone
+                .log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .incarnation()
+                .is_empty();
+            if !first {
+                zone.counters.resets.fetch_add(1, Ordering::Relaxed);
+            }
             tracing::info!(zone = %zone.subscription.zone, incarnation = %answer.incarnation, csn = answer.csn, listed = answer.updates.len(), "change feed: reset");
             zone.log
                 .lock()
