@@ -486,8 +486,30 @@ async fn beyond_loopback_the_admin_listener_asks_for_the_roles_users() {
 
 /// `METHOD target` on `addr` on a connection of its own: (status, body).
 async fn http_request(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
+    http_request_with(addr, method, target, "").await
+}
+
+/// `POST target` with `body` on `addr`: (status, body).
+async fn http_post(addr: SocketAddr, target: &str, body: &str) -> (u16, String) {
+    http_request_with(addr, "POST", target, body).await
+}
+
+/// `METHOD target` with `body` on `addr` on a connection of its own:
+/// (status, body).
+async fn http_request_with(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    body: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request = format!("{method} {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    let length = if body.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Length: {}\r\n", body.len())
+    };
+    let request =
+        format!("{method} {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n{length}\r\n{body}");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
@@ -563,24 +585,6 @@ async fn purge_on_the_admin_listener_removes_a_url_prefix_from_a_running_cache()
     accelerator.wait().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
-}
-
-/// `POST target` with `body` on `addr`: (status, body).
-async fn http_post(addr: SocketAddr, target: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "POST {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-    (head[9..12].parse().unwrap(), body.to_owned())
 }
 
 #[tokio::test]

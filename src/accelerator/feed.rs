@@ -22,7 +22,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full, Limited};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Incoming;
 use serde::Serialize;
 
@@ -37,7 +37,7 @@ use crate::feed::watch::DocRoot;
 use crate::feed::wire::{
     MAX_SUBMISSION_BYTES, MAX_SUBMITTED, Pull, callback_node, parse_submission,
 };
-use crate::http::server::{Peer, ProxyBody, text_response};
+use crate::http::server::{Peer, ProxyBody, json_response, text_response};
 use crate::http::upstream_guard::ExchangeCheck;
 
 /// What became of one submitted path.
@@ -75,7 +75,7 @@ impl Accelerator {
                         request.extensions().get::<Peer>().map(|peer| peer.0),
                     ),
                 );
-                json(
+                json_response(
                     StatusCode::OK,
                     serde_json::to_vec(&answer).unwrap_or_default(),
                 )
@@ -125,7 +125,7 @@ impl Accelerator {
                 for path in paths {
                     results.push(self.submit(&host, &route, &feeds, path).await);
                 }
-                json(
+                json_response(
                     StatusCode::OK,
                     serde_json::to_vec(&results).unwrap_or_default(),
                 )
@@ -333,20 +333,4 @@ impl Accelerator {
             None => outcome("unchanged", None),
         }
     }
-}
-
-fn json(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
 }

@@ -41,7 +41,9 @@ use hyper::body::Incoming;
 
 use crate::feed::wire::MAX_SUBMISSION_BYTES;
 use crate::http::auth::{Authenticator, Refusal};
-use crate::http::server::{ConnectionLimits, Handler, Peer, ProxyBody, text_response};
+use crate::http::server::{
+    ConnectionLimits, Handler, Peer, ProxyBody, json_response, text_response,
+};
 
 pub use figures::{BasisFigures, CacheFigures, FeedFigures, Figures, Outcomes, Source, Submission};
 pub use history::{History, SAMPLE_EVERY};
@@ -208,19 +210,7 @@ impl Admin {
             }
         };
         match self.source.submit(urls).await {
-            Some((status, json)) => {
-                let mut response = Response::new(
-                    Full::new(Bytes::from(json))
-                        .map_err(|never| match never {})
-                        .boxed(),
-                );
-                *response.status_mut() = status;
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                response
-            }
+            Some((status, json)) => json_response(status, json),
             None => text_response(
                 StatusCode::NOT_IMPLEMENTED,
                 "this role keeps no change feed".into(),
@@ -259,19 +249,13 @@ impl Admin {
                     bytes = report.bytes,
                     "purged"
                 );
-                let mut response = Response::new(
-                    Full::new(Bytes::from(format!(
+                json_response(
+                    StatusCode::OK,
+                    format!(
                         "{{\"entries\":{},\"bytes\":{}}}\n",
                         report.entries, report.bytes
-                    )))
-                    .map_err(|never| match never {})
-                    .boxed(),
-                );
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                response
+                    ),
+                )
             }
             Ok(None) => text_response(
                 StatusCode::NOT_IMPLEMENTED,

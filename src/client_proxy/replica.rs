@@ -43,7 +43,7 @@ use crate::cache::CacheKey;
 use crate::feed::primary::Subscribers;
 use crate::feed::wire::callback_node;
 use crate::feed::{Answer, FEED_PATH, FeedLog, Pull, Update, state};
-use crate::http::server::{ProxyBody, text_response};
+use crate::http::server::{ProxyBody, json_response, text_response};
 use crate::queue::X_NODE;
 
 /// Longest pull answer read.
@@ -655,14 +655,10 @@ impl ClientProxy {
         }
         let answer = log.answer(pull.since, pull.incarnation.as_deref(), &pull.prefix);
         drop(log);
-        let mut response = Response::new(full(serde_json::to_vec(&answer).unwrap_or_default()));
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        Some(response)
+        Some(json_response(
+            StatusCode::OK,
+            serde_json::to_vec(&answer).unwrap_or_default(),
+        ))
     }
 }
 

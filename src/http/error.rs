@@ -591,6 +591,24 @@ pub fn text_response(status: StatusCode, message: String) -> Response<ProxyBody>
     response
 }
 
+/// A JSON response of our own (stats, the change feed, the admin
+/// listener's answers), never to be stored: `body` as it is.
+pub fn json_response(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

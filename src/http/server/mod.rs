@@ -46,4 +46,4 @@ pub use reloadable::Reloadable;
 /// Kept here for the roles that still choose their statuses themselves
 /// (the client proxy, until it speaks
 /// [`ProxyError`](crate::http::error::ProxyError)).
-pub use crate::http::error::text_response;
+pub use crate::http::error::{json_response, text_response};
