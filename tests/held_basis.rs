@@ -3,6 +3,9 @@
 //! its basis by digest alone, without the signature that was most of a
 //! small update's bytes. Should the accelerator have let the body go, the
 //! answer comes coded without a basis: more bytes, still the right ones.
+//! The accelerator says so (`Hsync-Missed`), and the client proxy then
+//! sends signatures there for a while, as it must behind a balancer whose
+//! accelerators keep bodies apart.
 //! A body of unknown length is believed held only if no longer than the
 //! longest the accelerator keeps, which it announces. Against a held body
 //! the answer comes without SIG frames, which the client agreed to.
@@ -99,6 +102,24 @@ async fn a_body_the_accelerator_let_go_comes_without_a_basis_and_right() {
         link > 10_000,
         "coded without a basis, the whole text's worth: {link} B"
     );
+
+    // Told so twice (`Hsync-Missed`: b's release 0 went out for a's
+    // release 1), the client proxy sends signatures there for a while,
+    // although the accelerator says each time that it keeps the new
+    // release: the next update is a delta either way.
+    get(proxy.addr, &b).await.assert_body("/b.js", &release(1));
+    eventually("the update stored", || proxy.stats().stored == 4).await;
+    let before = proxy.stats();
+    get(proxy.addr, &a).await.assert_body("/a.js", &release(2));
+    eventually("the update stored", || proxy.stats().stored == 5).await;
+    let after = proxy.stats();
+    assert!(
+        after.signature_bytes > before.signature_bytes,
+        "a signature went up"
+    );
+    assert_eq!(after.deltas, before.deltas + 1);
+    let link = after.upstream_bytes - before.upstream_bytes;
+    assert!(link < 5_000, "a delta against the signature: {link} B");
 }
 
 /// An accelerator that does not know a body's length when its head goes

@@ -28,7 +28,7 @@ use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_SIGNATURE,
     HSYNC_SIGNATURE_LENGTH, accepts_coding, accepts_hsync, parse_byte_sequence, weaken_etag,
 };
 use crate::http::server::{BodyError, ProxyBody};
@@ -397,15 +397,27 @@ impl Coder {
             parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
         }
         // A basis we served and still hold: compress against the body itself.
+        let mut looked_up = true;
         let held = match &offer.basis_digest {
             Some(digest) => self.bodies.get(digest).await.unwrap_or_else(|_| {
                 // Redis slow or down: rsync against the client's
                 // signature, as on a miss (never an error to the user).
                 Stats::add(&self.stats.basis_fallbacks, 1);
+                looked_up = false;
                 None
             }),
             None => None,
         };
+        // Named by digest alone and not held (let go, or kept by another
+        // accelerator behind the same balancer): the client is told, and
+        // sends signatures to us for a while. Not when the shared store
+        // could not be asked: it may well hold the body once it answers.
+        if offer.basis_digest.is_some() && offer.signature.is_none() && held.is_none() && looked_up
+        {
+            parts
+                .headers
+                .insert(HSYNC_MISSED, HeaderValue::from_static("1"));
+        }
         // What a coding against a held body holds beyond the rsync
         // coding's: 3 MiB windows, and each window's prefix holds a slice
         // of the basis (at most BASIS_SPAN) twice over (slice and prefix).
@@ -468,8 +480,10 @@ impl Coder {
                     // unaware cache between the proxies must not serve
                     // this copy to a request that offers a basis.
                     plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-                    if let Some(held) = parts.headers.get(HSYNC_HELD) {
-                        plain_headers.insert(HSYNC_HELD, held.clone());
+                    for name in [HSYNC_HELD, HSYNC_MISSED] {
+                        if let Some(value) = parts.headers.get(&name) {
+                            plain_headers.insert(name, value.clone());
+                        }
                     }
                     plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                     parts.headers = plain_headers;
@@ -477,8 +491,10 @@ impl Coder {
                 }
                 Whole::Gzip(body) => {
                     plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-                    if let Some(held) = parts.headers.get(HSYNC_HELD) {
-                        plain_headers.insert(HSYNC_HELD, held.clone());
+                    for name in [HSYNC_HELD, HSYNC_MISSED] {
+                        if let Some(value) = parts.headers.get(&name) {
+                            plain_headers.insert(name, value.clone());
+                        }
                     }
                     plain_headers
                         .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));

@@ -17,7 +17,7 @@ use super::ClientProxy;
 use super::transfer::StoreTarget;
 use crate::cache::freshness::{Age, CacheControl};
 use crate::cache::{CacheKey, CacheStore, Completeness, Entry, NewEntry};
-use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD};
+use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED};
 
 impl ClientProxy {
     /// A stored response's age and freshness lifetime at `now`, as this
@@ -242,6 +242,7 @@ pub(super) fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
                 && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT
                 && **name != HSYNC_HELD
+                && **name != HSYNC_MISSED
                 && **name != HSYNC_ETAG
         })
         .filter_map(|(name, value)| {

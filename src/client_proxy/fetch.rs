@@ -44,7 +44,7 @@ use crate::hsync::{DecodeLimits, FileBasis};
 use crate::http::access_log::Note;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_SIGNATURE,
     HSYNC_SIGNATURE_LENGTH, add_via, restore_etag, strip_hop_by_hop,
 };
 use crate::http::metrics::nanos;
@@ -444,6 +444,10 @@ impl ClientProxy {
             .headers
             .remove(HSYNC_HELD)
             .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+        if rparts.headers.remove(HSYNC_MISSED).is_some() && by_digest {
+            tracing::info!(url = %key, "the upstream no longer holds a basis it said it kept; signatures go there for a while");
+            target.upstream.distrust_held(&target.url);
+        }
 
         if rparts.status == StatusCode::NOT_MODIFIED
             && let Some(entry) = stale

@@ -23,8 +23,8 @@ use crate::cache::CacheKey;
 use crate::cache::freshness::{self, CacheStatus, Forward};
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH,
-    add_via, restore_etag, strip_hop_by_hop,
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_SIGNATURE,
+    HSYNC_SIGNATURE_LENGTH, add_via, restore_etag, strip_hop_by_hop,
 };
 use crate::http::server::{BodyError, ProxyBody};
 
@@ -130,6 +130,7 @@ impl ClientProxy {
             HSYNC_SIGNATURE,
             HSYNC_SIGNATURE_LENGTH,
             HSYNC_HELD,
+            HSYNC_MISSED,
         ] {
             parts.headers.remove(name);
         }

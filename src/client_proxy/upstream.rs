@@ -78,6 +78,13 @@ const MAX_ADVERTISERS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(4096
 /// ones (then the digest alone gets a coding without basis, no error).
 pub const HELD_TTL: Duration = Duration::from_secs(600);
 
+/// Answers to a basis named by digest alone that came without it
+/// (`Hsync-Missed`) before an upstream's `Hsync-Held` is no longer
+/// believed: one can be a race (a body asked for before its keeping ended),
+/// two within [`HELD_TTL`] are a store that does not keep what it says (a
+/// balancer in front of accelerators with stores of their own).
+pub const MISSES_TO_DISTRUST: u32 = 2;
+
 /// Held bodies remembered per upstream at most (64 bytes and a little
 /// each): a bound on the table, whatever the upstream announces.
 const MAX_HELD: std::num::NonZeroUsize = std::num::NonZeroUsize::new(65_536).expect("not 0");
@@ -134,6 +141,11 @@ pub struct Upstream {
     /// Bodies the upstream said it keeps as bases (`Hsync-Held`), by their
     /// blake3: a request with one as its basis sends the digest alone.
     held_bases: Mutex<ExpiringMap<(Authority, [u8; 32]), ()>>,
+    /// Upstreams that answered a basis named by digest alone without
+    /// holding it (`Hsync-Missed`), and how often: past
+    /// [`MISSES_TO_DISTRUST`], their `Hsync-Held` is not believed for
+    /// [`HELD_TTL`] after the last.
+    distrusted: Mutex<ExpiringMap<Authority, u32>>,
     /// An upstream proxy's; `None` for a direct route.
     health: Option<Health>,
 }
@@ -296,6 +308,7 @@ impl Upstream {
                 MAX_ADVERTISERS,
             )),
             held_bases: Mutex::new(ExpiringMap::with_max_entries(HELD_TTL, MAX_HELD)),
+            distrusted: Mutex::new(ExpiringMap::with_max_entries(HELD_TTL, MAX_ADVERTISERS)),
             health: None,
         }
     }
@@ -442,12 +455,35 @@ impl Upstream {
         }
     }
 
+    /// The upstream a request for `url` goes to answered a basis named by
+    /// digest alone without holding it: after [`MISSES_TO_DISTRUST`] such
+    /// answers, what it says it keeps is not believed for [`HELD_TTL`]
+    /// (requests carry signatures there).
+    pub fn distrust_held(&self, url: &Uri) {
+        if let Some(advertiser) = self.advertiser(url) {
+            let mut distrusted = self.distrusted.lock().expect("no panics under this lock");
+            let now = Instant::now();
+            let misses = distrusted.get(advertiser, now).copied().unwrap_or(0) + 1;
+            distrusted.insert(advertiser.clone(), misses, now);
+        }
+    }
+
     /// Whether the upstream a request for `url` goes to said, within
-    /// [`HELD_TTL`], that it keeps the body whose blake3 is `digest`.
+    /// [`HELD_TTL`], that it keeps the body whose blake3 is `digest`, and
+    /// has not since answered such a body without holding it.
     pub fn holds(&self, url: &Uri, digest: &[u8; 32]) -> bool {
         let Some(advertiser) = self.advertiser(url) else {
             return false;
         };
+        if self
+            .distrusted
+            .lock()
+            .expect("no panics under this lock")
+            .get(advertiser, Instant::now())
+            .is_some_and(|&misses| misses >= MISSES_TO_DISTRUST)
+        {
+            return false;
+        }
         self.held_bases
             .lock()
             .expect("no panics under this lock")
