@@ -253,6 +253,34 @@ fn the_fast_stage_sends_copies_and_only_the_edited_bytes() {
     std::fs::write(&path, &basis).unwrap();
     let file = FileBasis::sole(std::fs::File::open(&path).unwrap()).unwrap();
     assert!(encode(Box::new(file)).0 == stream);
+
+    // The decoder reads the copies from the basis and little else: the
+    // literals' zstd frames reach only into the context (but in the first
+    // window, which has none), so it builds no basis slice for them.
+    struct Counting(Vec<u8>, std::rc::Rc<std::cell::Cell<u64>>);
+    impl rproxy::hsync::Basis for Counting {
+        fn size(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+            self.1.set(self.1.get() + len as u64);
+            self.0.append_range(offset, len, out)
+        }
+    }
+    let read = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut decoder = Decoder::new(
+        Counting(basis.clone(), read.clone()),
+        DecodeLimits::default(),
+    );
+    let mut out = Vec::new();
+    decoder.push(&stream, &mut out).unwrap();
+    decoder.finish().unwrap();
+    assert!(out == new);
+    let extra = read.get() - summary.copied_bytes;
+    assert!(
+        extra <= 64 << 10,
+        "{extra} basis bytes read beyond the copies"
+    );
 }
 
 /// A window the basis has little of (unrelated text) goes whole through

@@ -199,7 +199,8 @@ pub(crate) fn basis_slice(
 /// [`PREFIX_PER_OUTPUT`] × `window_len`) bytes of `context` (the body
 /// before the window), and `copied` (`ZstdWindow`: the window's copied
 /// bytes in order; empty otherwise), keeping the last [`MAX_PREFIX_LEN`]
-/// bytes. Both ends call this, so it is part of the format.
+/// bytes. The encoder calls this and the decoder builds the tail of it
+/// that a zstd frame reaches, so it is part of the format.
 pub(crate) fn window_prefix(
     basis: &[u8],
     context: &[u8],
