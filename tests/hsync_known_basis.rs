@@ -23,6 +23,16 @@ fn fast(window_bytes: usize) -> EncoderOptions {
     }
 }
 
+/// The fast stage from the first window (as for a body larger than
+/// `basis_high_level_budget`): windows go as the held-body matcher's
+/// copies and literals.
+fn fast_stage(window_bytes: usize) -> EncoderOptions {
+    EncoderOptions {
+        basis_high_level_budget: 0,
+        ..fast(window_bytes)
+    }
+}
+
 #[test]
 fn small_edit_round_trips_and_costs_less_than_the_rsync_stream() {
     let basis = pseudo_text(1, 300_000);
@@ -188,6 +198,109 @@ fn large_blocks_keep_windows_within_the_basis_slice() {
     );
 }
 
+/// Issue 20, codec 3 at speed: in the fast stage only the edited bytes are
+/// literals (the rest goes as copies found by the held basis's index, moved
+/// text included), the stream is smaller than the whole-window zstd one,
+/// and an encoder reading the basis from a file writes the same stream.
+#[test]
+fn the_fast_stage_sends_copies_and_only_the_edited_bytes() {
+    let basis = pseudo_text(21, 3 << 20);
+    let mut new = basis.clone();
+    for (n, at) in (10_000..3_000_000).step_by(150_001).enumerate() {
+        new[at..at + 8].copy_from_slice(format!("EDIT{n:04}").as_bytes());
+    }
+    new.splice(1_000_000..1_000_000, pseudo_text(22, 5000));
+    new.drain(2_000_000..2_004_000);
+    let moved = basis[2_500_000..2_600_000].to_vec();
+    new.splice(400_000..400_000, moved);
+    let window = 1 << 20;
+    let encode = |basis_body: Box<dyn rproxy::hsync::Basis + Send + Sync>| {
+        let mut encoder =
+            Encoder::with_basis_body(basis_body, Some(new.len() as u64), fast_stage(window));
+        assert!(encoder.is_in_fast_stage());
+        let mut stream = Vec::new();
+        for piece in new.chunks(100_000) {
+            encoder.push(piece, &mut stream).unwrap();
+        }
+        let summary = encoder.finish(&mut stream).unwrap();
+        (stream, summary)
+    };
+    let (stream, summary) = encode(Box::new(basis.clone()));
+    let (out, decoded) = decode_ok(&basis, &stream);
+    assert!(out == new);
+    assert_eq!(decoded.digest, blake3_of(&new));
+    // 20 edits of 8 bytes and 5,000 inserted: a few bytes more at most
+    // where an edit's text happens to equal the basis's.
+    assert!(
+        summary.literal_bytes <= 5000 + 20 * 8,
+        "{} literal bytes",
+        summary.literal_bytes
+    );
+    assert_eq!(
+        summary.copied_bytes + summary.literal_bytes,
+        new.len() as u64
+    );
+    let whole = encode_with_body(&basis, &new, fast(window), &[]);
+    assert!(
+        stream.len() < whole.len(),
+        "matched: {} bytes, whole windows: {} bytes",
+        stream.len(),
+        whole.len()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("basis");
+    std::fs::write(&path, &basis).unwrap();
+    let file = FileBasis::sole(std::fs::File::open(&path).unwrap()).unwrap();
+    assert!(encode(Box::new(file)).0 == stream);
+
+    // The decoder reads the copies from the basis and little else: the
+    // literals' zstd frames reach only into the context (but in the first
+    // window, which has none), so it builds no basis slice for them.
+    struct Counting(Vec<u8>, std::rc::Rc<std::cell::Cell<u64>>);
+    impl rproxy::hsync::Basis for Counting {
+        fn size(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn append_range(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+            self.1.set(self.1.get() + len as u64);
+            self.0.append_range(offset, len, out)
+        }
+    }
+    let read = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut decoder = Decoder::new(
+        Counting(basis.clone(), read.clone()),
+        DecodeLimits::default(),
+    );
+    let mut out = Vec::new();
+    decoder.push(&stream, &mut out).unwrap();
+    decoder.finish().unwrap();
+    assert!(out == new);
+    let extra = read.get() - summary.copied_bytes;
+    assert!(
+        extra <= 64 << 10,
+        "{extra} basis bytes read beyond the copies"
+    );
+}
+
+/// A window the basis has little of (unrelated text) goes whole through
+/// zstd against the basis slice, as in the high stage; the windows around
+/// it still go as copies, and the body decodes.
+#[test]
+fn the_fast_stage_sends_unrelated_windows_whole() {
+    let basis = pseudo_text(23, 1 << 20);
+    let mut new = basis.clone();
+    new.splice(300_000..300_000, random_bytes(24, 200_000));
+    let mut encoder = Encoder::with_basis_body(Box::new(basis.clone()), None, fast_stage(64 << 10));
+    let mut stream = Vec::new();
+    encoder.push(&new, &mut stream).unwrap();
+    let summary = encoder.finish(&mut stream).unwrap();
+    let (out, _) = decode_ok(&basis, &stream);
+    assert!(out == new);
+    assert!(summary.copied_bytes > 900_000, "{summary:?}");
+    assert!(summary.literal_bytes >= 200_000, "{summary:?}");
+}
+
 #[test]
 fn decodes_against_a_file_basis() {
     let basis = pseudo_text(5, 200_000);
@@ -268,6 +381,29 @@ proptest! {
         let basis = content(kind, seed, len);
         let new = apply_edits(&basis, &edits);
         let stream = encode_with_body(&basis, &new, fast(window), &encode_sizes);
+        let run = decode(&basis[..], &stream, &decode_sizes, DecodeLimits::default());
+        let decoded = run.result.expect("our stream decodes");
+        prop_assert!(run.out == new);
+        prop_assert_eq!(decoded.digest, blake3_of(&new));
+        let block = split_stream(&stream).0.block_size;
+        prop_assert_eq!(decoded.signature, reference_signature(&new, block));
+    }
+
+    /// The same for the fast stage's matched windows (copies found by the
+    /// held basis's index, literals against the context's tail).
+    #[test]
+    fn codec3_fast_stage_round_trips(
+        kind in content_kind(),
+        seed in any::<u64>(),
+        len in 0usize..40_000,
+        edits in prop::collection::vec(edit(), 0..6),
+        window in 2048usize..16_384,
+        encode_sizes in prop::collection::vec(1usize..9000, 1..4),
+        decode_sizes in prop::collection::vec(1usize..5000, 1..4),
+    ) {
+        let basis = content(kind, seed, len);
+        let new = apply_edits(&basis, &edits);
+        let stream = encode_with_body(&basis, &new, fast_stage(window), &encode_sizes);
         let run = decode(&basis[..], &stream, &decode_sizes, DecodeLimits::default());
         let decoded = run.result.expect("our stream decodes");
         prop_assert!(run.out == new);

@@ -61,10 +61,15 @@
 //!        named it by blake3 and the accelerator kept it): the prefix is a
 //!        slice of the basis, S = min(6 MiB, 64 × W) long, starting
 //!        min(2 MiB, S / 3) before the window's offset (clamped to the
-//!        basis), then the body context as for 2; windows are usually one
-//!        LITERAL, zstd finding the basis text itself. Our encoder keeps
-//!        these windows within MAX_BASIS_WINDOW (3 MiB), so that the
-//!        slice covers each with 1 MiB to spare; decoders do not rely on it.
+//!        basis), then the body context as for 2. COPY commands may
+//!        name any offset in the basis. Our encoder sends a small body
+//!        (and a large one's first MiBs when its length is not known) as
+//!        one LITERAL per window, zstd finding the basis text itself; a
+//!        large one as the COPY commands of the runs it finds by an index
+//!        of the basis, and the edited bytes as LITERALs compressed
+//!        against a tail of the prefix (the context's). It keeps these
+//!        windows within MAX_BASIS_WINDOW (3 MiB), so that the slice
+//!        covers each with 1 MiB to spare; decoders do not rely on it.
 //!   A window rebuilds at most MAX_WINDOW_OUTPUT bytes.
 //!
 //! kind 2, SIG: signature entries for the next blocks of the new body
@@ -194,7 +199,8 @@ pub(crate) fn basis_slice(
 /// [`PREFIX_PER_OUTPUT`] × `window_len`) bytes of `context` (the body
 /// before the window), and `copied` (`ZstdWindow`: the window's copied
 /// bytes in order; empty otherwise), keeping the last [`MAX_PREFIX_LEN`]
-/// bytes. Both ends call this, so it is part of the format.
+/// bytes. The encoder calls this and the decoder builds the tail of it
+/// that a zstd frame reaches, so it is part of the format.
 pub(crate) fn window_prefix(
     basis: &[u8],
     context: &[u8],

@@ -207,9 +207,9 @@ pub struct Decoder<B> {
     window_out: Vec<u8>,
     /// The body's last bytes (codecs 2 and 3).
     context: Vec<u8>,
-    /// A window's basis slice (`ZstdBasis`) and reference prefix
-    /// (`ZstdWindow`: the context and then the window's copied bytes).
-    basis_part: Vec<u8>,
+    /// A window's reference prefix, the tail its zstd frame reaches
+    /// (`ZstdWindow`: of the context and then the window's copied bytes;
+    /// `ZstdBasis`: of the basis slice and then the context).
     prefix: Vec<u8>,
 }
 
@@ -233,7 +233,6 @@ impl<B: Basis> Decoder<B> {
             literal_buf: Vec::new(),
             window_out: Vec::new(),
             context: Vec::new(),
-            basis_part: Vec::new(),
             prefix: Vec::new(),
         }
     }
@@ -298,7 +297,6 @@ impl<B: Basis> Decoder<B> {
     pub fn release_scratch(&mut self) {
         for buffer in [
             &mut self.prefix,
-            &mut self.basis_part,
             &mut self.literal_buf,
             &mut self.window_out,
         ] {
@@ -536,23 +534,23 @@ impl<B: Basis> Decoder<B> {
                 }
             }
         }
+        // Codec 3's prefix is [basis slice | context tail] (see
+        // `window_prefix`), of which only the tail that the zstd frame's
+        // window reaches is built: the encoder's fast stage compresses the
+        // edited bytes against the context's tail alone, and reading each
+        // window's 6 MiB basis slice for them was most of the decoder's
+        // basis reads.
         if header.codec == LiteralCodec::ZstdBasis && literal_len > 0 {
             let range = super::basis_slice(self.rebuilt, window_len, basis_len);
-            self.basis_part.clear();
+            let context = super::context_tail(&self.context, window_len);
+            let whole = ((range.end - range.start) as usize + context.len()).min(MAX_PREFIX_LEN);
+            let reach = zstd_window_size(literals).unwrap_or(usize::MAX).min(whole);
+            let from_basis = reach.saturating_sub(context.len());
             self.basis
-                .append_range(
-                    range.start,
-                    (range.end - range.start) as usize,
-                    &mut self.basis_part,
-                )
+                .append_range(range.end - from_basis as u64, from_basis, &mut self.prefix)
                 .map_err(read_error)?;
-            super::window_prefix(
-                &self.basis_part,
-                &self.context,
-                &[],
-                window_len,
-                &mut self.prefix,
-            );
+            self.prefix
+                .extend_from_slice(&context[context.len() - (reach - from_basis)..]);
         }
         let reference = &self.prefix[self.prefix.len().saturating_sub(MAX_PREFIX_LEN)..];
         let decompressor = self.literals.as_mut().expect("header parsed before frames");

@@ -20,10 +20,19 @@ use super::signature::{
 };
 use super::{CONTEXT_LEN, DEFAULT_STRONG_LEN, MAX_BASIS_WINDOW, MAX_PREFIX_LEN, MAX_WINDOW_OUTPUT};
 
+use held::HeldIndex;
 use literals::LiteralCompressor;
 pub use literals::UNCODED_LEVEL;
 
+mod held;
 mod literals;
+
+/// Codec 3's fast stage sends a window as the matcher's copies and
+/// literals when its literals are at most this share of it (1 / N);
+/// otherwise the window goes whole through zstd against the basis slice,
+/// whose match finder also finds runs shorter than an anchor (text that
+/// was changed all over).
+const HELD_LITERAL_SHARE: usize = 4;
 
 /// What can go wrong while encoding.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +170,9 @@ pub struct Encoder {
     basis: Option<BasisSignature>,
     /// The basis body, when the encoder holds it (codec `ZstdBasis`).
     basis_body: Option<Box<dyn Basis + Send + Sync>>,
+    /// The index of `basis_body`'s anchors, built for the first window
+    /// encoded in the fast stage.
+    held: Option<HeldIndex>,
     basis_use: BasisUse,
     header: Header,
     window_bytes: usize,
@@ -280,6 +292,7 @@ impl Encoder {
             prefix: Vec::new(),
             summary: Counters::default(),
             basis_body: None,
+            held: None,
         }
     }
 
@@ -488,7 +501,13 @@ impl Encoder {
         // whole prefix would be `full_prefix_len` bytes.
         let mut prefix_end = 0;
         let mut full_prefix_len = 0;
+        // Codec 3's fast stage: the literals that the held basis's copies
+        // leave, in `prefix` after the context's tail.
+        let matched = self.match_held_body(covered)?;
         match &self.basis {
+            None if matched.is_some() => {
+                (prefix_end, full_prefix_len) = matched.expect("checked");
+            }
             None => {
                 DeltaCommand::Literal {
                     len: covered as u64,
@@ -576,6 +595,7 @@ impl Encoder {
         let windowed = self.literals.is_windowed();
         if windowed
             && self.basis.is_none()
+            && matched.is_none()
             && covered > 0
             && let Some(body) = &self.basis_body
         {
@@ -598,8 +618,8 @@ impl Encoder {
             prefix_end = full_prefix_len;
         }
         let literals = match self.basis {
-            None => &self.window[..covered],
-            Some(_) => &self.prefix[prefix_end..],
+            None if matched.is_none() => &self.window[..covered],
+            _ => &self.prefix[prefix_end..],
         };
         // Without a basis the prefix is the context's tail (what
         // `window_prefix` would copy out of it).
@@ -611,8 +631,10 @@ impl Encoder {
         } else {
             &self.prefix[prefix_end.saturating_sub(MAX_PREFIX_LEN)..prefix_end]
         };
-        // The prefix is [basis slice | context tail], cut from the front.
+        // The prefix is [basis slice | context tail], cut from the front;
+        // the matched windows use a tail of the context alone.
         let basis_in_prefix = match &self.basis_body {
+            Some(_) if matched.is_some() => 0,
             Some(_) => reference
                 .len()
                 .saturating_sub(super::context_tail(&self.context, covered as u64).len()),
@@ -659,6 +681,59 @@ impl Encoder {
         self.window.drain(..covered);
         self.write_signature(out);
         Ok(())
+    }
+
+    /// Codec 3's fast stage: diffs the window's first `covered` bytes
+    /// against the held basis body. When the literals are few enough
+    /// (`HELD_LITERAL_SHARE`), writes the commands, counts them, puts the
+    /// context's tail that the fast level compresses against in `prefix`
+    /// with the literals after it, and returns (where the literals start,
+    /// the prefix's length): a tail of the window's reference prefix
+    /// ([basis slice | context tail], see `window_prefix`), so it decodes
+    /// as any codec 3 window does, while zstd indexes some 256 KiB of
+    /// context instead of up to 7 MiB of basis and context. `None`, with
+    /// nothing written, when the window goes the whole-literal way.
+    ///
+    /// # Errors
+    /// Reading the basis failed.
+    fn match_held_body(&mut self, covered: usize) -> Result<Option<(usize, usize)>, EncodeError> {
+        let Some(body) = &self.basis_body else {
+            return Ok(None);
+        };
+        if covered == 0 || !self.literals.is_windowed() || !self.literals.is_in_fast_stage() {
+            return Ok(None);
+        }
+        let index = match &mut self.held {
+            Some(index) => index,
+            None => self
+                .held
+                .insert(HeldIndex::build(body.as_ref()).map_err(EncodeError::Basis)?),
+        };
+        let mut parsed = std::mem::take(&mut self.matches);
+        parsed.clear();
+        index
+            .diff(body.as_ref(), &self.window[..covered], &mut parsed)
+            .map_err(EncodeError::Basis)?;
+        let literal_len: usize = parsed.iter().map(|(_, range)| range.len()).sum();
+        if literal_len * HELD_LITERAL_SHARE > covered {
+            self.matches = parsed;
+            return Ok(None);
+        }
+        for (command, _) in &parsed {
+            command.write(&mut self.commands);
+        }
+        self.summary.copied_bytes += (covered - literal_len) as u64;
+        self.summary.literal_bytes += literal_len as u64;
+        let context = super::context_tail(&self.context, covered as u64);
+        let keep = literals::fast_prefix_len(literal_len).min(context.len());
+        self.prefix.reserve(keep + literal_len);
+        self.prefix
+            .extend_from_slice(&context[context.len() - keep..]);
+        for (_, range) in &parsed {
+            self.prefix.extend_from_slice(&self.window[range.clone()]);
+        }
+        self.matches = parsed;
+        Ok(Some((keep, keep)))
     }
 
     /// Sends the signature entries completed since the last SIG frame.
