@@ -397,22 +397,24 @@ impl Coder {
             parts.headers.insert(HSYNC_ACCEPT, self.hsync_accept());
         }
         // A basis we served and still hold: compress against the body itself.
-        let mut looked_up = true;
         let held = match &offer.basis_digest {
             Some(digest) => self.bodies.get(digest).await.unwrap_or_else(|_| {
                 // Redis slow or down: rsync against the client's
                 // signature, as on a miss (never an error to the user).
                 Stats::add(&self.stats.basis_fallbacks, 1);
-                looked_up = false;
                 None
             }),
             None => None,
         };
         // Named by digest alone and not held (let go, or kept by another
         // accelerator behind the same balancer): the client is told, and
-        // sends signatures to us for a while. Not when the shared store
-        // could not be asked: it may well hold the body once it answers.
-        if offer.basis_digest.is_some() && offer.signature.is_none() && held.is_none() && looked_up
+        // sends signatures to us for a while. Not with a shared store: the
+        // stores are not apart, and a miss there is a body let go or a
+        // store that could not be asked (and soon can).
+        if offer.basis_digest.is_some()
+            && offer.signature.is_none()
+            && held.is_none()
+            && !self.bodies.is_shared()
         {
             parts
                 .headers

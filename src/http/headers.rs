@@ -36,11 +36,12 @@ pub const HSYNC_ACCEPT: HeaderName = HeaderName::from_static("hsync-accept");
 /// wrong one.
 pub const HSYNC_HELD: HeaderName = HeaderName::from_static("hsync-held");
 /// `Hsync-Missed: 1` on an answer to a request that named its basis by
-/// digest alone (no signature) when the accelerator no longer holds that
-/// body, so it came coded without a basis: the client proxy then sends
-/// signatures to that upstream for a while ([`HSYNC_HELD`] is no longer
-/// believed there). Several accelerators behind one balancer, each with
-/// its own store, answer so half of the time.
+/// digest alone (no signature) when the accelerator, which shares no store
+/// with others, does not hold that body, so it came coded without a basis:
+/// the client proxy then sends signatures to that upstream for a while
+/// ([`HSYNC_HELD`] is no longer believed there). Several accelerators
+/// behind one balancer, each with its own store, answer so half of the
+/// time.
 pub const HSYNC_MISSED: HeaderName = HeaderName::from_static("hsync-missed");
 /// `Hsync-ETag` on a coded answer: the origin's strong `ETag`, which the
 /// coded answer carries weak (issue 21): the client proxy, which delivers

@@ -185,6 +185,11 @@ impl BasisStore {
             .map_or(memory, |shared| shared.max_body().max(memory))
     }
 
+    /// Whether bodies are shared with other accelerators (`--basis-redis`).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
     /// Lookups in the shared store that failed (or were skipped while it
     /// was failing) and fell back to coding without it.
     pub fn shared_failures(&self) -> u64 {
