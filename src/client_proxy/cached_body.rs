@@ -21,7 +21,7 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use crate::cache::{Outboard, OutboardBuilder};
-use crate::http::server::{BodyError, ProxyBody, ReceiverStream};
+use crate::http::server::{BodyError, ProxyBody, ReceiverStream, with_length};
 
 /// Bodies up to this size are read and checked whole before a cached
 /// response starts; larger ones are checked group by group as they stream.
@@ -78,9 +78,12 @@ pub fn serve_cached(
     };
     let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
     tokio::spawn(stream_groups(body, outboard, tx, on_failure));
-    Some(CachedBody::Stream(
+    // Of known length: the response ends with its last byte, not with the
+    // task's, and a log line counts it whole.
+    Some(CachedBody::Stream(with_length(
         StreamBody::new(ReceiverStream(rx)).boxed(),
-    ))
+        len,
+    )))
 }
 
 /// Hashes the whole body into an outboard and rewinds it; `None` when it

@@ -48,7 +48,7 @@ use crate::http::headers::{
     HSYNC_SIGNATURE_LENGTH, add_via, restore_etag, strip_hop_by_hop,
 };
 use crate::http::metrics::nanos;
-use crate::http::server::{BodyError, ProxyBody};
+use crate::http::server::{BodyError, ProxyBody, with_length};
 use crate::http::upstream_guard::ExchangeCheck;
 
 /// Which try of a fetch this is.
@@ -728,7 +728,16 @@ impl ClientProxy {
                 rparts.headers.remove(header::CONTENT_LENGTH);
                 Answer::Relayed(Response::from_parts(rparts, full(body)))
             }
-            Relayed::Stream(body) => Answer::Relayed(Response::from_parts(rparts, body)),
+            Relayed::Stream(body) => {
+                // A length the user agent is told: the answer ends with its
+                // last byte (a large body is stored after that), and a log
+                // line counts it whole.
+                let body = match content_length_of(&rparts.headers) {
+                    Some(len) => with_length(body, len),
+                    None => body,
+                };
+                Answer::Relayed(Response::from_parts(rparts, body))
+            }
             Relayed::Failed {
                 reason,
                 corrupt: true,
@@ -894,6 +903,16 @@ pub(super) fn hsync_coded(headers: &HeaderMap) -> HsyncCoded {
 
 fn is_hsync(headers: &HeaderMap) -> bool {
     hsync_coded(headers) == HsyncCoded::Yes
+}
+
+/// The `Content-Length` a response head states, if one valid one.
+fn content_length_of(headers: &http::HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    value.to_str().ok()?.parse().ok()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The body types both roles answer with ([`ProxyBody`], [`BodyError`]) and
-//! two small wrappers: [`counted`] tells a log line how a passed-through
-//! body ended, and `ReceiverStream` turns a task's channel into a body.
+//! small wrappers: [`counted`] tells a log line how a passed-through body
+//! ended, [`with_length`] gives a streamed body of known length its size,
+//! and `ReceiverStream` turns a task's channel into a body.
 //! Nothing here knows about connections or requests.
 
 use bytes::Bytes;
@@ -25,6 +26,64 @@ where
         bytes: 0,
         on_end: Some(on_end),
     })
+}
+
+/// `body`, which is `len` bytes long, saying so: its size hint is exact
+/// and it ends with its last byte. A stream fed by a task knows neither, so
+/// the server would wait for the task's end to finish the response, and a
+/// reader that left after the last byte would look cut ([`counted`]).
+pub fn with_length(body: ProxyBody, len: u64) -> ProxyBody {
+    BoxBody::new(WithLength {
+        inner: body,
+        remaining: len,
+    })
+}
+
+struct WithLength {
+    inner: ProxyBody,
+    remaining: u64,
+}
+
+impl hyper::body::Body for WithLength {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BodyError>>> {
+        if self.remaining == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                let len = frame.data_ref().map_or(0, |data| data.len() as u64);
+                if len > self.remaining {
+                    self.remaining = 0;
+                    return std::task::Poll::Ready(Some(Err(
+                        "the body is longer than its length".into()
+                    )));
+                }
+                self.remaining -= len;
+            }
+            std::task::Poll::Ready(None) => {
+                return std::task::Poll::Ready(Some(
+                    Err("the body ended before its length".into()),
+                ));
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// A `Stream` over an mpsc receiver: a body fed by a task (wrap it in
@@ -165,5 +224,37 @@ mod tests {
         let (body, seen) = ended(full.map_err(|never| match never {}).boxed());
         drop(body);
         assert_eq!(*seen.lock().unwrap(), Some((0, false)));
+    }
+
+    #[tokio::test]
+    async fn a_body_of_known_length_ends_with_its_last_byte() {
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, BodyError>>(4);
+        tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(b"abc"))))
+            .await
+            .unwrap();
+        tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(b"de"))))
+            .await
+            .unwrap();
+        // The task that feeds it has not ended (`tx` lives on).
+        let body = with_length(
+            http_body_util::StreamBody::new(ReceiverStream(rx)).boxed(),
+            5,
+        );
+        assert_eq!(hyper::body::Body::size_hint(&body).exact(), Some(5));
+        let (body, ending) = ended(body);
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&collected[..], b"abcde");
+        assert_eq!(*ending.lock().unwrap(), Some((5, true)));
+        drop(tx);
+
+        // One that ends short is an error, not a clean end.
+        let short = with_length(
+            Full::new(Bytes::from_static(b"ab"))
+                .map_err(|never| match never {})
+                .boxed(),
+            5,
+        );
+        assert!(short.collect().await.is_err());
     }
 }

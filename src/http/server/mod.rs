@@ -33,7 +33,7 @@ mod reloadable;
 
 pub use accept::{bind, serve, serve_tls};
 pub(crate) use body::ReceiverStream;
-pub use body::{BodyError, ProxyBody, counted};
+pub use body::{BodyError, ProxyBody, counted, with_length};
 pub use connection::serve_connection;
 pub use handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
 pub use limits::{
