@@ -20,7 +20,8 @@
 //! makes a stored answer fresher than its headers do.
 //!
 //! State: each zone's log is a file in the cache directory
-//! (`feed-TOKEN.json`), written after each round that changed it.
+//! (`feed-TOKEN.json`), written after each round that changed it, and
+//! bounded as the accelerator's is by default (a week, 100,000 entries).
 //!
 //! Main types: [`Subscription`], [`Replicas`], [`Zone`].
 
@@ -42,7 +43,7 @@ use super::{ClientProxy, empty};
 use crate::cache::CacheKey;
 use crate::feed::primary::Subscribers;
 use crate::feed::wire::callback_node;
-use crate::feed::{Answer, FEED_PATH, FeedLog, Pull, Update, state};
+use crate::feed::{Answer, FEED_PATH, FeedLog, Pull, Retention, Update, state};
 use crate::http::server::{ProxyBody, json_response, text_response};
 use crate::queue::X_NODE;
 
@@ -348,10 +349,12 @@ impl ClientProxy {
             }
         }
         if changed {
-            zone.log
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .caught_up(caught_up);
+            {
+                let mut log = zone.log.lock().unwrap_or_else(PoisonError::into_inner);
+                log.caught_up(caught_up);
+                // Bounded as the primary's is: by age, and by count.
+                log.expire(super::unix_now(), &Retention::default());
+            }
             let zone = zone.clone();
             let _ = tokio::task::spawn_blocking(move || zone.save()).await;
         }
