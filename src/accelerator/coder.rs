@@ -354,12 +354,14 @@ impl Coder {
         let content_length = content_length(&parts.headers);
         let signature_len = offer.signature.as_ref().map_or(0, Vec::len) as u64;
         let note = parts.extensions.get::<Note>().cloned();
-        // Only what a shared cache may store goes in a change feed, whatever
-        // the basis store keeps (D-B3, A-6).
+        // What a shared cache may store: what the basis store keeps (unless
+        // the operator opted in) and all a change feed ever lists (D-B3,
+        // Read off the origin's head, once.
+        let storability = shareable(request, &parts.headers);
         let feed = parts
             .extensions
             .remove::<FeedCommit>()
-            .filter(|_| shareable(request, &parts.headers) == Storability::Storable);
+            .filter(|_| storability == Storability::Storable);
         // A small body may yet go plain, with the head the origin sent.
         let small = content_length.is_some_and(|len| len <= SMALL_BODY);
         let plain_headers = small.then(|| parts.headers.clone());
@@ -450,7 +452,7 @@ impl Coder {
         };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body())
-            && self.may_keep(request, &parts.headers);
+            && self.may_keep(storability);
         let store = keep.then(|| self.bodies.clone());
         // With the longest body kept: one of unknown length (a chain's
         // middle proxy streams what it rebuilds) may turn out longer.
@@ -544,11 +546,11 @@ impl Coder {
 
     /// Whether the basis store may keep this response's body: only what a
     /// shared cache may store, unless the operator opted in (D-B3).
-    fn may_keep(&self, request: &HeaderMap, response: &HeaderMap) -> bool {
+    fn may_keep(&self, storability: Storability) -> bool {
         if self.config.basis_store_private {
             return true;
         }
-        match shareable(request, response) {
+        match storability {
             Storability::Storable => true,
             Storability::NotStorable(reason) => {
                 tracing::debug!(reason, "body not kept as a basis");

@@ -732,7 +732,7 @@ impl ClientProxy {
                 // A length the user agent is told: the answer ends with its
                 // last byte (a large body is stored after that), and a log
                 // line counts it whole.
-                let body = match content_length_of(&rparts.headers) {
+                let body = match content_length(&rparts.headers) {
                     Some(len) => with_length(body, len),
                     None => body,
                 };
@@ -903,16 +903,6 @@ pub(super) fn hsync_coded(headers: &HeaderMap) -> HsyncCoded {
 
 fn is_hsync(headers: &HeaderMap) -> bool {
     hsync_coded(headers) == HsyncCoded::Yes
-}
-
-/// The `Content-Length` a response head states, if one valid one.
-fn content_length_of(headers: &http::HeaderMap) -> Option<u64> {
-    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
-        return None;
-    }
-    value.to_str().ok()?.parse().ok()
 }
 
 #[cfg(test)]

@@ -159,19 +159,10 @@ impl ClientProxy {
             return Err(Some(entry));
         };
         let outboard = entry.meta.outboard();
-        let store = self.store.clone();
-        let stats = self.stats.clone();
-        let on_failure = move || {
-            ClientStats::add(&stats.digest_failures, 1);
-            store.quarantine(&key, digest);
-        };
-        let body = tokio::task::spawn_blocking(move || {
-            cached_body::serve_cached(entry.body, len, digest, outboard, on_failure)
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or(None)?;
+        let body = self
+            .serve_checked(entry.body, len, digest, key, outboard)
+            .await
+            .ok_or(None)?;
         let body = match body {
             CachedBody::Whole(bytes) => Stored::Whole(bytes),
             CachedBody::Stream(body) => Stored::Stream(body),
@@ -182,6 +173,32 @@ impl ClientProxy {
             body,
             complete_len,
         ))
+    }
+
+    /// A stored body of `len` bytes, checked as it is served
+    /// ([`cached_body::serve_cached`], on the blocking pool): one that fails
+    /// a check is counted and its entry quarantined. `None` when it failed
+    /// before a byte went.
+    pub(super) async fn serve_checked(
+        &self,
+        body: std::fs::File,
+        len: u64,
+        digest: blake3::Hash,
+        key: CacheKey,
+        outboard: Option<crate::cache::outboard::Outboard>,
+    ) -> Option<CachedBody> {
+        let store = self.store.clone();
+        let stats = self.stats.clone();
+        let on_failure = move || {
+            ClientStats::add(&stats.digest_failures, 1);
+            store.quarantine(&key, digest);
+        };
+        tokio::task::spawn_blocking(move || {
+            cached_body::serve_cached(body, len, digest, outboard, on_failure)
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// A fresh hit served from memory: no file, no thread hop. `None` when
@@ -283,21 +300,13 @@ impl ClientProxy {
         let digest = entry.meta.body_digest().map_err(|_| ())?;
         let stored_at = entry.meta.stored_at;
         let signature = Bytes::from(std::mem::take(&mut entry.signature));
-        let store = self.store.clone();
         let key = entry.meta.key().map_err(|_| ())?;
         let key_digest = *key.digest().as_bytes();
         let outboard = entry.meta.outboard();
-        let stats = self.stats.clone();
-        let on_failure = move || {
-            ClientStats::add(&stats.digest_failures, 1);
-            store.quarantine(&key, digest);
-        };
-        let body = tokio::task::spawn_blocking(move || {
-            cached_body::serve_cached(entry.body, len, digest, outboard, on_failure)
-        })
-        .await
-        .map_err(|_| ())?
-        .ok_or(())?;
+        let body = self
+            .serve_checked(entry.body, len, digest, key, outboard)
+            .await
+            .ok_or(())?;
         let body = match body {
             CachedBody::Whole(bytes) => {
                 if let Some(kept) = kept_headers {

@@ -30,10 +30,10 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use hyper::body::{Body, Frame};
 
-use super::cached_body::{self, CachedBody};
+use super::cached_body::CachedBody;
 use super::entry::stored_headers;
 use super::transfer::full;
-use super::{ClientProxy, ClientStats, Target};
+use super::{ClientProxy, Target};
 use crate::cache::{CacheKey, Completeness, Entry};
 use crate::http::headers::is_strong_etag;
 use crate::http::server::{BodyError, ProxyBody};
@@ -212,7 +212,7 @@ impl ClientProxy {
     }
 
     /// Prepares the resume of `entry` (see [`Self::is_resumable`]): its
-    /// prefix read and, up to [`cached_body::SMALL_BODY`], checked whole
+    /// prefix read and, up to [`super::cached_body::SMALL_BODY`], checked whole
     /// now. `None` when it failed its check (it is quarantined then).
     pub(super) async fn resume_from(&self, entry: Entry) -> Option<Resume> {
         let stored = stored_headers(&entry);
@@ -224,18 +224,9 @@ impl ClientProxy {
             entry.meta.outboard(),
             entry.meta.complete_len,
         );
-        let store = self.store.clone();
-        let stats = self.stats.clone();
-        let failed_key = key.clone();
-        let on_failure = move || {
-            ClientStats::add(&stats.digest_failures, 1);
-            store.quarantine(&failed_key, digest);
-        };
-        let prefix = tokio::task::spawn_blocking(move || {
-            cached_body::serve_cached(entry.body, len, digest, outboard, on_failure)
-        })
-        .await
-        .ok()??;
+        let prefix = self
+            .serve_checked(entry.body, len, digest, key.clone(), outboard)
+            .await?;
         Some(Resume {
             prefix: match prefix {
                 CachedBody::Whole(bytes) => full(bytes),
