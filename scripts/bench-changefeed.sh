@@ -117,24 +117,8 @@ idle=${IDLE:-3}
 corpus=$(lab_corpus)
 [[ -n $corpus && -f $corpus/MANIFEST ]] || lab_die "no MANIFEST in corpus folder '${CORPUS:-$lab_repo/../shared/corpus}' (set CORPUS=...)"
 
-# The chains: a seq line whose basis is the last release of a chain extends
-# it; any other starts a new one.
-chains=()
-declare -A chain_of_tail=()
-while read -r kind basis new _; do
-    [[ ${kind:-} == seq ]] || continue
-    [[ -f $corpus/$basis && -f $corpus/${new:-} ]] || lab_die "bad MANIFEST line (missing field or file): $kind $basis ${new:-}"
-    if [[ -v chain_of_tail[$basis] ]]; then
-        c=${chain_of_tail[$basis]}
-        unset 'chain_of_tail[$basis]'
-        chains[c]+=" $new"
-    else
-        c=${#chains[@]}
-        chains+=("$basis $new")
-    fi
-    chain_of_tail[$new]=$c
-done <"$corpus/MANIFEST"
-((${#chains[@]} > 0)) || lab_die "no seq lines in $corpus/MANIFEST"
+# The release chains of the corpus's MANIFEST (lab_corpus_chains).
+lab_corpus_chains "$corpus"
 
 # public/PACKAGE/VERSION/FILE -> PACKAGE/FILE: one file per chain.
 chain_file() {

@@ -402,3 +402,28 @@ lab_corpus() {
         (cd "$corpus" && pwd)
     fi
 }
+
+# lab_corpus_chains CORPUS: the release chains of CORPUS/MANIFEST's `seq`
+# lines into the array `chains`, one "RELEASE RELEASE ..." string each, in
+# order (a seq line whose basis is the last release of a chain extends it;
+# any other starts a new one). Dies on a line naming a missing file, or
+# when there is no chain.
+lab_corpus_chains() {
+    local corpus=$1 kind basis new c
+    chains=()
+    local -A chain_of_tail=()
+    while read -r kind basis new _; do
+        [[ ${kind:-} == seq ]] || continue
+        [[ -f $corpus/$basis && -f $corpus/${new:-} ]] || lab_die "bad MANIFEST line (missing field or file): $kind $basis ${new:-}"
+        if [[ -v chain_of_tail[$basis] ]]; then
+            c=${chain_of_tail[$basis]}
+            unset 'chain_of_tail[$basis]'
+            chains[c]+=" $new"
+        else
+            c=${#chains[@]}
+            chains+=("$basis $new")
+        fi
+        chain_of_tail[$new]=$c
+    done <"$corpus/MANIFEST"
+    ((${#chains[@]} > 0)) || lab_die "no seq lines in $corpus/MANIFEST"
+}
