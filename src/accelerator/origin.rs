@@ -33,7 +33,9 @@ use crate::http::headers::{
     strip_hop_by_hop,
 };
 use crate::http::health::Admission;
-use crate::http::server::{Peer, ProxyBody, malformed_request_body};
+use crate::http::server::{
+    InterimSender, Peer, ProxyBody, forward_interim, malformed_request_body,
+};
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck};
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
@@ -105,7 +107,7 @@ impl Accelerator {
     /// client's body malformed (400), a head that cannot be relayed (502).
     pub(super) async fn fetch(
         &self,
-        parts: Parts,
+        mut parts: Parts,
         body: ProxyBody,
         route: &Route,
     ) -> Result<FromOrigin, ProxyError> {
@@ -128,7 +130,11 @@ impl Accelerator {
                 health.record_failure(error, Instant::now());
             }
         };
+        let interim = parts.extensions.remove::<InterimSender>();
         let mut outbound = Request::from_parts(parts, body);
+        // The origin's 1xx heads (103 Early Hints) go on while the client
+        // waits (RFC 9110 §15.2).
+        forward_interim(&mut outbound, interim.as_ref());
         let connection = capture_connection(&mut outbound);
         let timeout = self.config.origin_timeout;
         let asked = std::time::Instant::now();

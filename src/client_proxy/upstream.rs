@@ -57,7 +57,9 @@ use crate::http::error::{ProxyError, error_chain};
 use crate::http::forwarded;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
 use crate::http::health::{Admission, Health};
-use crate::http::server::{Peer, ProxyBody, malformed_request_body};
+use crate::http::server::{
+    InterimSender, Peer, ProxyBody, forward_interim, malformed_request_body,
+};
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
 
@@ -705,6 +707,9 @@ impl ClientProxy {
                 .expect("scheme, authority and path are valid");
         }
         *request.headers_mut() = headers;
+        // The upstream's 1xx heads (103 Early Hints) go on to the user
+        // agent while it waits (RFC 9110 §15.2).
+        forward_interim(&mut request, parts.extensions.get::<InterimSender>());
         request
     }
 

@@ -235,12 +235,15 @@ impl ClientProxy {
 }
 
 /// The request again, for one more try (the body was sent with the first).
+/// Its extensions go along: what the outbound request carries for the
+/// client (the 1xx callback, the navigation's wait).
 fn again(parts: &Parts, body: ProxyBody) -> Request<ProxyBody> {
     let mut request = Request::new(body);
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = parts.uri.clone();
     *request.version_mut() = parts.version;
     *request.headers_mut() = parts.headers.clone();
+    *request.extensions_mut() = parts.extensions.clone();
     request
 }
 

@@ -28,6 +28,7 @@ use crate::http::tls::TlsSession;
 
 use super::body::ProxyBody;
 use super::handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
+use super::interim::{self, Interim, SharedBoard};
 use super::io::{Guarded, Hold, Watched};
 use super::limits::{ConnectionLimits, Draining};
 use super::refusal::{RefusedBody, bad_request_body, refuse_early};
@@ -112,6 +113,7 @@ fn service<H: Handler>(
     refused_body: RefusedBody,
     arrival: Arrival,
     limits: ConnectionLimits,
+    interim: Option<SharedBoard>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<ProxyBody>,
@@ -124,6 +126,9 @@ fn service<H: Handler>(
         // hyper hands requests over in the order the guard saw them.
         let index = requests.fetch_add(1, Ordering::Relaxed);
         arrival.mark(&mut request);
+        if let Some(board) = &interim {
+            interim::awaiting(board, index, &mut request);
+        }
         strip_unkeyed(request.headers_mut());
         // A refused CONNECT over HTTP/1.x closes its connection: what
         // follows its head is a tunnel's bytes, which the guard let
@@ -136,11 +141,15 @@ fn service<H: Handler>(
             .map(|&violation| bad_request_body(violation))
             .or_else(|| refuse_early(&request, &limits));
         let hold = hold.clone();
+        let interim = interim.clone();
         Box::pin(async move {
             let response = match refused {
                 Some(response) => response,
                 None => handler.handle(request).await,
             };
+            if let Some(board) = &interim {
+                interim::answered(board, index);
+            }
             let mut response = response;
             if closes_unless_tunnel && !response.status().is_success() {
                 response
@@ -183,26 +192,39 @@ pub(super) async fn serve_connection_until<H, I>(
     let number = arrival.number;
     let hold = Hold::default();
     let refused_body = RefusedBody::default();
+    let board = SharedBoard::default();
     let service = service(
         handler.clone(),
         hold.clone(),
         refused_body.clone(),
         arrival,
         limits,
+        Some(board.clone()),
     );
-    serve_http1(io, service, hold, refused_body, kept, limits, draining).await;
+    let connection = Http1 {
+        hold,
+        refused_body,
+        board,
+        kept,
+        limits,
+        draining,
+    };
+    serve_http1(io, service, connection).await;
     handler.connection_closed(number);
 }
 
-async fn serve_http1<I, S>(
-    io: I,
-    service: S,
+/// What serving one HTTP/1.1 connection shares with its service.
+struct Http1 {
     hold: Hold,
     refused_body: RefusedBody,
-    mut kept: tokio::sync::mpsc::Receiver<()>,
+    board: SharedBoard,
+    kept: tokio::sync::mpsc::Receiver<()>,
     limits: ConnectionLimits,
     draining: Draining,
-) where
+}
+
+async fn serve_http1<I, S>(io: I, service: S, connection: Http1)
+where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
             Request<Incoming>,
@@ -211,6 +233,14 @@ async fn serve_http1<I, S>(
             Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
         > + Unpin,
 {
+    let Http1 {
+        hold,
+        refused_body,
+        board,
+        mut kept,
+        limits,
+        draining,
+    } = connection;
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(HeldTimer { hold: hold.clone() })
@@ -223,11 +253,15 @@ async fn serve_http1<I, S>(
         builder.max_headers(limits.max_headers);
     }
     let refusing = Arc::new(AtomicBool::new(false));
-    let io = Watched::new(
-        Guarded::new(io, refusing.clone(), refused_body),
-        limits.idle_timeout,
-        hold,
+    let io = Interim::new(
+        Watched::new(
+            Guarded::new(io, refusing.clone(), refused_body),
+            limits.idle_timeout,
+            hold,
+        ),
+        board,
     );
+    let interim = io.clone();
     // With upgrades: a CONNECT answered 2xx hands the connection to the
     // role's tunnel (`hyper::upgrade::on`).
     let mut connection = builder
@@ -238,6 +272,10 @@ async fn serve_http1<I, S>(
     let result = std::future::poll_fn(|cx| {
         loop {
             let polled = Pin::new(&mut connection).poll(cx);
+            if polled.is_pending() {
+                // A 1xx queued while hyper waits for the final head.
+                interim.write_queued(cx);
+            }
             if polled.is_pending()
                 && !shutting_down
                 // hyper waits at a refused head, or the server is
@@ -260,7 +298,9 @@ async fn serve_http1<I, S>(
         let _ = kept.recv().await;
         return;
     };
-    let mut io = parts.io.into_inner();
+    let Some(mut io) = parts.io.into_inner().into_inner() else {
+        return;
+    };
     match result {
         _ if let Some(violation) = io.io.take_refusal() => {
             // hyper gave up on the connection: the answer goes out raw.
@@ -323,17 +363,28 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let (arrival, kept) = Arrival::new(Some(peer), Some(info));
     let number = arrival.number;
     let hold = Hold::default();
-    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's.
+    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's, and so are
+    // 1xx heads.
     let refused_body = RefusedBody::default();
+    let board = (!h2).then(SharedBoard::default);
     let service = service(
         handler.clone(),
         hold.clone(),
         refused_body.clone(),
         arrival,
         limits,
+        board.clone(),
     );
-    if !h2 {
-        serve_http1(tls, service, hold, refused_body, kept, limits, draining).await;
+    if let Some(board) = board {
+        let connection = Http1 {
+            hold,
+            refused_body,
+            board,
+            kept,
+            limits,
+            draining,
+        };
+        serve_http1(tls, service, connection).await;
         handler.connection_closed(number);
         return;
     }

@@ -13,6 +13,8 @@
 //!   ([`serve_connection`]);
 //! - `io.rs`: the I/O wrappers under hyper: the framing guard and the idle
 //!   watch;
+//! - `interim.rs`: 1xx heads forwarded ahead of a final response
+//!   ([`InterimSender`], [`forward_interim`]);
 //! - `refusal.rs`: what is refused before a role sees a request;
 //! - `limits.rs`: [`ConnectionLimits`], the upstream pools' bounds, the
 //!   open-file limit;
@@ -26,6 +28,7 @@ mod accept;
 mod body;
 mod connection;
 mod handler;
+mod interim;
 mod io;
 mod limits;
 mod refusal;
@@ -36,6 +39,7 @@ pub(crate) use body::ReceiverStream;
 pub use body::{BodyError, ProxyBody, counted, with_length};
 pub use connection::serve_connection;
 pub use handler::{ConnectionNumber, Handler, HoldConnection, KeepConnection, Peer};
+pub use interim::{InterimSender, forward_interim};
 pub use limits::{
     ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, LiveLimits,
     raise_open_file_limit, upstream_client_builder, web_client_builder,
