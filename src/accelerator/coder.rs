@@ -37,7 +37,7 @@ use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::ExchangeCheck;
 
 use super::AcceleratorConfig;
-use super::basis_store::{BasisStore, DiskTier, SharedTier, shareable};
+use super::basis_store::{BasisStore, DiskTier, ServedAs, SharedTier, shareable};
 use super::coding::Coding;
 use super::pace::Pacer;
 use super::stats::Stats;
@@ -358,6 +358,8 @@ impl Coder {
         // the operator opted in) and all a change feed ever lists (D-B3,
         // Read off the origin's head, once.
         let storability = shareable(request, &parts.headers);
+        // Read before the tag is weakened and the length dropped.
+        let served_as = ServedAs::of(&uri, request.get(header::HOST), &parts.headers);
         let feed = parts
             .extensions
             .remove::<FeedCommit>()
@@ -472,6 +474,8 @@ impl Coder {
                 encoders: self.encoders.clone(),
                 memory: None,
                 store,
+                // Small: kept in memory, where a copy costs little.
+                served_as: None,
                 stats: self.stats.clone(),
                 parking: None,
                 note,
@@ -535,6 +539,7 @@ impl Coder {
                 content_length,
             )),
             store,
+            served_as,
             stats: self.stats.clone(),
             parking: self.parking.clone(),
             note,

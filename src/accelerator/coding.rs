@@ -12,7 +12,7 @@ use crate::http::access_log::Note;
 use crate::http::body_pipe::Parking;
 use crate::http::transfer_memory::TransferMemory;
 
-use super::basis_store::BasisStore;
+use super::basis_store::{BasisStore, ServedAs};
 use super::stats::Stats;
 use super::turns::Encoders;
 
@@ -25,6 +25,9 @@ pub(super) struct Coding {
     pub(super) memory: Option<(TransferMemory, u64, Option<u64>)>,
     /// Where the body is kept once coded, if it may be.
     pub(super) store: Option<Arc<BasisStore>>,
+    /// What names the body before its bytes come, for the store: a
+    /// streamed body held already under that name is not copied again.
+    pub(super) served_as: Option<ServedAs>,
     pub(super) stats: Arc<Stats>,
     /// Where a streamed body is parked if its client stops reading
     /// ([`AcceleratorConfig::spool_dir`](super::AcceleratorConfig::spool_dir),

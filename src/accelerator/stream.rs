@@ -32,7 +32,7 @@ use crate::http::spool::BodyFeed;
 use crate::http::transfer_memory::{self, ShareHolder, ShareTaker};
 use crate::http::upstream_guard::ExchangeCheck;
 
-use super::basis_store::BasisStore;
+use super::basis_store::{BasisStore, ServedAs};
 use super::coding::Coding;
 use super::pace::Pacer;
 use super::pacing::{Idle, Pacing};
@@ -77,6 +77,7 @@ pub(super) fn encode_body(
         encoders,
         memory,
         store,
+        served_as,
         stats,
         parking,
         note,
@@ -134,6 +135,7 @@ pub(super) fn encode_body(
             encoders,
             store,
             known_len,
+            served_as,
             stats,
             method,
             uri,
@@ -158,6 +160,7 @@ struct Streaming {
     memory: Option<ShareHolder>,
     encoders: Encoders,
     store: Option<Arc<BasisStore>>,
+    served_as: Option<ServedAs>,
     /// The body's announced length, if any.
     known_len: Option<u64>,
     stats: Arc<Stats>,
@@ -174,7 +177,7 @@ impl Streaming {
         let mut kept = self
             .store
             .as_ref()
-            .and_then(|store| store.collect(self.known_len));
+            .and_then(|store| store.collect_as(self.served_as.take(), self.known_len));
         loop {
             let item = match self.from_origin.try_recv() {
                 Ok(item) => Some(item),

@@ -53,6 +53,7 @@ pub(super) async fn encode_whole(
         encoders,
         memory: _,
         store,
+        served_as: _,
         stats,
         parking: _,
         note,

@@ -271,6 +271,11 @@ impl Disk {
         }
     }
 
+    /// Whether `digest` is held (not a use).
+    pub(super) fn contains(&self, digest: &[u8; 32]) -> bool {
+        self.lock().files.contains_key(digest)
+    }
+
     /// The body whose blake3 is `digest`, if held, to be read by offset;
     /// counts as a use. A file gone or of another length than it was
     /// stored with is dropped (see the module doc for why its content is

@@ -30,12 +30,14 @@ mod shared;
 pub use disk::DiskError;
 pub use shared::{SharedError, SharedTier, Unavailable};
 
-use std::sync::Arc;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 
-use http::header::{self, HeaderMap, HeaderName};
-use http::{Method, StatusCode};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Uri};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -45,6 +47,7 @@ use self::shared::Shared;
 use crate::hsync::Basis;
 
 use crate::cache::freshness::{Storability, storability};
+use crate::expiring::ExpiringMap;
 
 /// `Set-Cookie2` (RFC 2965, obsolete but still sent by some servers).
 const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
@@ -88,6 +91,51 @@ pub struct BasisStore {
     shared: Option<Arc<Shared>>,
     /// Bytes that bodies being collected in memory may hold, in all.
     collecting: Arc<Semaphore>,
+    /// The digest each body was kept under, by what named it before its
+    /// bytes came ([`ServedAs`]): a popular body served again is not
+    /// copied (to a temp file, when large) only to find it held.
+    served: Mutex<ExpiringMap<ServedAs, [u8; 32]>>,
+}
+
+/// How long [`BasisStore`] remembers what a kept body was served as.
+const SERVED_TTL: Duration = Duration::from_secs(3600);
+
+/// Most bodies [`BasisStore`] remembers that of at once.
+const MAX_SERVED: usize = 10_000;
+
+/// What names a body before its bytes are read: the URL it answered, the
+/// origin's strong ETag and its length. Responses alike in all three are
+/// taken to carry the same bytes only to skip writing a copy of one held
+/// already; the digest computed at the end still decides, and a mismatch
+/// (an origin that changed a body under its tag) keeps nothing and
+/// forgets the pairing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServedAs {
+    url: String,
+    etag: HeaderValue,
+    len: u64,
+}
+
+impl ServedAs {
+    /// `None` without a strong ETag or a `Content-Length`.
+    pub fn of(uri: &Uri, host: Option<&HeaderValue>, response: &HeaderMap) -> Option<ServedAs> {
+        let etag = response.get(header::ETAG)?;
+        if etag.as_bytes().starts_with(b"W/") {
+            return None;
+        }
+        let len = response
+            .get(header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()?;
+        let host = host.and_then(|h| h.to_str().ok()).unwrap_or_default();
+        Some(ServedAs {
+            url: format!("{host}{uri}"),
+            etag: etag.clone(),
+            len,
+        })
+    }
 }
 
 /// Bodies being collected hold at most 1 / `COLLECTING_SHARE` of the
@@ -116,6 +164,10 @@ impl BasisStore {
             shared: None,
             collecting: Arc::new(Semaphore::new(
                 (budget / COLLECTING_SHARE).min(Semaphore::MAX_PERMITS),
+            )),
+            served: Mutex::new(ExpiringMap::with_max_entries(
+                SERVED_TTL,
+                NonZeroUsize::new(MAX_SERVED).expect("not zero"),
             )),
         }
     }
@@ -294,6 +346,31 @@ impl BasisStore {
     /// was) as it streams: `None` when no tier would keep it, or their
     /// collecting budgets are spent.
     pub fn collect(self: &Arc<Self>, expected: Option<u64>) -> Option<Collecting> {
+        self.collect_as(None, expected)
+    }
+
+    /// [`collect`](Self::collect) for a body `served_as` names: when the
+    /// body kept under that name is still held, nothing is copied, and
+    /// [`Collecting::keep`] only counts a use of it (if the digests agree).
+    pub fn collect_as(
+        self: &Arc<Self>,
+        served_as: Option<ServedAs>,
+        expected: Option<u64>,
+    ) -> Option<Collecting> {
+        let now = tokio::time::Instant::now();
+        let held = served_as.as_ref().and_then(|served_as| {
+            let served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+            served.get(served_as, now).copied()
+        });
+        if let Some(digest) = held
+            && self.holds_locally(&digest)
+        {
+            return Some(Collecting {
+                store: self.clone(),
+                served_as,
+                to: Destination::Held(digest),
+            });
+        }
         let to = match expected {
             Some(len) if len > self.memory_collect_limit() => {
                 Destination::Disk(self.disk.as_ref()?.begin(expected)?)
@@ -306,8 +383,27 @@ impl BasisStore {
         };
         Some(Collecting {
             store: self.clone(),
+            served_as,
             to,
         })
+    }
+
+    /// Whether a local tier holds `digest` (not a use).
+    fn holds_locally(&self, digest: &[u8; 32]) -> bool {
+        self.memory.contains(digest) || self.disk.as_ref().is_some_and(|disk| disk.contains(digest))
+    }
+
+    /// Remembers (or, with `None`, forgets) the digest kept for `served_as`.
+    fn served(&self, served_as: ServedAs, digest: Option<[u8; 32]>) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        match digest {
+            Some(digest) => {
+                served.insert(served_as, digest, tokio::time::Instant::now());
+            }
+            None => {
+                served.remove(&served_as);
+            }
+        }
     }
 
     /// Bytes held in memory.
@@ -328,10 +424,14 @@ impl BasisStore {
 /// nothing behind.
 pub struct Collecting {
     store: Arc<BasisStore>,
+    /// What named the body, remembered with its digest once kept.
+    served_as: Option<ServedAs>,
     to: Destination,
 }
 
 enum Destination {
+    /// Held already under this digest, by what named it: not copied.
+    Held([u8; 32]),
     Memory {
         chunks: Vec<Bytes>,
         len: usize,
@@ -347,6 +447,7 @@ impl Collecting {
     pub fn add(&mut self, chunk: &Bytes) -> bool {
         let store = &self.store;
         match &mut self.to {
+            Destination::Held(_) => true,
             Destination::Disk(writer) => writer.add(chunk),
             Destination::Memory { chunks, len, room } => {
                 if (*len + chunk.len()) as u64 <= store.memory_collect_limit() {
@@ -374,7 +475,19 @@ impl Collecting {
     /// computed over the very bytes added. Blocking (a disk tier's body is
     /// fsynced and renamed): call it on a blocking thread.
     pub fn keep(self, digest: [u8; 32]) {
+        if let Some(served_as) = self.served_as {
+            // Another body than the one held under its name: the pairing
+            // is forgotten (and this body not kept).
+            let other = matches!(self.to, Destination::Held(known) if known != digest);
+            self.store.served(served_as, (!other).then_some(digest));
+        }
         match self.to {
+            Destination::Held(known) => {
+                if known == digest {
+                    // A use, for the least-recently-used order.
+                    let _ = self.store.get_local(&digest);
+                }
+            }
             Destination::Memory { chunks, len, room } => {
                 let mut body = Vec::with_capacity(len);
                 for chunk in &chunks {
@@ -601,6 +714,67 @@ mod tests {
         assert_eq!(held(&store, &small).as_deref(), Some(&body_small[..]));
         assert_eq!(held(&store, &large).as_deref(), Some(&body_large[..]));
         assert_eq!(names(dir.path()), [hex(&large)]);
+    }
+
+    /// Collects `body` as served under `etag`, and keeps it; what the
+    /// directory held while it streamed.
+    fn serve_as(
+        store: &Arc<BasisStore>,
+        dir: &std::path::Path,
+        etag: &str,
+        body: &[u8],
+    ) -> Vec<String> {
+        let served_as = ServedAs {
+            url: "example.org/big.bin".into(),
+            etag: HeaderValue::from_str(etag).unwrap(),
+            len: body.len() as u64,
+        };
+        let mut collecting = store
+            .collect_as(Some(served_as), Some(body.len() as u64))
+            .unwrap();
+        assert!(collecting.add(&Bytes::copy_from_slice(body)));
+        let streaming = names(dir);
+        collecting.keep(*blake3::hash(body).as_bytes());
+        streaming
+    }
+
+    #[test]
+    fn a_body_held_under_the_name_it_is_served_as_is_not_copied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = with_disk(dir.path(), 3000).unwrap();
+        let (v1, body_v1) = body(1, 1000);
+        assert_eq!(serve_as(&store, dir.path(), "\"v1\"", &body_v1).len(), 1);
+        assert_eq!(names(dir.path()), [hex(&v1)]);
+        assert_eq!(
+            serve_as(&store, dir.path(), "\"v1\"", &body_v1),
+            [hex(&v1)],
+            "served again: no temp file"
+        );
+        assert_eq!(held(&store, &v1).as_deref(), Some(&body_v1[..]));
+        // Another tag is another body: copied as any.
+        let (v2, body_v2) = body(2, 1000);
+        assert_eq!(serve_as(&store, dir.path(), "\"v2\"", &body_v2).len(), 2);
+        assert_eq!(held(&store, &v2).as_deref(), Some(&body_v2[..]));
+        // An origin that changed the bytes under the tag: nothing kept
+        // this time, and the pairing forgotten, so the next serve copies.
+        let (v3, body_v3) = body(3, 1000);
+        serve_as(&store, dir.path(), "\"v1\"", &body_v3);
+        assert!(held(&store, &v3).is_none());
+        assert_eq!(serve_as(&store, dir.path(), "\"v1\"", &body_v3).len(), 3);
+        assert_eq!(held(&store, &v3).as_deref(), Some(&body_v3[..]));
+    }
+
+    #[test]
+    fn only_a_strong_tag_and_a_length_name_a_body_before_its_bytes() {
+        let uri: Uri = "/big.bin".parse().unwrap();
+        let host = HeaderValue::from_static("example.org");
+        let strong = map(&[("etag", "\"a\""), ("content-length", "10")]);
+        let named = ServedAs::of(&uri, Some(&host), &strong).unwrap();
+        assert_eq!(named.url, "example.org/big.bin");
+        let weak = map(&[("etag", "W/\"a\""), ("content-length", "10")]);
+        assert!(ServedAs::of(&uri, Some(&host), &weak).is_none());
+        let unknown_length = map(&[("etag", "\"a\"")]);
+        assert!(ServedAs::of(&uri, Some(&host), &unknown_length).is_none());
     }
 
     #[test]
