@@ -92,6 +92,12 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
             let start = n << 16;
             *response.body_mut() = Full::new(random_text().slice(start..start + (2 << 20)));
         }
+        "/photo.jpg" => {
+            *response.body_mut() = Full::new(Bytes::from(random_bytes(7, 1 << 20)));
+            response
+                .headers_mut()
+                .insert("content-type", HeaderValue::from_static("image/jpeg"));
+        }
         "/gz" => {
             *response.body_mut() = Full::new(Bytes::from_static(b"not really gzip"));
             response
@@ -893,6 +899,43 @@ async fn a_body_its_stream_would_outgrow_goes_plain_and_varies_on_the_offer() {
         (&0.into(), &1.into()),
         "{stats}"
     );
+}
+
+/// A large body compressed already (a JPEG), for a client that names no
+/// basis, goes as it is: a stream would be the body and its SIG frames.
+/// Against a basis it is coded.
+#[tokio::test]
+async fn a_compressed_media_body_without_a_basis_goes_plain_and_varies_on_the_offer() {
+    let origin = start_origin().await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    let no_basis = [("accept-encoding", HeaderValue::from_static("hsync, gzip"))];
+    let (status, headers, body) = fetch(accel.addr, get("/photo.jpg", &no_basis)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("content-encoding").is_none(), "{headers:?}");
+    assert!(
+        body == random_bytes(7, 1 << 20),
+        "the body as the origin sent it"
+    );
+    let vary: Vec<_> = headers.get_all("vary").iter().collect();
+    assert!(
+        vary.iter()
+            .any(|v| v.to_str().unwrap().contains("Accept-Encoding")),
+        "{vary:?}"
+    );
+    let stats = accel.stats().await;
+    assert_eq!(
+        (&stats["coded"], &stats["passed"]),
+        (&0.into(), &1.into()),
+        "{stats}"
+    );
+    // An older version as the basis: coded, and rebuilt exactly.
+    let mut older = random_bytes(7, 1 << 20);
+    older[1000..1100].fill(0);
+    let (status, headers, stream) = fetch(accel.addr, get("/photo.jpg", &offer(&older))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "hsync");
+    assert!(decode_stream(&older, &stream) == random_bytes(7, 1 << 20));
+    assert!(stream.len() < 100_000, "a delta: {} bytes", stream.len());
 }
 
 /// ... and where the client accepts gzip, gzipped if that is smaller than

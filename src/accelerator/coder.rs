@@ -107,6 +107,47 @@ impl From<&AcceleratorConfig> for CoderConfig {
     }
 }
 
+/// Whether `headers` name a media type whose bodies are compressed
+/// already (most images, audio and video, archives, web fonts).
+fn is_compressed_media(headers: &HeaderMap) -> bool {
+    let Some(media_type) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+    else {
+        return false;
+    };
+    let media_type = media_type.trim().to_ascii_lowercase();
+    match media_type.split_once('/') {
+        // Text, or pixels stored as they are.
+        Some(("image", sub)) => !matches!(
+            sub,
+            "svg+xml" | "bmp" | "x-ms-bmp" | "tiff" | "x-icon" | "vnd.microsoft.icon"
+        ),
+        Some(("audio", sub)) => !matches!(sub, "wav" | "x-wav" | "wave" | "vnd.wave"),
+        Some(("video", _)) => true,
+        Some(("font", sub)) => matches!(sub, "woff" | "woff2"),
+        Some(("application", sub)) => matches!(
+            sub,
+            "zip"
+                | "gzip"
+                | "x-gzip"
+                | "zstd"
+                | "x-xz"
+                | "x-bzip2"
+                | "x-7z-compressed"
+                | "vnd.rar"
+                | "x-rar-compressed"
+                | "java-archive"
+                | "vnd.android.package-archive"
+                | "vnd.debian.binary-package"
+                | "x-debian-package"
+                | "font-woff"
+        ),
+        _ => false,
+    }
+}
+
 /// What a request offers of hsync, read before its head is rewritten.
 #[derive(Debug, Clone)]
 pub struct Offer {
@@ -331,6 +372,21 @@ impl Coder {
             && !coded
             && !no_transform
             && content_length(&response.headers).is_none_or(|len| len <= self.config.max_encode_len)
+    }
+
+    /// Whether coding `response` for `offer` would only add bytes: a body
+    /// larger than a small one (those are coded whole, and go plain where
+    /// that is smaller) whose media type is compressed already, for a
+    /// client that names no basis. No literal coding shrinks it and no
+    /// delta can come of it, so the stream would be the body and its SIG
+    /// frames (4.6 KB on 1 MB); it goes as the origin sent it ("never
+    /// worse than plain", issue 20). Against a basis it is coded: a new
+    /// version of an archive may share runs with the old one.
+    pub fn gains_nothing(&self, offer: &Offer, response: &http::response::Parts) -> bool {
+        offer.signature.is_none()
+            && offer.basis_name.is_none()
+            && content_length(&response.headers).is_none_or(|len| len > SMALL_BODY)
+            && is_compressed_media(&response.headers)
     }
 
     /// Codes an answer [`Coder::codes`] said yes to. `request` is the
@@ -584,4 +640,47 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn typed(content_type: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_str(content_type).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn compressed_media_types_are_told_from_text_and_raw_pixels() {
+        for compressed in [
+            "image/jpeg",
+            "IMAGE/PNG",
+            "image/webp; q=1",
+            "video/mp4",
+            "audio/mpeg",
+            "font/woff2",
+            "application/zip",
+            "application/vnd.debian.binary-package",
+        ] {
+            assert!(is_compressed_media(&typed(compressed)), "{compressed}");
+        }
+        for plain in [
+            "image/svg+xml",
+            "image/bmp",
+            "audio/wav",
+            "text/html; charset=utf-8",
+            "application/javascript",
+            "application/json",
+            "application/wasm",
+            "application/octet-stream",
+        ] {
+            assert!(!is_compressed_media(&typed(plain)), "{plain}");
+        }
+        assert!(!is_compressed_media(&HeaderMap::new()));
+    }
 }

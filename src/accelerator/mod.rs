@@ -345,8 +345,9 @@ impl Accelerator {
             Err(refusal) => return self.refuse(refusal),
         };
         let mut body = body.map_err(BodyError::from).boxed();
+        let gains_nothing = request_headers.is_some() && self.coder.gains_nothing(&offer, &parts);
         match request_headers {
-            Some(request) if self.coder.codes(&offer, &parts) => {
+            Some(request) if !gains_nothing && self.coder.codes(&offer, &parts) => {
                 if let Some(note) = note {
                     parts.extensions.insert(note);
                 }
@@ -362,6 +363,15 @@ impl Accelerator {
                 }
             }
             _ => {
+                if gains_nothing {
+                    // Coded for a request that names a basis: an unaware
+                    // cache between the proxies must not serve this copy
+                    // to that one.
+                    parts.headers.append(
+                        header::VARY,
+                        HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
+                    );
+                }
                 Stats::add(&self.stats.passed, 1);
                 let status = parts.status.as_u16();
                 if let Some(check) = framing {
