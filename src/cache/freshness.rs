@@ -375,13 +375,25 @@ pub fn freshness_lifetime(
 ///
 /// Clocks that run backwards give 0, never a negative age. After a
 /// revalidation, pass the times of the revalidation exchange.
+///
+/// An `Age` that is not one field line of digits (a list, two lines, a
+/// sign, a fraction, a parameter) leaves the age unknown, and the
+/// response is taken to be as old as an age can say (2^31 s): stale.
+/// RFC 9111 §5.1 says to use a list's first member and ignore an invalid
+/// value, which would take `0, 7200` or `-7200` for new; the conformance
+/// suite asks for stale, and a revalidation is the cost of being wrong
+/// that way.
 pub fn current_age(response: &HeaderMap, request_time: u64, response_time: u64, now: u64) -> u64 {
-    // RFC 9111 §5.1: use the first member of a list; ignore an invalid one.
-    let age_value = list_members(response, &header::AGE)
-        .next()
-        .filter(|member| member.bytes().all(|b| b.is_ascii_digit()))
-        .map(|member| delta_seconds(Some(&member)))
-        .unwrap_or(0);
+    let mut lines = response.get_all(header::AGE).iter();
+    let age_value = match (lines.next(), lines.next()) {
+        (None, _) => 0,
+        (Some(line), None)
+            if !line.is_empty() && line.as_bytes().iter().all(u8::is_ascii_digit) =>
+        {
+            delta_seconds(line.to_str().ok())
+        }
+        _ => return MAX_DELTA_SECONDS,
+    };
     let date_value = response
         .get(header::DATE)
         .and_then(parse_http_date)
@@ -582,14 +594,19 @@ pub fn conditional_headers(stored: &HeaderMap) -> HeaderMap {
 /// Headers a 304 must not change in the stored response.
 ///
 /// RFC 9111 §3.2 excepts Content-Length and the headers the stored body
-/// depends on. We also keep Content-Type (servers are known to send a
-/// default one on 304s), Content-Digest (it describes our stored bytes) and
-/// the hop-by-hop headers, which describe the 304's own connection.
-const NOT_UPDATED_BY_304: [HeaderName; 14] = [
+/// depends on: its coding, its range, its digests (Content-Digest and the
+/// older Content-MD5 describe our stored bytes), and the hop-by-hop
+/// headers, which describe the 304's own connection. The ETag names the
+/// representation we hold, which a 304 says is current: another tag on it
+/// (a server's slip, or a strong tag weakened on the way) would make our
+/// next revalidation ask for what we do not have. Content-Type is
+/// updated, as §3.2 asks.
+const NOT_UPDATED_BY_304: [HeaderName; 15] = [
+    header::ETAG,
     header::CONTENT_LENGTH,
     header::CONTENT_ENCODING,
     header::CONTENT_RANGE,
-    header::CONTENT_TYPE,
+    HeaderName::from_static("content-md5"),
     HeaderName::from_static("content-digest"),
     header::TRANSFER_ENCODING,
     header::CONNECTION,
@@ -605,11 +622,12 @@ const NOT_UPDATED_BY_304: [HeaderName; 14] = [
 /// The stored headers freshened by a 304's headers (RFC 9111 §4.3.4):
 /// each header the 304 carries replaces all stored values of that name.
 ///
-/// Kept from the stored response whatever the 304 says: Content-Length,
-/// Content-Encoding, Content-Range, Content-Type, Content-Digest, the
-/// hop-by-hop headers and our `hsync-*` headers (they describe the coded
-/// exchange that produced the stored body). `Vary`, `ETag`,
-/// `Cache-Control`, `Date`, `Expires` and the rest are updated.
+/// Kept from the stored response whatever the 304 says: ETag,
+/// Content-Length, Content-Encoding, Content-Range, Content-MD5,
+/// Content-Digest, the hop-by-hop headers and our `hsync-*` headers (they
+/// describe the coded exchange that produced the stored body). `Vary`,
+/// `Content-Type`, `Cache-Control`, `Date`, `Expires` and the rest are
+/// updated.
 pub fn merge_not_modified(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
     let mut merged = stored.clone();
     for name in not_modified.keys() {
@@ -1129,9 +1147,19 @@ mod tests {
     }
 
     #[test]
-    fn invalid_age_header_is_ignored() {
-        let age = current_age(&map(&[("age", "-5")]), T, T, T + 7);
-        assert_eq!(age, 7);
+    fn an_age_that_is_not_one_number_makes_the_response_stale() {
+        for age in ["-5", "abc", "7200.0", "7200;foo=bar", "0, 0", "0,7200", ""] {
+            let stored = map(&[("age", age), ("cache-control", "max-age=3600")]);
+            assert_eq!(
+                current_age(&stored, T, T, T + 7),
+                MAX_DELTA_SECONDS,
+                "{age:?}"
+            );
+        }
+        let mut two_lines = map(&[("age", "0")]);
+        two_lines.append(header::AGE, HeaderValue::from_static("0"));
+        assert_eq!(current_age(&two_lines, T, T, T), MAX_DELTA_SECONDS);
+        assert_eq!(current_age(&map(&[("age", "5")]), T, T, T + 7), 12);
     }
 
     // --- reuse ---
@@ -1334,7 +1362,7 @@ mod tests {
         let not_modified = map(&[
             ("content-length", "0"),
             ("content-type", "text/plain"),
-            ("etag", "\"new\""),
+            ("etag", "W/\"new\""),
             ("cache-control", "max-age=600"),
             ("date", "Mon, 07 Nov 1994 08:49:37 GMT"),
             ("hsync-basis", ":BBBB:"),
@@ -1342,14 +1370,35 @@ mod tests {
         ]);
         let merged = merge_not_modified(&stored, &not_modified);
         assert_eq!(merged[header::CONTENT_LENGTH], "1234");
-        assert_eq!(merged[header::CONTENT_TYPE], "text/html");
+        assert_eq!(merged[header::CONTENT_TYPE], "text/plain");
         assert_eq!(merged["hsync-basis"], ":AAAA:");
-        assert_eq!(merged[header::ETAG], "\"new\"");
+        assert_eq!(merged[header::ETAG], "\"old\"");
         let cc: Vec<_> = merged.get_all(header::CACHE_CONTROL).iter().collect();
         assert_eq!(cc, ["max-age=600"]);
         assert_eq!(merged[header::DATE], "Mon, 07 Nov 1994 08:49:37 GMT");
         assert_eq!(merged["x-kept"], "1");
         assert!(!merged.contains_key(header::CONNECTION));
+    }
+
+    #[test]
+    fn rfc9111_3_2_a_304_keeps_the_stored_etag_and_digests_and_freshens_the_rest() {
+        let stored = map(&[
+            ("etag", "\"abcdef\""),
+            ("content-md5", "rL0Y20zC+Fzt72VPzMSk2A=="),
+            ("cache-control", "max-age=2"),
+        ]);
+        let other = map(&[("etag", "\"ghijkl\""), ("cache-control", "max-age=600")]);
+        let merged = merge_not_modified(&stored, &other);
+        assert_eq!(merged[header::ETAG], "\"abcdef\"");
+        assert_eq!(merged[header::CACHE_CONTROL], "max-age=600");
+        let same = map(&[
+            ("etag", "\"abcdef\""),
+            ("content-md5", "N7UdGUp1E+RbVvZSTy1R8g=="),
+            ("cache-control", "max-age=600"),
+        ]);
+        let merged = merge_not_modified(&stored, &same);
+        assert_eq!(merged["content-md5"], "rL0Y20zC+Fzt72VPzMSk2A==");
+        assert_eq!(merged[header::CACHE_CONTROL], "max-age=600");
     }
 
     // --- invalidation ---
