@@ -162,8 +162,14 @@ impl BasisStore {
             memory_budget: budget,
             disk: None,
             shared: None,
+            // Room for one of the largest bodies at least: with a quarter
+            // alone, a body over a quarter of the budget was never kept,
+            // whatever `--max-stored-body` said (a 1 GiB body in a 3 GiB
+            // store went uncoded, 212x zstd --patch-from).
             collecting: Arc::new(Semaphore::new(
-                (budget / COLLECTING_SHARE).min(Semaphore::MAX_PERMITS),
+                (budget / COLLECTING_SHARE)
+                    .max(max_body.min(budget))
+                    .min(Semaphore::MAX_PERMITS),
             )),
             served: Mutex::new(ExpiringMap::with_max_entries(
                 SERVED_TTL,
@@ -622,8 +628,12 @@ mod tests {
     /// Bodies being collected share a quarter of the budget; what one
     /// gives back another may take.
     #[test]
-    fn bodies_being_collected_share_a_quarter_of_the_budget() {
+    fn bodies_being_collected_share_a_quarter_of_the_budget_or_the_largest_body() {
+        // Room for the largest body kept, when that is more than a quarter.
         let store = BasisStore::new(400, 200);
+        assert!(store.reserve(200).is_some());
+        assert!(store.reserve(201).is_none());
+        let store = BasisStore::new(400, 50);
         let first = store.reserve(60).unwrap();
         let mut second = store.reserve(0).unwrap();
         second.merge(store.reserve(40).unwrap());
