@@ -29,7 +29,8 @@ use crate::http::body_pipe::Parking;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_CODING, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_SIGNATURE,
-    HSYNC_SIGNATURE_LENGTH, accepts_coding, accepts_hsync, parse_byte_sequence, weaken_etag,
+    HSYNC_SIGNATURE_LENGTH, HSYNC_VARY, accepts_coding, accepts_hsync, parse_byte_sequence,
+    weaken_etag,
 };
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::SpoolDisk;
@@ -428,10 +429,9 @@ impl Coder {
             header::CONTENT_ENCODING,
             HeaderValue::from_static(HSYNC_CODING),
         );
-        parts.headers.append(
-            header::VARY,
-            HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
-        );
+        parts
+            .headers
+            .append(header::VARY, HeaderValue::from_static(HSYNC_VARY));
         if let Some(strong) = weaken_etag(&mut parts.headers) {
             parts.headers.insert(HSYNC_ETAG, strong);
         }
@@ -543,7 +543,7 @@ impl Coder {
                     // The answer depends on the offer all the same: an
                     // unaware cache between the proxies must not serve
                     // this copy to a request that offers a basis.
-                    plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+                    plain_headers.append(header::VARY, HeaderValue::from_static(HSYNC_VARY));
                     for name in [HSYNC_HELD, HSYNC_MISSED] {
                         if let Some(value) = parts.headers.get(&name) {
                             plain_headers.insert(name, value.clone());
@@ -554,7 +554,7 @@ impl Coder {
                     body
                 }
                 Whole::Gzip(body) => {
-                    plain_headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+                    plain_headers.append(header::VARY, HeaderValue::from_static(HSYNC_VARY));
                     for name in [HSYNC_HELD, HSYNC_MISSED] {
                         if let Some(value) = parts.headers.get(&name) {
                             plain_headers.insert(name, value.clone());

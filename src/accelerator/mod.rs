@@ -88,7 +88,7 @@ use crate::feed::primary::FeedCommit;
 use crate::feed::{FEED_PATH, Feeds};
 use crate::http::access_log::{Note, Side};
 use crate::http::error::ProxyError;
-use crate::http::headers::{Hop, answer_at_this_hop, max_forwards, via_names_hop};
+use crate::http::headers::{HSYNC_VARY, Hop, answer_at_this_hop, max_forwards, via_names_hop};
 use crate::http::health::HealthView;
 use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
 use crate::http::upstream_guard;
@@ -367,10 +367,9 @@ impl Accelerator {
                     // Coded for a request that names a basis: an unaware
                     // cache between the proxies must not serve this copy
                     // to that one.
-                    parts.headers.append(
-                        header::VARY,
-                        HeaderValue::from_static("Accept-Encoding, Hsync-Basis"),
-                    );
+                    parts
+                        .headers
+                        .append(header::VARY, HeaderValue::from_static(HSYNC_VARY));
                 }
                 Stats::add(&self.stats.passed, 1);
                 let status = parts.status.as_u16();

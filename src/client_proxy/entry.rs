@@ -17,7 +17,9 @@ use super::ClientProxy;
 use super::transfer::StoreTarget;
 use crate::cache::freshness::{Age, CacheControl};
 use crate::cache::{CacheKey, CacheStore, Completeness, Entry, NewEntry};
-use crate::http::headers::{HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED};
+use crate::http::headers::{
+    HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_VARY,
+};
 
 impl ClientProxy {
     /// A stored response's age and freshness lifetime at `now`, as this
@@ -71,7 +73,9 @@ impl ClientProxy {
         let expected = content_length(headers);
         let entry = NewEntry {
             status: status.as_u16(),
-            headers: headers_to_store(headers),
+            // A whole response's Content-Range, however odd on a 200, is
+            // the origin's to replay; a piece's describes only the piece.
+            headers: headers_to_store(headers, complete_len.is_none()),
             stored_at: now,
             completeness: Completeness::Partial,
             shareable_as_basis: !private,
@@ -176,6 +180,30 @@ fn vary_names(response: &HeaderMap, identity: bool) -> Vec<String> {
     names
 }
 
+/// Removes the `Vary` line an accelerator added ([`HSYNC_VARY`]) and any
+/// `Hsync-Basis` member: the body we deliver is the same whatever the
+/// user agent offers, and the origin's own `Vary` is what it should see.
+pub(super) fn strip_hsync_vary(headers: &mut HeaderMap) {
+    let ours = |value: &HeaderValue| {
+        value
+            .to_str()
+            .is_ok_and(|v| v.trim().eq_ignore_ascii_case(HSYNC_VARY))
+    };
+    if headers.get_all(header::VARY).iter().any(ours) {
+        let kept: Vec<HeaderValue> = headers
+            .get_all(header::VARY)
+            .iter()
+            .filter(|value| !ours(value))
+            .cloned()
+            .collect();
+        headers.remove(header::VARY);
+        for value in kept {
+            headers.append(header::VARY, value);
+        }
+    }
+    strip_vary(headers, &["hsync-basis"]);
+}
+
 /// Removes `names` from `Vary`, dropping the header when nothing is left.
 pub(super) fn strip_vary(headers: &mut HeaderMap, names: &[&str]) {
     let kept: Vec<String> = headers
@@ -230,15 +258,20 @@ const IDENTIFYING_HEADERS: [&str; 4] = [
 ];
 
 /// End-to-end response headers worth storing: not framing (the store knows
-/// the length), not ours, not `Age`-free of meaning.
-pub(super) fn headers_to_store(headers: &HeaderMap) -> Vec<(String, String)> {
+/// the length), not ours, not `Age`-free of meaning; `Content-Range` only
+/// when `with_content_range` (a whole response's, RFC 9111 §3.1).
+pub(super) fn headers_to_store(
+    headers: &HeaderMap,
+    with_content_range: bool,
+) -> Vec<(String, String)> {
     headers
         .iter()
         .filter(|(name, _)| {
             !matches!(
                 name.as_str(),
-                "content-length" | "content-range" | "transfer-encoding" | "cache-status" | "via"
-            ) && !IDENTIFYING_HEADERS.contains(&name.as_str())
+                "content-length" | "transfer-encoding" | "cache-status" | "via"
+            ) && (with_content_range || *name != header::CONTENT_RANGE)
+                && !IDENTIFYING_HEADERS.contains(&name.as_str())
                 && **name != HSYNC_BASIS
                 && **name != HSYNC_ACCEPT
                 && **name != HSYNC_HELD
@@ -282,5 +315,22 @@ mod tests {
         );
         strip_vary(&mut headers, &["accept-encoding", "hsync-basis"]);
         assert_eq!(headers[header::VARY], "Cookie, accept-language");
+    }
+
+    #[test]
+    fn the_accelerators_vary_line_goes_and_the_origins_stays() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            header::VARY,
+            HeaderValue::from_static("Foo, Accept-Encoding"),
+        );
+        headers.append(header::VARY, HeaderValue::from_static(HSYNC_VARY));
+        strip_hsync_vary(&mut headers);
+        let vary: Vec<_> = headers.get_all(header::VARY).iter().collect();
+        assert_eq!(vary, ["Foo, Accept-Encoding"]);
+        let mut ours_only = HeaderMap::new();
+        ours_only.append(header::VARY, HeaderValue::from_static(HSYNC_VARY));
+        strip_hsync_vary(&mut ours_only);
+        assert!(!ours_only.contains_key(header::VARY));
     }
 }

@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use super::basis::{BasisBody, BasisOffer};
 use super::coalesce;
-use super::entry::{content_length, stored_headers, strip_vary};
+use super::entry::{content_length, stored_headers, strip_hsync_vary, strip_vary};
 use super::partial::{self, Chained, Resume};
 use super::queue_wait::Observed;
 use super::stats::{LoggedAtEnd, RequestLog, Started, record};
@@ -515,6 +515,7 @@ impl ClientProxy {
             restore_etag(&mut rparts.headers);
         }
         rparts.headers.remove(HSYNC_ETAG);
+        strip_hsync_vary(&mut rparts.headers);
         ClientStats::add(&self.stats.misses, 1);
         if revalidating {
             ClientStats::add(&self.stats.revalidated, 1);

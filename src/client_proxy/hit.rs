@@ -342,7 +342,9 @@ impl ClientProxy {
         // is kept is only its shareable part.
         let merged = freshness::merge_not_modified(&stored, not_modified);
         let mut meta = entry.meta.clone();
-        meta.headers = headers_to_store(&merged);
+        // A stored Content-Range is a whole response's (a piece keeps none),
+        // and a 304 does not change it.
+        meta.headers = headers_to_store(&merged, true);
         meta.stored_at = now;
         let store = self.store.clone();
         // A 304 may change what the entry is: `private` or `no-store` now,

@@ -16,7 +16,7 @@ use http::{Method, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 
-use super::entry::{invalidate, strip_vary};
+use super::entry::{invalidate, strip_hsync_vary};
 use super::fetch::{HsyncCoded, hsync_coded};
 use super::{CACHE_NAME, CACHE_STATUS, ClientProxy, ClientStats, Target, empty};
 use crate::cache::CacheKey;
@@ -86,7 +86,14 @@ impl ClientProxy {
         };
         if freshness::invalidates(&parts.method, response.status()) {
             let store = self.store.clone();
-            let _ = tokio::task::spawn_blocking(move || invalidate(&store, &key)).await;
+            let mut keys = vec![key];
+            keys.extend(also_invalidated(&target.url, response.headers()));
+            let _ = tokio::task::spawn_blocking(move || {
+                for key in &keys {
+                    invalidate(&store, key);
+                }
+            })
+            .await;
         }
         self.relay_plain(
             &parts.method,
@@ -134,11 +141,74 @@ impl ClientProxy {
         ] {
             parts.headers.remove(name);
         }
-        strip_vary(&mut parts.headers, &["hsync-basis"]);
+        strip_hsync_vary(&mut parts.headers);
         parts
             .headers
             .insert(CACHE_STATUS, freshness::cache_status(CACHE_NAME, &outcome));
         add_via(&mut parts.headers, &self.config.via_name);
         Response::from_parts(parts, body.map_err(BodyError::from).boxed())
+    }
+}
+
+/// The other URLs an unsafe request's success invalidates (RFC 9111
+/// §4.4): those its `Location` and `Content-Location` name, resolved
+/// against the request's, when they are of the same origin (another's
+/// could be named to evict what it does not own).
+fn also_invalidated(request_url: &http::Uri, response: &http::HeaderMap) -> Vec<CacheKey> {
+    let (Some(scheme), Some(authority)) = (request_url.scheme(), request_url.authority()) else {
+        return Vec::new();
+    };
+    [header::LOCATION, header::CONTENT_LOCATION]
+        .iter()
+        .filter_map(|name| response.get(name)?.to_str().ok())
+        .filter_map(|reference| {
+            let url = if reference.starts_with('/') && !reference.starts_with("//") {
+                format!("{scheme}://{authority}{reference}")
+            } else {
+                reference.to_owned()
+            };
+            let uri: http::Uri = url.parse().ok()?;
+            let same_origin = uri.scheme() == Some(scheme)
+                && uri
+                    .authority()
+                    .is_some_and(|a| a.as_str().eq_ignore_ascii_case(authority.as_str()));
+            same_origin.then(|| CacheKey::parse(&url).ok()).flatten()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc9111_4_4_location_and_content_location_of_the_same_origin_are_invalidated() {
+        let request: http::Uri = "http://example.org/cart".parse().unwrap();
+        let mut response = http::HeaderMap::new();
+        response.insert(header::LOCATION, "/cart/items/7".parse().unwrap());
+        response.insert(
+            header::CONTENT_LOCATION,
+            "http://EXAMPLE.org/cart/summary".parse().unwrap(),
+        );
+        let keys: Vec<String> = also_invalidated(&request, &response)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "http://example.org/cart/items/7",
+                "http://example.org/cart/summary"
+            ]
+        );
+        for other in [
+            "http://other.example/x",
+            "//other.example/x",
+            "https://example.org/x",
+        ] {
+            let mut response = http::HeaderMap::new();
+            response.insert(header::LOCATION, other.parse().unwrap());
+            assert!(also_invalidated(&request, &response).is_empty(), "{other}");
+        }
     }
 }

@@ -174,6 +174,8 @@ pub fn answer(
             respond(StatusCode::PARTIAL_CONTENT, headers, body)
         }
         (Requested::Ranges(ranges), Stored::Whole(bytes)) => {
+            // Each part names its own range; a stored one would contradict them.
+            headers.remove(header::CONTENT_RANGE);
             multipart(ranges, headers, &bytes, len)
         }
         // Several ranges of a body that streams: the whole of it.

@@ -49,6 +49,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::time::Instant;
 
+use super::targeted::SURROGATE_CAPABILITY;
 use super::{ClientProxy, ClientStats, Target};
 use crate::expiring::ExpiringMap;
 use crate::http::address_policy::AddressPolicy;
@@ -692,6 +693,12 @@ impl ClientProxy {
             header::HOST,
             HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header"),
         );
+        // As the site's gateway we are its surrogate: `Surrogate-Control`
+        // may target us by this token.
+        if self.config.targeted_cache_control.applies(parts) {
+            let (name, token) = SURROGATE_CAPABILITY;
+            headers.append(name, HeaderValue::from_static(token));
+        }
         let mut request = Request::new(body);
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = target.url.clone();

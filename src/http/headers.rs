@@ -50,6 +50,12 @@ pub const HSYNC_MISSED: HeaderName = HeaderName::from_static("hsync-missed");
 pub const HSYNC_ETAG: HeaderName = HeaderName::from_static("hsync-etag");
 /// The content coding token.
 pub const HSYNC_CODING: &str = "hsync";
+/// The `Vary` field line an accelerator adds to an answer that depends on
+/// the request's offer (coded, or plain where a stream would not pay), for
+/// an unaware cache between the proxies. A line of its own, so that the
+/// client proxy, which always delivers the body itself, removes exactly
+/// it and the user agent sees the origin's `Vary`.
+pub const HSYNC_VARY: &str = "Accept-Encoding, Hsync-Basis";
 
 /// Decodes an RFC 8941 byte sequence (`:base64:`) of at most `max` decoded
 /// bytes. A value cut inside a base64 quantum (a header budget truncated
