@@ -544,6 +544,7 @@ impl ClientProxy {
             stored_status,
             &self.caching_view(parts, &rparts.headers),
             self.is_shared(),
+            self.config.set_cookie,
         ) {
             Storability::Storable => true,
             Storability::NotStorable(reason) => {
@@ -791,6 +792,7 @@ impl ClientProxy {
             StatusCode::OK,
             &self.caching_view(parts, &rparts.headers),
             self.is_shared(),
+            self.config.set_cookie,
         ) == Storability::Storable;
         if !storable {
             return Answer::ResumeRefused {
