@@ -253,11 +253,17 @@ pub fn last_exchange(connection: &CaptureConnection) -> Option<ExchangeCheck> {
 
 /// `body`, whose clean end becomes an error when its connection saw the
 /// response break the framing rules by then (bytes past a
-/// `Content-Length` that came in a read after the body's last ones).
+/// `Content-Length`, in a read after the head's).
+/// The frame that completes a known length waits for that check: hyper
+/// ends such a body with its last byte, and so does whoever was told the
+/// length, so an error after it would go unseen (and a cache after us
+/// would keep the body).
 pub fn checked_at_end(body: ProxyBody, check: ExchangeCheck) -> ProxyBody {
     ProxyBody::new(CheckedAtEnd {
         inner: body,
         check: Some(check),
+        last: None,
+        after_last: None,
     })
 }
 
@@ -265,6 +271,10 @@ struct CheckedAtEnd {
     inner: ProxyBody,
     /// Taken at the end.
     check: Option<ExchangeCheck>,
+    /// The frame that completed the body's known length, until the check.
+    last: Option<Frame<Bytes>>,
+    /// What came after it anyway (nothing should), after it.
+    after_last: Option<Result<Frame<Bytes>, BodyError>>,
 }
 
 impl hyper::body::Body for CheckedAtEnd {
@@ -275,19 +285,46 @@ impl hyper::body::Body for CheckedAtEnd {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let polled = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if polled.is_some() {
-            return Poll::Ready(polled);
-        }
-        match self.check.take().and_then(|check| check.violation()) {
-            Some(violation) => Poll::Ready(Some(Err(ExchangeCheck::error(violation).into()))),
-            None => Poll::Ready(None),
+        loop {
+            if let Some(after) = self.after_last.take() {
+                return Poll::Ready(Some(after));
+            }
+            if self.check.is_none() {
+                // Checked: the held frame, then the end.
+                return Poll::Ready(self.last.take().map(Ok));
+            }
+            let polled = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+            match polled {
+                Some(Ok(frame))
+                    if self.last.is_none()
+                        && frame.is_data()
+                        && self.inner.size_hint().exact() == Some(0) =>
+                {
+                    self.last = Some(frame);
+                }
+                Some(polled) => match self.last.take() {
+                    Some(last) => {
+                        self.after_last = Some(polled);
+                        return Poll::Ready(Some(Ok(last)));
+                    }
+                    None => return Poll::Ready(Some(polled)),
+                },
+                None => {
+                    if let Some(violation) = self.check.take().and_then(|check| check.violation()) {
+                        self.last = None;
+                        return Poll::Ready(Some(Err(ExchangeCheck::error(violation).into())));
+                    }
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         // hyper must poll past the last frame, for the check.
-        self.check.is_none() && self.inner.is_end_stream()
+        self.check.is_none()
+            && self.last.is_none()
+            && self.after_last.is_none()
+            && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
@@ -338,5 +375,37 @@ mod tests {
         assert_eq!(first.violation(), None, "not the first response's fault");
         // Sticky: the connection is of no further use.
         assert!(connection.read(&mut buf).await.is_err());
+    }
+
+    /// A check of an exchange whose response is `response` (as the
+    /// upstream wrote it), once it was read.
+    async fn check_of(response: &[u8]) -> ExchangeCheck {
+        let (ours, mut upstream) = tokio::io::duplex(1024);
+        let mut connection = FramedUpstream::http1(ours);
+        connection.write_all(GET).await.unwrap();
+        upstream.write_all(response).await.unwrap();
+        let _ = connection.read(&mut [0u8; 256]).await;
+        connection.watch().last_exchange()
+    }
+
+    #[tokio::test]
+    async fn p17_the_frame_that_completes_a_length_waits_for_the_check() {
+        use http_body_util::{BodyExt, Full};
+        let body = || {
+            Full::new(Bytes::from_static(b"hello"))
+                .map_err(|never| match never {})
+                .boxed()
+        };
+        let clean = check_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
+        let mut checked = checked_at_end(body(), clean);
+        let frame = checked.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "hello");
+        assert!(checked.frame().await.is_none());
+        assert!(hyper::body::Body::is_end_stream(&checked));
+
+        let long = check_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1").await;
+        let mut checked = checked_at_end(body(), long);
+        let first = checked.frame().await.unwrap();
+        assert!(first.is_err(), "the last bytes never go before the check");
     }
 }
