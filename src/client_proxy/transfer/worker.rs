@@ -376,7 +376,12 @@ impl Worker {
         // hyper ends a body at its length; bytes after it that its
         // connection read by now make the whole response untrustworthy
         // (P-17). Later ones are not seen here (the connection still fails
-        // on them, and is not reused).
+        // on them, and is not reused). Read with the head, they made the
+        // answer no-store, served with nothing left to check here
+        // (`Upstream::send`); read only now, the head may have gone with
+        // the origin's caching fields, and a clean end would let a cache
+        // after us keep the body: cut, as the accelerator cuts a streamed
+        // one.
         if let Some(violation) = self.framing.as_ref().and_then(ExchangeCheck::violation) {
             let reason = format!("upstream body: {}", ExchangeCheck::error(violation));
             return self.stopped(Stop::Malformed(reason), None, None, None);
