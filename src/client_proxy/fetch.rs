@@ -49,7 +49,7 @@ use crate::http::headers::{
 };
 use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody, with_length};
-use crate::http::upstream_guard::ExchangeCheck;
+use crate::http::upstream_guard::{self, ExchangeCheck};
 
 /// Which try of a fetch this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -727,6 +727,11 @@ impl ClientProxy {
             Relayed::Whole(body) => {
                 // Ours now, whatever upstream said (a coded length, or none).
                 rparts.headers.remove(header::CONTENT_LENGTH);
+                Answer::Relayed(Response::from_parts(rparts, full(body)))
+            }
+            Relayed::Excess(body) => {
+                rparts.headers.remove(header::CONTENT_LENGTH);
+                upstream_guard::refuse_storing(&mut rparts.headers);
                 Answer::Relayed(Response::from_parts(rparts, full(body)))
             }
             Relayed::Stream(body) => {
