@@ -79,7 +79,7 @@ fn check_response(reads: &[&[u8]]) -> usize {
     let mut framing = ResponseFraming::new();
     framing.sent(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n");
     for read in reads {
-        assert!(framing.received(read).is_none());
+        assert!(framing.received(read).violation.is_none());
     }
     reads.len()
 }

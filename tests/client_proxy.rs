@@ -29,6 +29,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use rproxy::accelerator::AcceleratorConfig;
+use rproxy::cache::freshness::SetCookie;
 use rproxy::cache::{CacheKey, Completeness, IndexEntry};
 use rproxy::client_proxy::{ClientConfig, StatsSnapshot};
 use rproxy::hsync::{Encoder, EncoderOptions};
@@ -2218,6 +2219,52 @@ async fn a6_a_public_response_is_stored_without_its_set_cookie() {
         "Bob got Alice's cookie from the cache: {bob:?}"
     );
     assert_eq!(stack.origin.requests_to("/cookie-public.js"), 1);
+}
+
+/// RFC 9111 §7.3: `Set-Cookie` alone does not keep a response out of a
+/// shared cache. With `store-set-cookie` (the operator knows the site's
+/// cookies ride on pages that are the same for everyone) Alice's answer is
+/// stored and she keeps her cookie; Bob gets hits without it; and
+/// the entry is never a basis (D-B1), for its URL or another.
+#[tokio::test]
+async fn rfc9111_7_3_with_store_set_cookie_a_cookie_response_is_stored_without_its_cookie() {
+    let stack = Stack::start_with(|config| config.set_cookie = SetCookie::Stored).await;
+    let url = stack.url("/cookie-fresh.js");
+    let alice = stack.get("/cookie-fresh.js").await;
+    assert_eq!(alice.header("set-cookie"), Some("session=alice-secret"));
+    stack.proxy.settled(&url).await;
+    // From disk, then from memory.
+    for _ in 0..2 {
+        let bob = stack.get("/cookie-fresh.js").await;
+        assert!(bob.cache_status().contains("hit"), "{bob:?}");
+        assert!(bob.body() == release(1));
+        assert!(
+            bob.header("set-cookie").is_none(),
+            "Bob got Alice's cookie from the cache: {bob:?}"
+        );
+    }
+    assert_eq!(stack.origin.requests_to("/cookie-fresh.js"), 1);
+    let stored = stack.proxy.store().get(&CacheKey::parse(&url).unwrap());
+    let stored = stored.expect("stored");
+    assert!(!stored.meta.shareable_as_basis);
+    assert!(
+        !stored
+            .meta
+            .headers
+            .iter()
+            .any(|(name, _)| name == "set-cookie"),
+        "{:?}",
+        stored.meta.headers
+    );
+
+    // No basis for a neighbour either: nothing shareable is stored, so
+    // the next release goes without a signature.
+    assert!(stack.get("/cookie/app-1.js").await.body() == release(1));
+    stack.proxy.settled(&stack.url("/cookie/app-1.js")).await;
+    assert!(stack.get("/cookie/app-2.js").await.body() == release(2));
+    let seen = stack.tap.server.seen_for("/cookie/app-2.js");
+    assert!(seen[0].header("hsync-signature").is_none(), "{seen:?}");
+    assert!(seen[0].header("hsync-basis").is_none(), "{seen:?}");
 }
 
 #[tokio::test]

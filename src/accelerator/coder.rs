@@ -35,7 +35,7 @@ use crate::http::headers::{
 use crate::http::server::{BodyError, ProxyBody};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
-use crate::http::upstream_guard::ExchangeCheck;
+use crate::http::upstream_guard::{self, ExchangeCheck};
 
 use super::AcceleratorConfig;
 use super::basis_store::{BasisStore, DiskTier, ServedAs, SharedTier, shareable};
@@ -549,6 +549,13 @@ impl Coder {
                             plain_headers.insert(name, value.clone());
                         }
                     }
+                    plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    parts.headers = plain_headers;
+                    body
+                }
+                Whole::Excess(body) => {
+                    // Nothing was kept: no Hsync-Held.
+                    upstream_guard::refuse_storing(&mut plain_headers);
                     plain_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                     parts.headers = plain_headers;
                     body

@@ -91,7 +91,7 @@ use crate::http::error::ProxyError;
 use crate::http::headers::{HSYNC_VARY, Hop, answer_at_this_hop, max_forwards, via_names_hop};
 use crate::http::health::HealthView;
 use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
-use crate::http::upstream_guard;
+use crate::http::upstream_guard::{self, ExchangeCheck};
 
 use origin::FromOrigin;
 use sites::Sites;
@@ -345,9 +345,13 @@ impl Accelerator {
             Err(refusal) => return self.refuse(refusal),
         };
         let mut body = body.map_err(BodyError::from).boxed();
+        // P-17: a response longer than its framing, known before our head
+        // goes: passed on as declared (`fetch` made it no-store), never
+        // coded, so never kept as a basis nor listed in the feed.
+        let excess = framing.as_ref().is_some_and(ExchangeCheck::has_excess);
         let gains_nothing = request_headers.is_some() && self.coder.gains_nothing(&offer, &parts);
         match request_headers {
-            Some(request) if !gains_nothing && self.coder.codes(&offer, &parts) => {
+            Some(request) if !excess && !gains_nothing && self.coder.codes(&offer, &parts) => {
                 if let Some(note) = note {
                     parts.extensions.insert(note);
                 }
@@ -373,7 +377,7 @@ impl Accelerator {
                 }
                 Stats::add(&self.stats.passed, 1);
                 let status = parts.status.as_u16();
-                if let Some(check) = framing {
+                if let Some(check) = framing.filter(|_| !excess) {
                     body = upstream_guard::checked_at_end(body, check);
                 }
                 if let Some(note) = &note {

@@ -195,6 +195,14 @@ impl Accelerator {
             ProxyError::bad_upstream_response(format!("origin response: {error}"))
         })?;
         add_via(&mut parts.headers, &self.config.via_name);
+        // P-17: whole as declared, with bytes after it: served for nobody
+        // to store (the caller neither codes nor keeps it).
+        if let Some(check) = &framing
+            && upstream_guard::serve_without_excess(check, &mut parts.headers)
+            && let Some(connected) = connection.connection_metadata().as_ref()
+        {
+            connected.poison();
+        }
         Ok(FromOrigin {
             parts,
             body,

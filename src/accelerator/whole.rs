@@ -73,11 +73,26 @@ pub(super) async fn encode_whole(
         }
         Ok(Ok(body)) => body.to_bytes(),
     };
-    if let Some(violation) = origin.framing.as_ref().and_then(ExchangeCheck::violation) {
+    if let Some(check) = &origin.framing
+        && let Some(violation) = check.violation()
+    {
         let error = ExchangeCheck::error(violation);
-        return Err(ProxyError::bad_upstream_response(format!(
-            "origin body: {error}"
-        )));
+        if !check.has_excess() {
+            return Err(ProxyError::bad_upstream_response(format!(
+                "origin body: {error}"
+            )));
+        }
+        // P-17, learned with the body but before our head went: the body
+        // as declared, uncoded, so neither kept as a basis nor listed in
+        // the feed; the caller makes it no-store.
+        tracing::warn!(%error, "served as declared, not coded, not stored");
+        Stats::add(&stats.passed, 1);
+        Stats::add(&stats.passed_bytes, body.len() as u64);
+        if let Some(note) = &note {
+            note.coding("identity", None);
+            note.from_upstream(body.len() as u64);
+        }
+        return Ok(Whole::Excess(body));
     }
     let task_stats = stats.clone();
     let coded = encoders
@@ -153,6 +168,9 @@ pub(super) enum Whole {
     Plain(Bytes),
     /// The body gzipped, which the client accepts: smaller than both.
     Gzip(Bytes),
+    /// The body itself, as the origin declared it, which sent bytes after
+    /// it (P-17): for nobody to store.
+    Excess(Bytes),
 }
 
 /// Bodies up to this long are gzipped to compare whatever their stream

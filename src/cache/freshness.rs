@@ -4,7 +4,7 @@
 //!
 //! Everything takes header maps and Unix seconds and returns values; the
 //! caller reads the clock and passes `now`. Main items: [`CacheControl`],
-//! [`storability`], [`freshness_lifetime`], [`current_age`] (both at once:
+//! [`storability`] (with the operator's [`SetCookie`]), [`freshness_lifetime`], [`current_age`] (both at once:
 //! [`Age`]), [`reuse`], [`may_serve_stale_on_error`], [`conditional_headers`],
 //! [`merge_not_modified`], [`invalidates`] and the RFC 9211 [`CacheStatus`].
 //!
@@ -20,6 +20,9 @@
 //! - The qualified forms `no-cache="field"` and `private="field"` count as
 //!   their unqualified forms: the whole response is revalidated or kept out
 //!   of a shared cache, rather than stored with fields removed.
+//! - A shared cache stores a response that sets a cookie only when
+//!   `public` or `s-maxage` allows it, unless the operator says
+//!   otherwise ([`SetCookie::Stored`]; RFC 9111 §7.3 allows it).
 //! - A stale response is served only when a directive allows it (request
 //!   `max-stale`, `stale-if-error`, `stale-while-revalidate`); being
 //!   disconnected alone is not enough.
@@ -235,6 +238,30 @@ fn delta_seconds(value: Option<&str>) -> u64 {
     }
 }
 
+/// `Set-Cookie2` (RFC 2965, obsolete but still sent by some servers).
+const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
+
+/// Whether a response sets a cookie (`Set-Cookie`, or the obsolete
+/// `Set-Cookie2`).
+pub fn sets_cookie(response: &HeaderMap) -> bool {
+    response.contains_key(header::SET_COOKIE) || response.contains_key(SET_COOKIE2)
+}
+
+/// Whether a shared cache stores a response that sets a cookie, when
+/// nothing else keeps it out (RFC 9111 §7.3 says `Set-Cookie` alone does
+/// not; A-6 is stricter by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SetCookie {
+    /// Only when `public` or `s-maxage` allows it: a page that sets
+    /// a cookie without saying `public` is often one user's.
+    #[default]
+    OnlyIfPublic,
+    /// As any other response (Apache Traffic Server's
+    /// `cache_responses_to_cookies`). The caller stores it without its
+    /// cookie, replays the cookie to nobody, and never uses it as a basis.
+    Stored,
+}
+
 /// Whether a response may be stored, and if not, why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Storability {
@@ -249,13 +276,14 @@ pub enum Storability {
 ///
 /// A response without validators or any freshness information is still
 /// storable: it can serve as a delta basis, and will simply always be
-/// stale.
+/// stale. `set_cookie` says what a shared cache does with a cookie.
 pub fn storability(
     method: &Method,
     request: &HeaderMap,
     status: StatusCode,
     response: &HeaderMap,
     shared: bool,
+    set_cookie: SetCookie,
 ) -> Storability {
     use Storability::NotStorable;
     if method != Method::GET {
@@ -299,9 +327,12 @@ pub fn storability(
     {
         return NotStorable("authorized request in a shared cache");
     }
-    // a cookie is one user's; storing it would hand it to the next.
+    // a cookie is one user's, and often so is the page that sets
+    // it. Stored anyway only when the operator says (the cookie is then
+    // left out of the entry by the caller).
     if shared
-        && response.contains_key(header::SET_COOKIE)
+        && set_cookie == SetCookie::OnlyIfPublic
+        && sets_cookie(response)
         && !(resp.public || resp.s_maxage.is_some())
     {
         return NotStorable("Set-Cookie in a shared cache");
@@ -857,6 +888,7 @@ mod tests {
             StatusCode::from_u16(status).unwrap(),
             &map(response),
             true,
+            SetCookie::OnlyIfPublic,
         )
     }
 
@@ -867,19 +899,92 @@ mod tests {
     // --- Cache-Control parsing ---
 
     #[test]
-    fn set_cookie_is_stored_by_a_shared_cache_only_when_public() {
+    fn a6_set_cookie_is_stored_by_a_shared_cache_only_when_public() {
         let get = Method::GET;
-        let cookie = map(&[("set-cookie", "session=1")]);
-        let shared = storability(&get, &HeaderMap::new(), StatusCode::OK, &cookie, true);
-        assert!(matches!(shared, Storability::NotStorable(_)));
-        let private = storability(&get, &HeaderMap::new(), StatusCode::OK, &cookie, false);
-        assert!(matches!(private, Storability::Storable));
-        let public = map(&[
-            ("set-cookie", "a=1"),
-            ("cache-control", "public, max-age=5"),
-        ]);
-        let public = storability(&get, &HeaderMap::new(), StatusCode::OK, &public, true);
-        assert!(matches!(public, Storability::Storable));
+        let only_if_public = SetCookie::OnlyIfPublic;
+        for name in ["set-cookie", "set-cookie2"] {
+            let cookie = map(&[(name, "session=1")]);
+            let shared = storability(
+                &get,
+                &map(&[]),
+                StatusCode::OK,
+                &cookie,
+                true,
+                only_if_public,
+            );
+            assert!(matches!(shared, Storability::NotStorable(_)), "{name}");
+            let private = storability(
+                &get,
+                &map(&[]),
+                StatusCode::OK,
+                &cookie,
+                false,
+                only_if_public,
+            );
+            assert_eq!(private, Storability::Storable, "{name}");
+        }
+        for allowed in ["public, max-age=5", "s-maxage=5"] {
+            let public = map(&[("set-cookie", "a=1"), ("cache-control", allowed)]);
+            let public = storability(
+                &get,
+                &map(&[]),
+                StatusCode::OK,
+                &public,
+                true,
+                only_if_public,
+            );
+            assert_eq!(public, Storability::Storable, "{allowed}");
+        }
+    }
+
+    #[test]
+    fn rfc9111_7_3_set_cookie_alone_does_not_keep_a_response_out_when_the_operator_says() {
+        let get = Method::GET;
+        for name in ["set-cookie", "set-cookie2"] {
+            let cookie = map(&[(name, "session=1"), ("cache-control", "max-age=60")]);
+            let stored = storability(
+                &get,
+                &map(&[]),
+                StatusCode::OK,
+                &cookie,
+                true,
+                SetCookie::Stored,
+            );
+            assert_eq!(stored, Storability::Storable, "{name}");
+        }
+        // The other rules still hold: only the cookie's is relaxed.
+        for (request, response, reason) in [
+            (
+                &[][..],
+                &[("set-cookie", "a=1"), ("cache-control", "private")][..],
+                "private response in a shared cache",
+            ),
+            (
+                &[][..],
+                &[("set-cookie", "a=1"), ("cache-control", "no-store")][..],
+                "response has no-store",
+            ),
+            (
+                &[("authorization", "Basic dTpw")][..],
+                &[("set-cookie", "a=1")][..],
+                "authorized request in a shared cache",
+            ),
+            (
+                &[][..],
+                &[("set-cookie", "a=1"), ("vary", "*")][..],
+                "Vary: *",
+            ),
+        ] {
+            let s = storability(
+                &get,
+                &map(request),
+                StatusCode::OK,
+                &map(response),
+                true,
+                SetCookie::Stored,
+            );
+            assert_eq!(s, Storability::NotStorable(reason), "{response:?}");
+        }
     }
 
     #[test]
@@ -958,7 +1063,14 @@ mod tests {
     #[test]
     fn only_get_is_stored() {
         for method in [Method::HEAD, Method::POST] {
-            let s = storability(&method, &map(&[]), StatusCode::OK, &map(&[]), true);
+            let s = storability(
+                &method,
+                &map(&[]),
+                StatusCode::OK,
+                &map(&[]),
+                true,
+                SetCookie::OnlyIfPublic,
+            );
             assert!(matches!(s, Storability::NotStorable(_)), "{method}");
         }
     }
@@ -1017,8 +1129,18 @@ mod tests {
     #[test]
     fn private_is_not_storable_in_a_shared_cache_only() {
         let response = map(&[("cache-control", "private, max-age=60")]);
-        let shared = storability(&Method::GET, &map(&[]), StatusCode::OK, &response, true);
-        let private = storability(&Method::GET, &map(&[]), StatusCode::OK, &response, false);
+        let store = |shared| {
+            let cookies = SetCookie::OnlyIfPublic;
+            storability(
+                &Method::GET,
+                &map(&[]),
+                StatusCode::OK,
+                &response,
+                shared,
+                cookies,
+            )
+        };
+        let (shared, private) = (store(true), store(false));
         assert!(matches!(shared, Storability::NotStorable(_)));
         assert_eq!(private, Storability::Storable);
     }

@@ -93,6 +93,10 @@ pub(super) fn client_summary(settings: &ClientSettings) -> Summary {
             ),
             ("private".into(), settings.private.to_string()),
             (
+                "store-set-cookie".into(),
+                settings.store_set_cookie.to_string(),
+            ),
+            (
                 "downstream coding".into(),
                 (!settings.no_downstream_coding).to_string(),
             ),

@@ -86,6 +86,14 @@ pub struct ClientArgs {
     /// requests with credentials, are stored and used as bases.
     #[arg(long)]
     pub private: bool,
+    /// Store responses that set a cookie (Set-Cookie) even without
+    /// `Cache-Control: public` or `s-maxage`, as RFC 9111 §7.3 allows:
+    /// other users get them as hits, never with the cookie, and they are
+    /// never a delta basis. Off by default, since such a page is often
+    /// one user's (a greeting, a cart): turn it on for sites whose cookies
+    /// ride on pages that are the same for everyone.
+    #[arg(long)]
+    pub store_set_cookie: bool,
     /// When a response's CDN-Cache-Control replaces its Cache-Control in
     /// the caching rules (RFC 9213): for requests that come as to a
     /// gateway (the proxy is then the site's CDN; the default), always, or
@@ -251,7 +259,7 @@ impl ClientArgs {
                 targeted_cache_control;
             optional: upstream, via_name, upstream_user, queue_callback, queue_node, upstream_ca,
                 upstream_password_file;
-            switches: private, no_downstream_coding, inetd, allow_open);
+            switches: private, store_set_cookie, no_downstream_coding, inetd, allow_open);
         for zone in &self.subscribe {
             let mut table = SubscribeSettings::zone(zone);
             table.interval = self.subscribe_interval.unwrap_or(table.interval);

@@ -15,7 +15,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::ClientProxy;
 use super::transfer::StoreTarget;
-use crate::cache::freshness::{Age, CacheControl};
+use crate::cache::freshness::{Age, CacheControl, sets_cookie};
 use crate::cache::{CacheKey, CacheStore, Completeness, Entry, NewEntry};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_VARY,
@@ -66,9 +66,12 @@ impl ClientProxy {
         for name in &names {
             key = key.with_vary(name, &request_value(request, name)).ok()?;
         }
+        // A response that set a cookie (stored under `public`, or because
+        // the operator said `store-set-cookie`) is served without it, but
+        // its body may still be that user's: never a basis (D-B1).
         let private = !self.is_shared()
             || request.contains_key(header::AUTHORIZATION)
-            || headers.contains_key(header::SET_COOKIE)
+            || sets_cookie(headers)
             || CacheControl::parse(headers).private;
         let expected = content_length(headers);
         let entry = NewEntry {

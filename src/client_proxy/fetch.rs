@@ -49,7 +49,7 @@ use crate::http::headers::{
 };
 use crate::http::metrics::nanos;
 use crate::http::server::{BodyError, ProxyBody, with_length};
-use crate::http::upstream_guard::ExchangeCheck;
+use crate::http::upstream_guard::{self, ExchangeCheck};
 
 /// Which try of a fetch this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -545,6 +545,7 @@ impl ClientProxy {
             stored_status,
             &self.caching_view(parts, &rparts.headers),
             self.is_shared(),
+            self.config.set_cookie,
         ) {
             Storability::Storable => true,
             Storability::NotStorable(reason) => {
@@ -729,6 +730,11 @@ impl ClientProxy {
                 rparts.headers.remove(header::CONTENT_LENGTH);
                 Answer::Relayed(Response::from_parts(rparts, full(body)))
             }
+            Relayed::Excess(body) => {
+                rparts.headers.remove(header::CONTENT_LENGTH);
+                upstream_guard::refuse_storing(&mut rparts.headers);
+                Answer::Relayed(Response::from_parts(rparts, full(body)))
+            }
             Relayed::Stream(body) => {
                 // A length the user agent is told: the answer ends with its
                 // last byte (a large body is stored after that), and a log
@@ -792,6 +798,7 @@ impl ClientProxy {
             StatusCode::OK,
             &self.caching_view(parts, &rparts.headers),
             self.is_shared(),
+            self.config.set_cookie,
         ) == Storability::Storable;
         if !storable {
             return Answer::ResumeRefused {

@@ -115,6 +115,9 @@ pub struct ClientConfig {
     /// When a response's `CDN-Cache-Control` replaces its `Cache-Control`
     /// in the caching rules (RFC 9213).
     pub targeted_cache_control: targeted::TargetedCacheControl,
+    /// Whether a shared cache stores a response that sets a cookie without
+    /// `public` (never its cookie, never as a basis).
+    pub set_cookie: freshness::SetCookie,
     /// Signature bytes sent upstream while the upstream's `Hsync-Accept`
     /// is unknown (decoded; 4,608 is 6 KiB of header).
     pub default_signature_bytes: usize,

@@ -385,7 +385,13 @@ impl Upstream {
             self.remember_advertised(advertiser, &response);
         }
         if let Some(check) = connection.last_exchange() {
-            response.extensions_mut().insert(check);
+            // Bytes past the end, already: served as declared, for nobody
+            // to store, and nothing more to check (P-17).
+            if upstream_guard::serve_without_excess(&check, response.headers_mut()) {
+                connection.retire();
+            } else {
+                response.extensions_mut().insert(check);
+            }
         }
         response.extensions_mut().insert(connection);
         Ok(response)
@@ -531,7 +537,12 @@ impl HeldConnection {
         }
         self.sender.ready().await?;
         let mut response = self.sender.send_request(request).await?;
-        response.extensions_mut().insert(self.watch.last_exchange());
+        let check = self.watch.last_exchange();
+        // As `Upstream::send`; the connection ends on its own (the guard
+        // fails its next read).
+        if !upstream_guard::serve_without_excess(&check, response.headers_mut()) {
+            response.extensions_mut().insert(check);
+        }
         Ok(response)
     }
 

@@ -19,6 +19,7 @@ use super::shared::{LogSettings, health_policy, saturating_usize, server_url};
 use super::units::{self, Size};
 use super::{AdminListen, AuthSettings, LimitSettings, Role, Settings, UsageError, via_name};
 use crate::cache::CacheScope;
+use crate::cache::freshness::SetCookie;
 use crate::client_proxy::queue_wait::QueueWaitConfig;
 use crate::client_proxy::replica::{Prefetch, Subscription};
 use crate::client_proxy::{ClientConfig, RouteConfig, RouteHosts, RouteTo, TunnelConfig};
@@ -213,6 +214,7 @@ pub struct ClientSettings {
     pub transfer_memory: Size,
     pub max_spool_total: Size,
     pub private: bool,
+    pub store_set_cookie: bool,
     pub targeted_cache_control: TargetedCacheControl,
     pub no_downstream_coding: bool,
     /// Addresses (ranges) of user agents or proxies in front whose
@@ -281,6 +283,9 @@ impl Default for ClientSettings {
             transfer_memory: Size(crate::http::transfer_memory::DEFAULT_CLIENT_MEMORY),
             max_spool_total: Size::gib(8),
             private: false,
+            // a page that sets a cookie without `public` is often one
+            // user's; the operator who knows the site's are not says so.
+            store_set_cookie: false,
             targeted_cache_control: TargetedCacheControl::default(),
             no_downstream_coding: false,
             trusted_forwarders: Vec::new(),
@@ -464,6 +469,11 @@ impl ClientSettings {
             routes,
             via_name,
             targeted_cache_control: self.targeted_cache_control,
+            set_cookie: if self.store_set_cookie {
+                SetCookie::Stored
+            } else {
+                SetCookie::OnlyIfPublic
+            },
             scope: if self.private {
                 CacheScope::Private
             } else {

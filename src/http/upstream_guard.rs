@@ -8,6 +8,14 @@
 //! read's bytes reach hyper, which fails the response (a 502) or its body
 //! (a malformed transfer: nothing stored) and never reuses the connection.
 //!
+//! One violation leaves the response before it whole: bytes after its end
+//! (a body longer than its `Content-Length`, P-17). RFC 9112 §6.3 lets a
+//! client discard them, and §9.3 forbids only taking them for a response:
+//! the response's own bytes in that read go on, the excess never does, and
+//! the next read fails. Its answer is then served as declared but never
+//! stored ([`ExchangeCheck::has_excess`], [`refuse_storing`]), and its
+//! connection never reused.
+//!
 //! hyper stops reading a response at its end, so bytes after a body's
 //! `Content-Length` may come in a later read than its last bytes, when the
 //! body already looks whole. [`FramingWatch`] (in the connection's
@@ -23,6 +31,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Uri;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::body::Frame;
 use hyper_util::client::legacy::connect::{
     CaptureConnection, Connected, Connection, HttpConnector,
@@ -32,7 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-use crate::http::head_guard::{ResponseFraming, Violation};
+use crate::http::head_guard::{Reason, ResponseFraming, Violation};
 use crate::http::server::{BodyError, ProxyBody};
 
 /// The error under the I/O error of a read that broke the response
@@ -86,6 +95,15 @@ impl ExchangeCheck {
             .get()
             .copied()
             .filter(|v| v.message == self.exchange)
+    }
+
+    /// Whether this response's one fault so far is bytes after its end:
+    /// it arrived whole, as its framing declared (the first violation is
+    /// the only one: the guard stops at it). It may be served, never
+    /// stored, and its connection is not reused (P-17).
+    pub fn has_excess(&self) -> bool {
+        self.violation()
+            .is_some_and(|v| v.reason == Reason::Unsolicited)
     }
 
     /// The error a body reader reports for [`Self::violation`].
@@ -157,14 +175,21 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramedUpstream<T> {
         }
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
-        let Some(violation) = framing.received(&buf.filled()[before..]) else {
+        let checked = framing.received(&buf.filled()[before..]);
+        let Some(violation) = checked.violation else {
             return Poll::Ready(Ok(()));
         };
+        let _ = this.watch.0.violation.set(violation);
+        tracing::info!(reason = %violation.reason, at = violation.at, "malformed upstream response");
+        if violation.reason == Reason::Unsolicited && checked.safe > 0 {
+            // The response ended in this read: its bytes go on (the next
+            // read fails), the excess never does.
+            buf.set_filled(before + checked.safe);
+            return Poll::Ready(Ok(()));
+        }
         // None of this read goes on: it would only be more of a response
         // that is not used.
         buf.set_filled(before);
-        let _ = this.watch.0.violation.set(violation);
-        tracing::info!(reason = %violation.reason, at = violation.at, "malformed upstream response");
         Poll::Ready(Err(ExchangeCheck::error(violation)))
     }
 }
@@ -240,6 +265,43 @@ impl Service<Uri> for FramedHttpConnector {
     }
 }
 
+/// For a response whose one fault so far is bytes past its end
+/// ([`ExchangeCheck::has_excess`]): logs it and makes the answer
+/// unstorable ([`refuse_storing`]). Returns whether it was one; its
+/// connection must then not be reused (the guard fails its next read, and
+/// a pooled one is best taken out of its pool at once).
+pub fn serve_without_excess(check: &ExchangeCheck, headers: &mut HeaderMap) -> bool {
+    let Some(violation) = check.violation().filter(|_| check.has_excess()) else {
+        return false;
+    };
+    tracing::warn!(
+        excess_at = violation.at,
+        "upstream response longer than its framing: served as declared, not stored, connection not reused"
+    );
+    refuse_storing(headers);
+    true
+}
+
+/// Makes an answer whose upstream response had bytes past its end
+/// ([`ExchangeCheck::has_excess`]) unstorable by any cache after us:
+/// `Cache-Control: no-store` replaces the response's own caching fields
+/// (`CDN-Cache-Control` and `Surrogate-Control` included, which a cache
+/// that is the site's CDN would read instead). Whether the declared
+/// length was right cannot be known; the user agent who asked gets it
+/// (RFC 9112 §6.3), nobody after her.
+pub fn refuse_storing(headers: &mut HeaderMap) {
+    for name in [
+        header::CACHE_CONTROL,
+        header::EXPIRES,
+        header::PRAGMA,
+        HeaderName::from_static("cdn-cache-control"),
+        HeaderName::from_static("surrogate-control"),
+    ] {
+        headers.remove(name);
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
 /// The framing check of the response just received on a captured
 /// connection, when it is one of ours over HTTP/1.1.
 pub fn last_exchange(connection: &CaptureConnection) -> Option<ExchangeCheck> {
@@ -253,11 +315,17 @@ pub fn last_exchange(connection: &CaptureConnection) -> Option<ExchangeCheck> {
 
 /// `body`, whose clean end becomes an error when its connection saw the
 /// response break the framing rules by then (bytes past a
-/// `Content-Length` that came in a read after the body's last ones).
+/// `Content-Length`, in a read after the head's).
+/// The frame that completes a known length waits for that check: hyper
+/// ends such a body with its last byte, and so does whoever was told the
+/// length, so an error after it would go unseen (and a cache after us
+/// would keep the body).
 pub fn checked_at_end(body: ProxyBody, check: ExchangeCheck) -> ProxyBody {
     ProxyBody::new(CheckedAtEnd {
         inner: body,
         check: Some(check),
+        last: None,
+        after_last: None,
     })
 }
 
@@ -265,6 +333,10 @@ struct CheckedAtEnd {
     inner: ProxyBody,
     /// Taken at the end.
     check: Option<ExchangeCheck>,
+    /// The frame that completed the body's known length, until the check.
+    last: Option<Frame<Bytes>>,
+    /// What came after it anyway (nothing should), after it.
+    after_last: Option<Result<Frame<Bytes>, BodyError>>,
 }
 
 impl hyper::body::Body for CheckedAtEnd {
@@ -275,19 +347,46 @@ impl hyper::body::Body for CheckedAtEnd {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let polled = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if polled.is_some() {
-            return Poll::Ready(polled);
-        }
-        match self.check.take().and_then(|check| check.violation()) {
-            Some(violation) => Poll::Ready(Some(Err(ExchangeCheck::error(violation).into()))),
-            None => Poll::Ready(None),
+        loop {
+            if let Some(after) = self.after_last.take() {
+                return Poll::Ready(Some(after));
+            }
+            if self.check.is_none() {
+                // Checked: the held frame, then the end.
+                return Poll::Ready(self.last.take().map(Ok));
+            }
+            let polled = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+            match polled {
+                Some(Ok(frame))
+                    if self.last.is_none()
+                        && frame.is_data()
+                        && self.inner.size_hint().exact() == Some(0) =>
+                {
+                    self.last = Some(frame);
+                }
+                Some(polled) => match self.last.take() {
+                    Some(last) => {
+                        self.after_last = Some(polled);
+                        return Poll::Ready(Some(Ok(last)));
+                    }
+                    None => return Poll::Ready(Some(polled)),
+                },
+                None => {
+                    if let Some(violation) = self.check.take().and_then(|check| check.violation()) {
+                        self.last = None;
+                        return Poll::Ready(Some(Err(ExchangeCheck::error(violation).into())));
+                    }
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         // hyper must poll past the last frame, for the check.
-        self.check.is_none() && self.inner.is_end_stream()
+        self.check.is_none()
+            && self.last.is_none()
+            && self.after_last.is_none()
+            && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
@@ -338,5 +437,96 @@ mod tests {
         assert_eq!(first.violation(), None, "not the first response's fault");
         // Sticky: the connection is of no further use.
         assert!(connection.read(&mut buf).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn p17_a_response_before_bytes_past_its_end_goes_on_whole_the_excess_never() {
+        let (ours, mut upstream) = tokio::io::duplex(1024);
+        let mut connection = FramedUpstream::http1(ours);
+        let watch = connection.watch().clone();
+        let mut buf = [0u8; 256];
+        connection.write_all(GET).await.unwrap();
+        let response = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+        upstream
+            .write_all(&[&response[..], b"HTTP/1.1 200 OK\r\n\r\nsmuggled"].concat())
+            .await
+            .unwrap();
+        let check = watch.last_exchange();
+        let n = connection.read(&mut buf).await.unwrap();
+        assert_eq!(
+            &buf[..n],
+            response,
+            "the response, whole, and nothing after"
+        );
+        assert!(check.has_excess());
+        let error = connection.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+
+        // Any other violation lets nothing of its read through.
+        let (ours, mut upstream) = tokio::io::duplex(1024);
+        let mut connection = FramedUpstream::http1(ours);
+        let watch = connection.watch().clone();
+        connection.write_all(GET).await.unwrap();
+        upstream
+            .write_all(b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        assert!(connection.read(&mut buf).await.is_err());
+        let check = watch.last_exchange();
+        assert!(check.violation().is_some() && !check.has_excess());
+    }
+
+    /// A check of an exchange whose response is `response` (as the
+    /// upstream wrote it), once it was read.
+    async fn check_of(response: &[u8]) -> ExchangeCheck {
+        let (ours, mut upstream) = tokio::io::duplex(1024);
+        let mut connection = FramedUpstream::http1(ours);
+        connection.write_all(GET).await.unwrap();
+        upstream.write_all(response).await.unwrap();
+        let _ = connection.read(&mut [0u8; 256]).await;
+        connection.watch().last_exchange()
+    }
+
+    #[tokio::test]
+    async fn p17_the_frame_that_completes_a_length_waits_for_the_check() {
+        use http_body_util::{BodyExt, Full};
+        let body = || {
+            Full::new(Bytes::from_static(b"hello"))
+                .map_err(|never| match never {})
+                .boxed()
+        };
+        let clean = check_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
+        let mut checked = checked_at_end(body(), clean);
+        let frame = checked.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "hello");
+        assert!(checked.frame().await.is_none());
+        assert!(hyper::body::Body::is_end_stream(&checked));
+
+        let long = check_of(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1").await;
+        let mut checked = checked_at_end(body(), long);
+        let first = checked.frame().await.unwrap();
+        assert!(first.is_err(), "the last bytes never go before the check");
+    }
+
+    #[test]
+    fn p17_an_answer_with_excess_is_no_store_whatever_the_origin_said() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("cache-control", "public, max-age=600"),
+            ("cache-control", "must-understand"),
+            ("cdn-cache-control", "max-age=600"),
+            ("surrogate-control", "max-age=600"),
+            ("expires", "Tue, 01 Jan 2030 00:00:00 GMT"),
+            ("etag", "\"a\""),
+        ] {
+            headers.append(name, HeaderValue::from_static(value));
+        }
+        refuse_storing(&mut headers);
+        let mut left: Vec<_> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        left.sort_unstable();
+        assert_eq!(left, [("cache-control", "no-store"), ("etag", "\"a\"")]);
     }
 }

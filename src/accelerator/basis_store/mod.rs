@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -46,11 +46,8 @@ use self::memory::Memory;
 use self::shared::Shared;
 use crate::hsync::Basis;
 
-use crate::cache::freshness::{Storability, storability};
+use crate::cache::freshness::{SetCookie, Storability, sets_cookie, storability};
 use crate::expiring::ExpiringMap;
-
-/// `Set-Cookie2` (RFC 2965, obsolete but still sent by some servers).
-const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
 
 /// Whether the body of a coded 200 answering `request` may be kept as a
 /// basis (D-B3), and if not, why.
@@ -65,7 +62,14 @@ const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
 /// confirmable by hash. The operator who wants those bytes anyway says so
 /// with `--basis-store-private`.
 pub fn shareable(request: &HeaderMap, response: &HeaderMap) -> Storability {
-    let shared_cache = storability(&Method::GET, request, StatusCode::OK, response, true);
+    let shared_cache = storability(
+        &Method::GET,
+        request,
+        StatusCode::OK,
+        response,
+        true,
+        SetCookie::OnlyIfPublic,
+    );
     if shared_cache != Storability::Storable {
         return shared_cache;
     }
@@ -75,7 +79,7 @@ pub fn shareable(request: &HeaderMap, response: &HeaderMap) -> Storability {
     if request.contains_key(header::COOKIE) {
         return Storability::NotStorable("request carried Cookie");
     }
-    if response.contains_key(header::SET_COOKIE) || response.contains_key(SET_COOKIE2) {
+    if sets_cookie(response) {
         return Storability::NotStorable("response sets a cookie");
     }
     Storability::Storable
@@ -520,6 +524,7 @@ impl Collecting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderName;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         pairs

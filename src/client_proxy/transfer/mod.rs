@@ -22,8 +22,12 @@
 //! the upstream wait is relayed whole instead: checked (and committed)
 //! before the user agent's head, sent with a Content-Length in one write,
 //! and a failed check is a clean 502 rather than a cut body (D-A5's two
-//! branches, by size). An interrupted transfer leaves a partial entry —
-//! the prefix and its signature — so the next fetch resumes from it.
+//! branches, by size). A body whose upstream connection read bytes past
+//! its end by then (P-17) is never stored: whole, it is still served, as
+//! [`Relayed::Excess`] (its head then says no-store); streamed, it is cut
+//! (`WholeOrStream` settles which, once). An interrupted transfer leaves a
+//! partial entry — the prefix and its signature — so the next fetch
+//! resumes from it.
 //!
 //! This file is the entry point and the types callers use ([`relay`]
 //! choosing the whole or the streamed branch, [`Relay`], [`Coding`],
@@ -38,6 +42,9 @@
 //! - `window_pool`: reused buffers of rebuilt windows.
 //!
 //! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -218,6 +225,10 @@ pub enum Relayed {
     /// Longer than [`WHOLE_BELOW`], or slower than the wait: what came so
     /// far, then the rest as it comes (D-A5's "stream and abort" branch).
     Stream(ProxyBody),
+    /// As [`Relayed::Whole`], but its upstream sent bytes past its end
+    /// (P-17): the body as declared, not stored, and its head must let
+    /// nobody after us store it either.
+    Excess(Bytes),
     /// The relay failed before the user agent saw a byte.
     Failed {
         /// Why.
@@ -232,6 +243,55 @@ pub enum Relayed {
 /// within the wait: a 1 KiB body streamed cost hyper a write for the head,
 /// one per chunk and one for the end of the chunked body.
 pub const WHOLE_BELOW: usize = 64 << 10;
+
+/// Whether a relay's body goes whole or streams, when both the relay and
+/// its worker have a say: the relay streams past the wait (its head then
+/// goes), and the worker may end a small body whose upstream sent bytes
+/// past its end (P-17) cleanly only if it goes whole, under a head that
+/// forbids storing it (a streamed head carried the origin's caching
+/// fields: that body is cut). The first to choose wins.
+#[derive(Clone, Default)]
+pub(super) struct WholeOrStream(Arc<AtomicU8>);
+
+impl WholeOrStream {
+    const OPEN: u8 = 0;
+    const STREAM: u8 = 1;
+    const WHOLE: u8 = 2;
+
+    /// The relay would stream: false when the worker chose whole first.
+    fn stream(&self) -> bool {
+        self.choose(Self::STREAM)
+    }
+
+    /// The worker would end the body whole: false when the relay streams.
+    pub(super) fn whole(&self) -> bool {
+        self.choose(Self::WHOLE)
+    }
+
+    /// Whether the worker chose whole.
+    fn is_whole(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::WHOLE
+    }
+
+    /// The whole `body`, as the choice makes it.
+    fn relayed(&self, body: Bytes) -> Relayed {
+        if self.is_whole() {
+            Relayed::Excess(body)
+        } else {
+            Relayed::Whole(body)
+        }
+    }
+
+    fn choose(&self, choice: u8) -> bool {
+        match self
+            .0
+            .compare_exchange(Self::OPEN, choice, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(chosen) => chosen == choice,
+        }
+    }
+}
 
 /// The longest a small body is waited for before its head goes out (the
 /// upstream timeout when shorter): past it, the body streams as it comes,
@@ -253,6 +313,7 @@ pub async fn relay(
     done: impl FnOnce(Report) + Send + 'static,
 ) -> Relayed {
     let hold_head = relay.hold_head;
+    let choice = WholeOrStream::default();
     let (to_worker, from_upstream) = body_pipe::upstream_channel();
     let parking = relay.spool_dir.as_deref().map(|dir| Parking {
         dir: dir.into(),
@@ -271,10 +332,11 @@ pub async fn relay(
     tokio::spawn(async move {
         body_pipe::read_upstream(upstream, taker, &to_worker, |_| {}).await;
     });
+    let worker_choice = choice.clone();
     tokio::spawn(async move {
         let mut driver = Driver {
             memory: holder,
-            worker: Box::new(Worker::new(relay)),
+            worker: Box::new(Worker::new(relay, worker_choice)),
             to_agent: Some(to_agent),
             busy: std::time::Duration::ZERO,
         };
@@ -292,7 +354,7 @@ pub async fn relay(
     let deadline = tokio::time::Instant::now() + wait;
     while len < WHOLE_BELOW {
         match tokio::time::timeout_at(deadline, from_worker.recv()).await {
-            Ok(None) => return Relayed::Whole(concat(prefix, len)),
+            Ok(None) => return choice.relayed(concat(prefix, len)),
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     len += data.len();
@@ -309,7 +371,7 @@ pub async fn relay(
             // answer than a cut body (RFC 5861 §4): the head waits for
             // the first byte, or the end, however long that takes.
             Err(_) if hold_head && len == 0 => match from_worker.recv().await {
-                None => return Relayed::Whole(Bytes::new()),
+                None => return choice.relayed(Bytes::new()),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         len += data.len();
@@ -328,6 +390,27 @@ pub async fn relay(
             },
             Err(_) => break,
         }
+    }
+    if !choice.stream() {
+        // The worker ends the body whole, short of WHOLE_BELOW (P-17):
+        // the rest is on its way.
+        while let Some(frame) = from_worker.recv().await {
+            match frame {
+                Ok(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        len += data.len();
+                        prefix.push(data);
+                    }
+                }
+                Err(error) => {
+                    return Relayed::Failed {
+                        reason: error.to_string(),
+                        corrupt: corrupt_rx.await.unwrap_or(false),
+                    };
+                }
+            }
+        }
+        return Relayed::Excess(concat(prefix, len));
     }
     Relayed::Stream(
         StreamBody::new(Prefixed {

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::digests::DigestCheck;
 use super::window_pool::WindowPool;
-use super::{ClientBasis, Coding, Outcome, Relay, StoreTarget};
+use super::{ClientBasis, Coding, Outcome, Relay, StoreTarget, WHOLE_BELOW, WholeOrStream};
 use crate::cache::{CacheError, CacheKey, Completeness, EntryWriter, NewEntry};
 use crate::client_proxy::cache_writer::BackgroundWriter;
 use crate::client_proxy::cached_body::SMALL_BODY;
@@ -62,6 +62,8 @@ pub(super) struct Worker {
     announced_len: Option<u64>,
     held: Option<Bytes>,
     framing: Option<ExchangeCheck>,
+    /// Whether the body goes whole, shared with the relay.
+    choice: WholeOrStream,
 }
 
 /// Rebuilt bytes held back at most, waiting for the SIG entries that
@@ -116,8 +118,9 @@ impl Commit {
 }
 
 impl Worker {
-    pub(super) fn new(relay: Relay) -> Worker {
+    pub(super) fn new(relay: Relay, choice: WholeOrStream) -> Worker {
         let mut worker = Worker::idle();
+        worker.choice = choice;
         match relay.coding {
             Coding::Hsync {
                 basis,
@@ -171,6 +174,7 @@ impl Worker {
             announced_len: None,
             held: None,
             framing: None,
+            choice: WholeOrStream::default(),
         }
     }
 
@@ -374,12 +378,27 @@ impl Worker {
     /// Every byte arrived: check the origin's digests, and commit.
     fn complete(&mut self, signature: Vec<u8>, body_digest: Option<blake3::Hash>) -> Ending {
         // hyper ends a body at its length; bytes after it that its
-        // connection read by now make the whole response untrustworthy
-        // (P-17). Later ones are not seen here (the connection still fails
-        // on them, and is not reused).
-        if let Some(violation) = self.framing.as_ref().and_then(ExchangeCheck::violation) {
+        // connection read by now make the response untrustworthy (P-17).
+        // Later ones are not seen here (the connection still fails on
+        // them, and is not reused). The body itself came whole as
+        // declared: it is served, never stored, when it goes whole (the
+        // caller's head then forbids storing it, as `Upstream::send` made
+        // it when they came with the head). A streamed one's head went
+        // with the origin's caching fields, and a clean end would let a
+        // cache after us keep it: cut, as the accelerator cuts a streamed
+        // body. Any other violation fails it.
+        if let Some(check) = &self.framing
+            && let Some(violation) = check.violation()
+        {
             let reason = format!("upstream body: {}", ExchangeCheck::error(violation));
-            return self.stopped(Stop::Malformed(reason), None, None, None);
+            if !(check.has_excess() && self.body_bytes < WHOLE_BELOW as u64 && self.choice.whole())
+            {
+                return self.stopped(Stop::Malformed(reason), None, None, None);
+            }
+            tracing::warn!(%reason, "served whole as declared, not stored");
+            if let Some(target) = self.store.take() {
+                target.writer.abort();
+            }
         }
         let digests = std::mem::take(&mut self.digests);
         if let Err(reason) = digests.verify() {

@@ -9,7 +9,7 @@
 //! and what a connection does about a violation
 //! ([`crate::http::upstream_guard`]).
 
-use super::{Framing, Violation};
+use super::{Checked, Framing};
 
 /// Follows the response framing of one HTTP/1.1 client connection: the
 /// requests written on it (for which responses may come, and which were
@@ -52,10 +52,13 @@ impl ResponseFraming {
         self.responses.answer(&self.requests);
     }
 
-    /// Checks `bytes` read from the connection; the violation, if any, is
-    /// repeated by every later call.
-    pub fn received(&mut self, bytes: &[u8]) -> Option<Violation> {
-        self.responses.check(bytes).violation
+    /// Checks `bytes` read from the connection: how many of them may go on
+    /// to the HTTP parser, and the violation, if any, which every later
+    /// call repeats. Bytes after a response's end
+    /// ([`Reason::Unsolicited`](super::Reason::Unsolicited)) leave the
+    /// response before them safe.
+    pub fn received(&mut self, bytes: &[u8]) -> Checked {
+        self.responses.check(bytes)
     }
 
     /// Requests whose request line was written: the last one's index is
@@ -68,7 +71,7 @@ impl ResponseFraming {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::head_guard::{Part, Reason};
+    use crate::http::head_guard::{Part, Reason, Violation};
 
     /// Requests `sent`, then `received` whole: the violation, if any.
     fn response_violation(sent: &[&str], received: &[u8]) -> Option<Violation> {
@@ -76,7 +79,7 @@ mod tests {
         for request in sent {
             framing.sent(request.as_bytes());
         }
-        framing.received(received)
+        framing.received(received).violation
     }
 
     const GET: &str = "GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
@@ -116,7 +119,8 @@ mod tests {
             let mut framing = ResponseFraming::new();
             sent.iter().for_each(|r| framing.sent(r.as_bytes()));
             for byte in received.chunks(1) {
-                assert_eq!(framing.received(byte), None, "{received:?} byte by byte");
+                let checked = framing.received(byte);
+                assert_eq!(checked.violation, None, "{received:?} byte by byte");
             }
         }
     }
@@ -133,6 +137,10 @@ mod tests {
         let long = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\n\r\n";
         let v = response_violation(&[GET], long).expect("refused");
         assert_eq!((v.reason, v.message, v.at), (Reason::Unsolicited, 0, 43));
+        // The response itself, whole, may go on (RFC 9112 §6.3).
+        let mut framing = ResponseFraming::new();
+        framing.sent(GET.as_bytes());
+        assert_eq!(framing.received(long).safe, 43);
         // The same bytes arriving after the next request was written are
         // that request's response.
         assert_eq!(response_violation(&[GET, GET], long), None);
