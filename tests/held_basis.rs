@@ -30,6 +30,13 @@ fn release(n: usize) -> Vec<u8> {
     body
 }
 
+/// Release `n` of another text (as [`release`], its start changed).
+fn b_release(n: usize) -> Vec<u8> {
+    let mut body = release(n);
+    body[..8].copy_from_slice(b"b-text: ");
+    body
+}
+
 /// Each path answers its next release on each request, revalidated every
 /// time (so every request after the first is an update).
 async fn releases() -> Origin {
@@ -75,7 +82,20 @@ async fn a_basis_the_accelerator_holds_goes_by_its_digest_alone() {
 
 #[tokio::test]
 async fn a_body_the_accelerator_let_go_comes_without_a_basis_and_right() {
-    let origin = releases().await;
+    // Releases of two texts, one per path: b's push a's out of the store.
+    let origin = origin(|request, earlier| async move {
+        let body = if request.uri().path() == "/b.js" {
+            b_release(earlier)
+        } else {
+            release(earlier)
+        };
+        let mut response = Response::new(http_body_util::Full::new(Bytes::from(body)));
+        response
+            .headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        response
+    })
+    .await;
     // Room for one kept body of 100 KB: the next one pushes it out.
     let accelerator = Accelerator::start(rproxy::accelerator::AcceleratorConfig {
         basis_store_bytes: 150_000,
@@ -85,7 +105,9 @@ async fn a_body_the_accelerator_let_go_comes_without_a_basis_and_right() {
     let proxy = client_of(accelerator.addr).await;
     let (a, b) = (origin.url("/a.js"), origin.url("/b.js"));
     get(proxy.addr, &a).await.assert_body("/a.js", &release(0));
-    get(proxy.addr, &b).await.assert_body("/b.js", &release(0));
+    get(proxy.addr, &b)
+        .await
+        .assert_body("/b.js", &b_release(0));
     eventually("both stored", || proxy.stats().stored == 2).await;
 
     let before = proxy.stats();
@@ -103,11 +125,13 @@ async fn a_body_the_accelerator_let_go_comes_without_a_basis_and_right() {
         "coded without a basis, the whole text's worth: {link} B"
     );
 
-    // Told so twice (`Hsync-Missed`: b's release 0 went out for a's
-    // release 1), the client proxy sends signatures there for a while,
+    // Told so twice (`Hsync-Missed`: a's release 1 went out for b's
+    // next), the client proxy sends signatures there for a while,
     // although the accelerator says each time that it keeps the new
     // release: the next update is a delta either way.
-    get(proxy.addr, &b).await.assert_body("/b.js", &release(1));
+    get(proxy.addr, &b)
+        .await
+        .assert_body("/b.js", &b_release(1));
     eventually("the update stored", || proxy.stats().stored == 4).await;
     let before = proxy.stats();
     get(proxy.addr, &a).await.assert_body("/a.js", &release(2));

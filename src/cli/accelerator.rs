@@ -157,7 +157,8 @@ pub struct AcceleratorArgs {
     pub health_max_down_time: Option<Duration>,
     /// Memory for bodies served, kept so that a client naming one as its
     /// basis gets a delta against the body itself (64K, 256M, 1G or bytes;
-    /// 0 turns it off).
+    /// 0 turns it off). Bodies still streaming take up to a quarter of it
+    /// more (at least one --max-stored-body).
     #[arg(long, value_name = "SIZE")]
     pub basis_store: Option<Size>,
     /// Largest body kept there (64K, 8M or bytes); larger ones go to the
