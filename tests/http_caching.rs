@@ -565,3 +565,200 @@ async fn rfc9111_3_3_a6_a_206_with_set_cookie_is_not_kept() {
     get_with(proxy.addr, &url, &[("range", "bytes=0-99")]).await;
     assert_eq!(origin.requests_to("/video.bin"), 2, "never a hit");
 }
+
+/// An origin that answers with `respond(request, earlier)`, counting.
+async fn scripted(
+    respond: fn(&http::Request<hyper::body::Incoming>, usize) -> Response<Full<Bytes>>,
+) -> (Origin, Arc<AtomicUsize>) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    let origin = origin(move |request, earlier| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let response = respond(&request, earlier);
+        async move { response }
+    })
+    .await;
+    (origin, asked)
+}
+
+fn answer(status: StatusCode, headers: &[(&str, &str)], body: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_owned())));
+    *response.status_mut() = status;
+    for (name, value) in headers {
+        response.headers_mut().append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    response
+}
+
+/// `Age: 0, 0` (a list) leaves the age unknown: the stored response is
+/// stale, and revalidated; `Age: 5` is an age.
+#[tokio::test]
+async fn rfc9111_5_1_an_age_that_is_not_one_number_makes_the_response_stale() {
+    let (origin, asked) = answering(
+        StatusCode::OK,
+        &[("cache-control", "max-age=3600"), ("age", "0, 0")],
+    )
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/listed-age");
+    get(proxy.addr, &url).await;
+    eventually("stored", || proxy.stats().stored == 1).await;
+    let second = get(proxy.addr, &url).await;
+    assert!(
+        second.cache_status.contains("fwd=stale"),
+        "{}",
+        second.cache_status
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    let (hit, asked) = twice(
+        StatusCode::OK,
+        &[("cache-control", "max-age=3600"), ("age", "5")],
+    )
+    .await;
+    assert!(hit);
+    assert_eq!(asked, 1);
+}
+
+/// A POST answered with `Location` and `Content-Location` invalidates the
+/// URLs they name (same origin), not only its own.
+#[tokio::test]
+async fn rfc9111_4_4_an_unsafe_methods_location_and_content_location_are_invalidated() {
+    let (origin, asked) = scripted(|request, _| {
+        if request.method() == http::Method::POST {
+            return answer(
+                StatusCode::SEE_OTHER,
+                &[("location", "/item"), ("content-location", "/list")],
+                "",
+            );
+        }
+        answer(
+            StatusCode::OK,
+            &[("cache-control", "max-age=600")],
+            "page\n",
+        )
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    for path in ["/item", "/list", "/other"] {
+        get(proxy.addr, &origin.url(path)).await;
+    }
+    eventually("three stored", || proxy.stats().stored == 3).await;
+    for path in ["/item", "/list", "/other"] {
+        assert!(get(proxy.addr, &origin.url(path)).await.is_hit(), "{path}");
+    }
+    let before = asked.load(Ordering::SeqCst);
+    let (status, _, _) = send_with(proxy.addr, "POST", &origin.url("/form")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(!get(proxy.addr, &origin.url("/item")).await.is_hit());
+    assert!(!get(proxy.addr, &origin.url("/list")).await.is_hit());
+    assert!(get(proxy.addr, &origin.url("/other")).await.is_hit());
+    assert_eq!(asked.load(Ordering::SeqCst), before + 3);
+}
+
+/// A 304 freshens the stored headers and changes `Content-Type`, but not
+/// the `ETag` that names what is stored (nor its digests).
+#[tokio::test]
+async fn rfc9111_3_2_a_304_updates_content_type_and_keeps_the_stored_etag() {
+    let (origin, _) = scripted(|request, earlier| {
+        if earlier > 0 && request.headers().contains_key("if-none-match") {
+            return answer(
+                StatusCode::NOT_MODIFIED,
+                &[
+                    ("etag", "\"other\""),
+                    ("content-type", "text/plain;charset=utf-8"),
+                    ("cache-control", "max-age=0"),
+                    ("x-fresh", "2"),
+                ],
+                "",
+            );
+        }
+        answer(
+            StatusCode::OK,
+            &[
+                ("etag", "\"stored\""),
+                ("content-type", "text/plain"),
+                ("cache-control", "max-age=0"),
+                ("x-fresh", "1"),
+            ],
+            "the body\n",
+        )
+    })
+    .await;
+    let (_accelerator, proxy) = pair(&origin).await;
+    let url = origin.url("/doc.txt");
+    get(proxy.addr, &url).await;
+    eventually("stored", || proxy.stats().stored == 1).await;
+    let (status, headers, body) = get_with(proxy.addr, &url, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, b"the body\n");
+    assert_eq!(headers["x-fresh"], "2", "freshened by the 304");
+    assert_eq!(headers["content-type"], "text/plain;charset=utf-8");
+    assert_eq!(headers["etag"], "\"stored\"");
+}
+
+/// At a gateway, `Surrogate-Control` counts as `CDN-Cache-Control` does,
+/// and our requests announce the token that targets us.
+#[tokio::test]
+async fn surrogate_control_counts_at_a_gateway_and_can_target_us() {
+    let (origin, asked) = scripted(|request, _| {
+        let announced = request
+            .headers()
+            .get("surrogate-capability")
+            .is_some_and(|v| v.to_str().unwrap().starts_with("rproxy="));
+        let surrogate = if announced {
+            "max-age=60;rproxy, no-store"
+        } else {
+            "no-store"
+        };
+        answer(
+            StatusCode::OK,
+            &[
+                ("cache-control", "no-store"),
+                ("surrogate-control", surrogate),
+            ],
+            "page\n",
+        )
+    })
+    .await;
+    let (accelerator, proxy) = pair(&origin).await;
+    let host = accelerator.addr.to_string();
+    for _ in 0..2 {
+        let (status, _, _) = get_with(proxy.addr, "/s.txt", &[("host", &host)]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "stored by the targeted max-age"
+    );
+}
+
+/// A request with `method` and no body, as `get_with` sends a GET.
+async fn send_with(
+    proxy: std::net::SocketAddr,
+    method: &str,
+    url: &str,
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let uri: http::Uri = url.parse().unwrap();
+    let host = uri.authority().unwrap().to_string();
+    let request = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
