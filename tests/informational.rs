@@ -273,3 +273,33 @@ async fn rfc9110_15_2_curl_sees_the_early_hint_through_the_pair() {
     );
     assert!(shown.ends_with("/curl.html</html>\n"), "{shown}");
 }
+
+/// Two requests in one write (pipelined): each answer comes whole and in
+/// order, a 1xx never inside the page before it.
+#[tokio::test]
+async fn rfc9110_15_2_pipelined_requests_get_their_hints_between_whole_answers() {
+    let rig = Rig::start().await;
+    for (name, proxy, prefix) in rig.fronts() {
+        let mut agent = UserAgent::connect(proxy).await;
+        let host = rig.origin;
+        let both = format!(
+            "GET {prefix}/p1.html HTTP/1.1\r\nHost: {host}\r\n\r\n\
+             GET {prefix}/p2.html HTTP/1.1\r\nHost: {host}\r\n\r\n"
+        );
+        agent.stream.write_all(both.as_bytes()).await.unwrap();
+        for path in ["/p1.html", "/p2.html"] {
+            let answers = read_until_final(&mut agent.stream, &mut agent.buffered).await;
+            let (last, hints) = answers.split_last().unwrap();
+            assert!(
+                hints.iter().all(is_early_hint),
+                "{name} {path}: {answers:?}"
+            );
+            assert_eq!(last.status, 200, "{name} {path}");
+            let page = String::from_utf8_lossy(&last.body);
+            assert!(
+                page.ends_with(&format!("{path}</html>\n")),
+                "{name} {path}: {page}"
+            );
+        }
+    }
+}
