@@ -9,6 +9,11 @@
 //! - `decode`: [`Decoder`] over an in-memory basis, from `new` to a verified
 //!   `finish` (SIG entries and blake3 checked), the stream pushed in 64 KiB
 //!   chunks and the rebuilt bytes dropped after each push.
+//! - `encode_kept`: codec 3 against the basis body itself (an accelerator
+//!   that kept it), 16 and 64 MiB with 1% edits: `alone` indexes the basis
+//!   in each encode, as a lone request does; `shared_anchors` takes anchors
+//!   an earlier encode built ([`SharedAnchors`], as the accelerator keeps
+//!   them for a large held body), so the difference is the indexing.
 //! - `peers`: zstd -3 compress and decompress and blake3 of the 64 MiB
 //!   edited body, one thread each, like the codec.
 //!
@@ -49,8 +54,8 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
 use rproxy::hsync::{
-    DecodeLimits, Decoded, Decoder, EncodeSummary, Encoder, EncoderOptions, SignatureBuilder,
-    SignatureParams, choose_block_size,
+    DecodeLimits, Decoded, Decoder, EncodeSummary, Encoder, EncoderOptions, SharedAnchors,
+    SignatureBuilder, SignatureParams, choose_block_size,
 };
 
 /// Bytes per `push`, both ways (a typical socket read).
@@ -332,6 +337,53 @@ fn bench_encode(c: &mut Criterion, cases: &[Case]) {
     group.finish();
 }
 
+/// Codec 3 (the basis body held), pushed as [`encode`] pushes.
+fn encode_kept(
+    basis: &std::sync::Arc<[u8]>,
+    new: &[u8],
+    anchors: Option<&SharedAnchors>,
+    frames: &mut Vec<u8>,
+) -> EncodeSummary {
+    let mut encoder = Encoder::with_basis_body(
+        Box::new(basis.clone()),
+        Some(new.len() as u64),
+        EncoderOptions::default(),
+    );
+    if let Some(anchors) = anchors {
+        encoder.share_held_anchors(anchors.clone());
+    }
+    for chunk in new.chunks(CHUNK) {
+        encoder.push(chunk, frames).expect("encoding to memory");
+        frames.clear();
+    }
+    let summary = encoder.finish(frames).expect("encoding to memory");
+    frames.clear();
+    summary
+}
+
+fn bench_encode_kept(c: &mut Criterion, cases: &[Case]) {
+    let mut group = c.benchmark_group("encode_kept");
+    let mut frames = Vec::new();
+    let edited = cases
+        .iter()
+        .filter(|case| case.similarity == "edited_1pct" && matches!(case.size, "16MiB" | "64MiB"));
+    for case in edited {
+        configure(&mut group, case.size);
+        group.throughput(Throughput::Bytes(case.new.len() as u64));
+        let anchors = SharedAnchors::default();
+        // Held as the accelerator's memory tier holds it: no copy per use.
+        let held: std::sync::Arc<[u8]> = case.basis.as_slice().into();
+        // Built once here, outside the timing: as a first request did.
+        encode_kept(&held, &case.new, Some(&anchors), &mut frames);
+        for (how, shared) in [("alone", None), ("shared_anchors", Some(&anchors))] {
+            group.bench_function(BenchmarkId::new(how, case.size), |b| {
+                b.iter(|| black_box(encode_kept(&held, &case.new, shared, &mut frames)))
+            });
+        }
+    }
+    group.finish();
+}
+
 fn bench_decode(c: &mut Criterion, cases: &[Case]) {
     let mut group = c.benchmark_group("decode");
     let mut body = Vec::new();
@@ -499,6 +551,7 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     let cases = cases();
     bench_encode(&mut criterion, &cases);
+    bench_encode_kept(&mut criterion, &cases);
     bench_decode(&mut criterion, &cases);
     bench_peers(&mut criterion, &cases);
     criterion.final_summary();

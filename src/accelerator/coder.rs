@@ -492,8 +492,16 @@ impl Coder {
         };
         let encoder = match held {
             Some(basis) => {
+                let anchors = offer
+                    .basis_digest
+                    .as_ref()
+                    .and_then(|digest| self.bodies.anchors_for(digest, basis.size()));
                 let mut encoder =
                     Encoder::with_basis_body(basis, content_length, self.config.encoder);
+                // Indexed once for every client updating from this body.
+                if let Some(anchors) = anchors {
+                    encoder.share_held_anchors(anchors);
+                }
                 // A delta against a held body is small: the client that
                 // agreed loses little by holding the body until END, and
                 // the SIG frames were a third of such a stream (issue 20).

@@ -108,7 +108,10 @@ mod signature;
 pub use basis::{Basis, FileBasis};
 pub use decode::{DecodeError, DecodeLimits, Decoded, Decoder, Partial};
 pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_commands, split_delta};
-pub use encode::{BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, UNCODED_LEVEL};
+pub use encode::{
+    BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, HeldAnchors, SharedAnchors,
+    UNCODED_LEVEL,
+};
 pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
 pub use signature::{
     BasisSignature, SignatureBuilder, SignatureError, SignatureLimits, choose_block_size, sign,

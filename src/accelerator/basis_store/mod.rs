@@ -44,7 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use self::disk::{Disk, DiskWriter};
 use self::memory::Memory;
 use self::shared::Shared;
-use crate::hsync::Basis;
+use crate::hsync::{Basis, SharedAnchors};
 
 use crate::cache::freshness::{SetCookie, Storability, sets_cookie, storability};
 use crate::expiring::ExpiringMap;
@@ -99,7 +99,21 @@ pub struct BasisStore {
     /// bytes came ([`ServedAs`]): a popular body served again is not
     /// copied (to a temp file, when large) only to find it held.
     served: Mutex<ExpiringMap<ServedAs, [u8; 32]>>,
+    /// The anchors codec 3 finds runs of a large held body by, built by
+    /// the first encoding against it and shared by those after it.
+    anchors: Mutex<ExpiringMap<[u8; 32], SharedAnchors>>,
 }
+
+/// Smallest held body whose anchors are kept for the encoders after the
+/// first (bytes): below it indexing costs less than a millisecond.
+const SHARED_ANCHORS_MIN_BODY: u64 = 4 << 20;
+
+/// Most bodies whose anchors are kept at once: each takes at most 17 MiB
+/// (a million anchors), an eighth of its body's size up to 128 MiB.
+const MAX_SHARED_ANCHORS: usize = 4;
+
+/// How long anchors are kept after they were first asked for.
+const SHARED_ANCHORS_TTL: Duration = Duration::from_secs(600);
 
 /// How long [`BasisStore`] remembers what a kept body was served as.
 const SERVED_TTL: Duration = Duration::from_secs(3600);
@@ -179,7 +193,27 @@ impl BasisStore {
                 SERVED_TTL,
                 NonZeroUsize::new(MAX_SERVED).expect("not zero"),
             )),
+            anchors: Mutex::new(ExpiringMap::with_max_entries(
+                SHARED_ANCHORS_TTL,
+                NonZeroUsize::new(MAX_SHARED_ANCHORS).expect("not zero"),
+            )),
         }
+    }
+
+    /// The anchors of the held body `digest`, `size` bytes long, shared by
+    /// the encoders coding against it: `None` for a small body (each
+    /// encoder indexes it alone).
+    pub fn anchors_for(&self, digest: &[u8; 32], size: u64) -> Option<SharedAnchors> {
+        if size < SHARED_ANCHORS_MIN_BODY {
+            return None;
+        }
+        let mut anchors = self.anchors.lock().unwrap_or_else(|e| e.into_inner());
+        let now = tokio::time::Instant::now();
+        Some(
+            anchors
+                .get_or_insert_with(*digest, now, SharedAnchors::default)
+                .clone(),
+        )
     }
 
     /// This store with the disk tier `tier` for the bodies larger than the
@@ -790,6 +824,18 @@ mod tests {
         assert!(ServedAs::of(&uri, Some(&host), &weak).is_none());
         let unknown_length = map(&[("etag", "\"a\"")]);
         assert!(ServedAs::of(&uri, Some(&host), &unknown_length).is_none());
+    }
+
+    #[test]
+    fn a_large_held_bodys_anchors_are_one_for_every_encoder() {
+        let store = BasisStore::new(1 << 20, 1 << 20);
+        let large = SHARED_ANCHORS_MIN_BODY;
+        assert!(store.anchors_for(&[1; 32], large - 1).is_none(), "small");
+        let first = store.anchors_for(&[1; 32], large).unwrap();
+        let basis = vec![7u8; 1 << 12];
+        first.get_or_build(&basis).unwrap();
+        assert!(store.anchors_for(&[1; 32], large).unwrap().is_built());
+        assert!(!store.anchors_for(&[2; 32], large).unwrap().is_built());
     }
 
     #[test]

@@ -14,12 +14,19 @@
 //! exactly at the edits. After a copy, the next window first tries to
 //! continue where it ended, so an unchanged stretch costs a comparison.
 //!
+//! The anchors of a body ([`HeldAnchors`]) depend on the body alone, so
+//! encoders coding against the same held body may share them
+//! ([`SharedAnchors`]): the first builds them, the others find them built.
+//! A wrong table could only cost matches: every match is checked against
+//! the basis bytes.
+//!
 //! It leaves out how literals are compressed (`literals.rs`) and whether
 //! the matched commands are worth sending (the encoder decides).
 //!
-//! Main type: [`HeldIndex`].
+//! Main types: [`HeldIndex`], [`HeldAnchors`], [`SharedAnchors`].
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::hsync::basis::Basis;
 use crate::hsync::delta::DeltaCommand;
@@ -135,8 +142,9 @@ impl Cursor {
     }
 }
 
-/// An index of a held basis body's anchors, and the matcher that uses it.
-pub(super) struct HeldIndex {
+/// The anchors of a held basis body: what [`HeldIndex`] looks windows
+/// up in. Read-only once built.
+pub struct HeldAnchors {
     stride: u64,
     /// By the hash's top bits: its low 32 bits, then the anchor number + 1
     /// (0: empty). An anchor whose slot is taken tries the next one.
@@ -148,6 +156,51 @@ pub(super) struct HeldIndex {
     /// scan's main cost before it).
     filter: Vec<u64>,
     filter_shift: u32,
+}
+
+/// A held body's [`HeldAnchors`], built by the first encoder that needs
+/// them and then shared by every encoder coding against the same body
+/// (the accelerator keeps one beside a large held body).
+#[derive(Clone, Default)]
+pub struct SharedAnchors(Arc<Mutex<Option<Arc<HeldAnchors>>>>);
+
+impl std::fmt::Debug for SharedAnchors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedAnchors")
+            .field("built", &self.is_built())
+            .finish()
+    }
+}
+
+impl SharedAnchors {
+    /// The anchors of `basis`, built now if nobody has yet (an encoder
+    /// that asks meanwhile waits for them).
+    ///
+    /// # Errors
+    /// Reading the basis failed (nothing is kept then).
+    pub(crate) fn get_or_build(&self, basis: &dyn Basis) -> std::io::Result<Arc<HeldAnchors>> {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(anchors) = &*slot {
+            return Ok(anchors.clone());
+        }
+        let anchors = Arc::new(HeldAnchors::build(basis)?);
+        *slot = Some(anchors.clone());
+        Ok(anchors)
+    }
+
+    /// Whether they have been built.
+    pub fn is_built(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+}
+
+/// The matcher of one encoding against a held body: its anchors, and
+/// where it reads the basis and expects the next copy.
+pub(super) struct HeldIndex {
+    anchors: Arc<HeldAnchors>,
     cursor: Cursor,
     /// Where the last copy ended in the basis: the next window tries to
     /// continue there first.
@@ -155,11 +208,31 @@ pub(super) struct HeldIndex {
 }
 
 impl HeldIndex {
+    /// A matcher over anchors built before (or just now).
+    pub(super) fn over(anchors: Arc<HeldAnchors>) -> HeldIndex {
+        HeldIndex {
+            anchors,
+            cursor: Cursor::default(),
+            expected: Some(0),
+        }
+    }
+
+    /// Indexes `basis` for this matcher alone.
+    ///
+    /// # Errors
+    /// Reading the basis failed.
+    #[cfg(test)]
+    pub(super) fn build(basis: &dyn Basis) -> std::io::Result<HeldIndex> {
+        Ok(HeldIndex::over(Arc::new(HeldAnchors::build(basis)?)))
+    }
+}
+
+impl HeldAnchors {
     /// Indexes `basis`, reading it once, a chunk at a time.
     ///
     /// # Errors
     /// Reading the basis failed.
-    pub(super) fn build(basis: &dyn Basis) -> std::io::Result<HeldIndex> {
+    pub(super) fn build(basis: &dyn Basis) -> std::io::Result<HeldAnchors> {
         let size = basis.size();
         let stride = MIN_STRIDE.max(size.div_ceil(MAX_ANCHORS).next_power_of_two());
         let anchors = match size.checked_sub(ANCHOR_LEN as u64) {
@@ -168,14 +241,12 @@ impl HeldIndex {
         };
         let slot_count = (2 * anchors).next_power_of_two().max(1 << 10);
         let filter_bits = 4 * slot_count;
-        let mut index = HeldIndex {
+        let mut index = HeldAnchors {
             stride,
             slots: vec![0; slot_count as usize],
             shift: 64 - slot_count.trailing_zeros(),
             filter: vec![0; (filter_bits / 64) as usize],
             filter_shift: 64 - filter_bits.trailing_zeros(),
-            cursor: Cursor::default(),
-            expected: Some(0),
         };
         // Chunks of whole strides, each read with the anchor that starts
         // at its last stride.
@@ -263,6 +334,13 @@ impl HeldIndex {
             })
     }
 
+    /// Memory they take (bytes).
+    pub fn bytes(&self) -> usize {
+        8 * (self.slots.len() + self.filter.len())
+    }
+}
+
+impl HeldIndex {
     /// How many bytes of `new` the basis has at `offset`.
     fn forward(&mut self, basis: &dyn Basis, offset: u64, new: &[u8]) -> std::io::Result<usize> {
         let mut matched = 0;
@@ -337,12 +415,12 @@ impl HeldIndex {
             let mut found = None;
             'scan: for end in at + ANCHOR_LEN - 1..window.len() {
                 hash = gear(hash, window[end]);
-                if !self.may_have(hash) {
+                if !self.anchors.may_have(hash) {
                     continue;
                 }
                 let start = end + 1 - ANCHOR_LEN;
                 let mut candidates = [None; 2];
-                for (slot, offset) in candidates.iter_mut().zip(self.candidates(hash)) {
+                for (slot, offset) in candidates.iter_mut().zip(self.anchors.candidates(hash)) {
                     *slot = Some(offset);
                 }
                 for offset in candidates.into_iter().flatten() {
