@@ -482,6 +482,8 @@ impl ClientProxy {
 
 /// Whether the user agent's own validators match the stored response (RFC
 /// 9110 §13.1.2 and §13.1.3; If-None-Match wins when both are present).
+/// Without `Last-Modified`, the stored response's `Date` is when it was
+/// last modified as far as the cache knows (RFC 9111 §4.3.2).
 fn not_modified_for(request: &HeaderMap, stored: &HeaderMap) -> bool {
     if let Some(condition) = request.get(header::IF_NONE_MATCH) {
         let Some(etag) = stored.get(header::ETAG).and_then(|v| v.to_str().ok()) else {
@@ -499,6 +501,7 @@ fn not_modified_for(request: &HeaderMap, stored: &HeaderMap) -> bool {
             .and_then(freshness::parse_http_date),
         stored
             .get(header::LAST_MODIFIED)
+            .or_else(|| stored.get(header::DATE))
             .and_then(freshness::parse_http_date),
     ) {
         (Some(since), Some(modified)) => modified <= since,
@@ -568,5 +571,13 @@ mod tests {
             HeaderValue::from_static("Mon, 31 Dec 2029 00:00:00 GMT"),
         );
         assert!(!not_modified_for(&since, &stored));
+        // RFC 9111 §4.3.2: no Last-Modified, so the Date.
+        stored.remove(header::LAST_MODIFIED);
+        assert!(!not_modified_for(&since, &stored));
+        stored.insert(
+            header::DATE,
+            HeaderValue::from_static("Sun, 30 Dec 2029 00:00:00 GMT"),
+        );
+        assert!(not_modified_for(&since, &stored));
     }
 }
