@@ -190,6 +190,24 @@ pub(super) async fn serve_connection_until<H, I>(
 {
     let (arrival, kept) = Arrival::new(peer, None);
     let number = arrival.number;
+    serve_http1_role(io, &handler, arrival, kept, limits, draining).await;
+    handler.connection_closed(number);
+}
+
+/// Serves `io` as HTTP/1.1 for `handler`: its service, and what the
+/// service shares with the connection (the hold, the refused body, the
+/// 1xx board).
+async fn serve_http1_role<H, I>(
+    io: I,
+    handler: &Arc<H>,
+    arrival: Arrival,
+    kept: tokio::sync::mpsc::Receiver<()>,
+    limits: ConnectionLimits,
+    draining: Draining,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let hold = Hold::default();
     let refused_body = RefusedBody::default();
     let board = SharedBoard::default();
@@ -210,7 +228,6 @@ pub(super) async fn serve_connection_until<H, I>(
         draining,
     };
     serve_http1(io, service, connection).await;
-    handler.connection_closed(number);
 }
 
 /// What serving one HTTP/1.1 connection shares with its service.
@@ -362,32 +379,22 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     };
     let (arrival, kept) = Arrival::new(Some(peer), Some(info));
     let number = arrival.number;
-    let hold = Hold::default();
-    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's, and so are
-    // 1xx heads.
-    let refused_body = RefusedBody::default();
-    let board = (!h2).then(SharedBoard::default);
-    let service = service(
-        handler.clone(),
-        hold.clone(),
-        refused_body.clone(),
-        arrival,
-        limits,
-        board.clone(),
-    );
-    if let Some(board) = board {
-        let connection = Http1 {
-            hold,
-            refused_body,
-            board,
-            kept,
-            limits,
-            draining,
-        };
-        serve_http1(tls, service, connection).await;
+    if !h2 {
+        serve_http1_role(tls, &handler, arrival, kept, limits, draining).await;
         handler.connection_closed(number);
         return;
     }
+    let hold = Hold::default();
+    // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's, and so are
+    // 1xx heads.
+    let service = service(
+        handler.clone(),
+        hold.clone(),
+        RefusedBody::default(),
+        arrival,
+        limits,
+        None,
+    );
     let builder = {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         builder
