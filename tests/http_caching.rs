@@ -163,7 +163,7 @@ async fn get_with(
     url: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, http::HeaderMap, Vec<u8>) {
-    send_with(proxy, "GET", url, headers).await
+    support::user_agent::request(proxy, "GET", url, headers).await
 }
 
 /// A stored 200 answers ranges (RFC 9110 §14): one range as 206 with its
@@ -627,7 +627,8 @@ async fn rfc9111_4_4_an_unsafe_methods_location_and_content_location_are_invalid
         assert!(get(proxy.addr, &origin.url(path)).await.is_hit(), "{path}");
     }
     let before = asked.load(Ordering::SeqCst);
-    let (status, _, _) = send_with(proxy.addr, "POST", &origin.url("/form"), &[]).await;
+    let (status, _, _) =
+        support::user_agent::request(proxy.addr, "POST", &origin.url("/form"), &[]).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     assert!(!get(proxy.addr, &origin.url("/item")).await.is_hit());
     assert!(!get(proxy.addr, &origin.url("/list")).await.is_hit());
@@ -711,36 +712,4 @@ async fn surrogate_control_counts_at_a_gateway_and_can_target_us() {
         1,
         "stored by the targeted max-age"
     );
-}
-
-/// A request with `method`, these `headers` and no body. Absolute-form
-/// names its host; origin-form (to a gateway) passes it in `headers`.
-async fn send_with(
-    proxy: std::net::SocketAddr,
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, http::HeaderMap, Vec<u8>) {
-    use http_body_util::{BodyExt, Empty};
-    let stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(connection);
-    let uri: http::Uri = url.parse().unwrap();
-    let mut request = http::Request::builder().method(method).uri(uri.clone());
-    if let Some(authority) = uri.authority() {
-        request = request.header("host", authority.as_str());
-    }
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = sender
-        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
-        .await
-        .unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes().to_vec();
-    (parts.status, parts.headers, body)
 }

@@ -78,3 +78,34 @@ pub async fn get(proxy: SocketAddr, url: &str) -> Fetched {
         body,
     }
 }
+
+/// `method url` with these `headers` and no body over a fresh connection,
+/// its whole answer: status, headers, body. Absolute-form names its host;
+/// origin-form (to a gateway or an origin) passes `host` in `headers`.
+pub async fn request(
+    proxy: SocketAddr,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let uri: http::Uri = url.parse().unwrap();
+    let mut request = Request::builder().method(method).uri(uri.clone());
+    if let Some(authority) = uri.authority() {
+        request = request.header("host", authority.as_str());
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status, parts.headers, body)
+}
