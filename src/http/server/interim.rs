@@ -209,10 +209,12 @@ impl<I: AsyncWrite + Unpin> Interim<I> {
         }
     }
 
-    /// Runs `write` on the I/O once the queued heads are out.
+    /// Runs `write` on the I/O once the queued heads are out; `hyper_writes`
+    /// marks the board unflushed first (hyper's bytes are on their way).
     fn poll_with<T>(
         &self,
         cx: &mut Context<'_>,
+        hyper_writes: bool,
         write: impl FnOnce(Pin<&mut I>, &mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         let mut io = self
@@ -223,6 +225,7 @@ impl<I: AsyncWrite + Unpin> Interim<I> {
             return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
         };
         let mut board = lock(&self.board);
+        board.unflushed |= hyper_writes;
         std::task::ready!(drain(io, &mut board, cx))?;
         drop(board);
         write(Pin::new(io), cx)
@@ -277,8 +280,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Interim<I> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        lock(&self.board).unflushed = true;
-        self.poll_with(cx, |io, cx| io.poll_write(cx, buf))
+        self.poll_with(cx, true, |io, cx| io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -286,8 +288,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Interim<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        lock(&self.board).unflushed = true;
-        self.poll_with(cx, |io, cx| io.poll_write_vectored(cx, bufs))
+        self.poll_with(cx, true, |io, cx| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -299,7 +300,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Interim<I> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let flushed = std::task::ready!(self.poll_with(cx, |io, cx| io.poll_flush(cx)));
+        let flushed = std::task::ready!(self.poll_with(cx, false, |io, cx| io.poll_flush(cx)));
         if flushed.is_ok() {
             // hyper flushes its I/O only once its own buffer is empty.
             lock(&self.board).unflushed = false;
@@ -308,7 +309,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Interim<I> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_with(cx, |io, cx| io.poll_shutdown(cx))
+        self.poll_with(cx, false, |io, cx| io.poll_shutdown(cx))
     }
 }
 
