@@ -19,6 +19,10 @@
 #   peers   zstd -3 -T1 (new alone), zstd -3 -T1 --long=27 --patch-from
 #           (compress and decompress), rdiff signature + delta (default
 #           options) and rdiff patch, and b3sum or else sha256sum (new)
+#   issue 20's setting of its speed targets, last: encode against a 1 KiB-
+#           block signature and decode its stream, beside rdiff delta and
+#           patch with the same blocks and hashes (-H md4 -R rollsum -S 8
+#           -b 1024); the rows before use each tool's own defaults.
 # MB/s = new body bytes (basis bytes for signatures) / 10^6 / seconds.
 #
 # Part 2, 1 GiB: peak RSS (/usr/bin/time -v) of sign, encode and decode, of
@@ -149,8 +153,23 @@ echo "generating 64 MiB basis and 1%-edited new body ..." >&2
 "$tmp/gen" "$mib64" "$tmp/basis" "$tmp/new"
 new_bytes=$(size "$tmp/new") basis_bytes=$(size "$tmp/basis")
 
+# Issue 20's own setting of the speed targets: a 1 KiB-block signature on
+# both sides, rdiff with the same hashes (md4, rollsum, 8-byte strong sums,
+# -b 1024), so that both match the same blocks. The rows above use each
+# tool's default (the proxies' 4.6 KB signature budget; rdiff's -b 2048).
+sig_1k_budget=$(((basis_bytes + 1023) / 1024 * 12 + 12))
+"$rproxy" hsync sign --max-signature "$sig_1k_budget" "$tmp/basis" -o "$tmp/sig1k"
+rdiff -H md4 -R rollsum -S 8 -b 1024 signature "$tmp/basis" "$tmp/rsig1k"
+cmp -s "$tmp/sig1k" "$tmp/rsig1k" || die "the 1 KiB-block signatures differ"
+
 echo "measuring, $repeat runs each, on CPU 0 ..." >&2
 for ((i = 0; i < repeat; i++)); do
+    measure encode_1k /dev/null "$rproxy" hsync encode --signature "$tmp/sig1k" "$tmp/new" -o "$tmp/stream1k"
+    measure decode_1k "$tmp/out" "$rproxy" hsync decode --basis "$tmp/basis" "$tmp/stream1k"
+    cmp -s "$tmp/out" "$tmp/new" || die "hsync decode (1 KiB blocks) did not rebuild the new body"
+    measure rdiff_delta_1k /dev/null rdiff -f delta "$tmp/rsig1k" "$tmp/new" "$tmp/delta1k"
+    measure rdiff_patch_1k /dev/null rdiff -f patch "$tmp/basis" "$tmp/delta1k" "$tmp/out"
+    cmp -s "$tmp/out" "$tmp/new" || die "rdiff patch (1 KiB blocks) did not rebuild the new body"
     measure sign "$tmp/sig" "$rproxy" hsync sign "$tmp/basis"
     measure encode /dev/null "$rproxy" hsync encode --signature "$tmp/sig" "$tmp/new" -o "$tmp/stream"
     measure decode "$tmp/out" "$rproxy" hsync decode --basis "$tmp/basis" "$tmp/stream"
@@ -231,7 +250,15 @@ awk -v enc="$enc" -v dec="$dec" -v z3="$(mbps zstd3 "$new_bytes")" \
     printf f, "encode (kept)", enc3, "zstd -3 --patch-from", pf, enc3 / pf
     printf f, "decode (kept)", dec3, "zstd -d --patch-from", pfd, dec3 / pfd
 }'
-rm -f "$tmp"/{basis,new,out,stream,stream3,new.zst,patch.zst,delta,rsig,sig}
+echo
+echo "issue 20's speed targets as it states them (1 KiB-block signature, rdiff -b 1024, same hashes):"
+awk -v enc="$(mbps encode_1k "$new_bytes")" -v dec="$(mbps decode_1k "$new_bytes")" \
+    -v rd="$(mbps rdiff_delta_1k "$new_bytes")" -v rp="$(mbps rdiff_patch_1k "$new_bytes")" 'BEGIN {
+    f = "  %-15s %8.1f MB/s  %-30s %8.1f MB/s  ratio %6.3fx  target %s\n"
+    printf f, "encode", enc, "rdiff delta -b 1024", rd, enc / rd, ">= 1.5x"
+    printf f, "decode+verify", dec, "rdiff patch -b 1024", rp, dec / rp, ">= 1.2x"
+}'
+rm -f "$tmp"/{basis,new,out,stream,stream3,stream1k,new.zst,patch.zst,delta,delta1k,rsig,rsig1k,sig,sig1k}
 
 if [[ ${NO_1G:-0} == 1 ]]; then
     echo
