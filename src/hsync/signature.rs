@@ -322,10 +322,32 @@ impl SignatureBuilder {
     /// get their entries.
     pub fn finish(&mut self) {
         if !self.finished && !self.pending.is_empty() {
-            let pending = std::mem::take(&mut self.pending);
+            let mut pending = std::mem::take(&mut self.pending);
+            let block = self.params.block_size as usize;
+            let whole = pending.len() / block;
+            if whole >= 3 {
+                // Three to seven whole blocks: hashed in SIMD lanes beside
+                // copies of the first, whose entries are dropped, rather
+                // than one at a time (a 64 MiB body's last ones were 1.6 %
+                // of its encoding).
+                let tail = pending.split_off(whole * block);
+                for _ in whole..SIMD_BLOCKS {
+                    pending.extend_from_within(..block);
+                }
+                let before = self.entries.len();
+                self.push_blocks(&pending);
+                self.entries
+                    .truncate(before + whole * self.params.entry_len());
+                pending = tail;
+            }
             self.push_blocks(&pending);
         }
         self.finished = true;
+    }
+
+    /// Whether [`finish`](Self::finish) was called.
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 
     /// The whole serialized signature (header + entries) so far.
@@ -400,6 +422,27 @@ mod tests {
                 calculate(&body),
                 "piece {piece}"
             );
+        }
+    }
+
+    /// `finish` hashes three to seven whole blocks beside padding copies
+    /// in SIMD lanes: the entries are still fast_rsync's, with or without
+    /// a short last block.
+    #[test]
+    fn finish_of_any_count_of_blocks_equals_fast_rsync() {
+        let block = PARAMS.block_size as usize;
+        for blocks in 0..=17 {
+            for tail in [0, 1, block - 1] {
+                let body = sample(blocks * block + tail);
+                let mut builder = SignatureBuilder::new(PARAMS);
+                builder.update(&body);
+                builder.finish();
+                assert_eq!(
+                    builder.to_signature_bytes(),
+                    calculate(&body),
+                    "{blocks} blocks + {tail}"
+                );
+            }
         }
     }
 
