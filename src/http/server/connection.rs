@@ -79,8 +79,8 @@ impl Arrival {
     fn new(
         peer: Option<SocketAddr>,
         tls: Option<TlsSession>,
-    ) -> (Arrival, tokio::sync::mpsc::Receiver<()>) {
-        let (keep, kept) = tokio::sync::mpsc::channel(1);
+    ) -> (Arrival, tokio::sync::oneshot::Receiver<()>) {
+        let (keep, kept) = tokio::sync::oneshot::channel();
         let arrival = Arrival {
             number: ConnectionNumber::next(),
             peer,
@@ -201,7 +201,7 @@ async fn serve_http1_role<H, I>(
     io: I,
     handler: &Arc<H>,
     arrival: Arrival,
-    kept: tokio::sync::mpsc::Receiver<()>,
+    kept: tokio::sync::oneshot::Receiver<()>,
     limits: ConnectionLimits,
     draining: Draining,
 ) where
@@ -235,7 +235,7 @@ struct Http1 {
     hold: Hold,
     refused_body: RefusedBody,
     board: SharedBoard,
-    kept: tokio::sync::mpsc::Receiver<()>,
+    kept: tokio::sync::oneshot::Receiver<()>,
     limits: ConnectionLimits,
     draining: Draining,
 }
@@ -254,7 +254,7 @@ where
         hold,
         refused_body,
         board,
-        mut kept,
+        kept,
         limits,
         draining,
     } = connection;
@@ -312,7 +312,7 @@ where
         // Upgraded: the connection is the tunnel's now. It keeps its place
         // under `max-connections` until the tunnel lets go of the request's
         // `KeepConnection` (every other copy went with the service).
-        let _ = kept.recv().await;
+        let _ = kept.await;
         return;
     };
     let Some(mut io) = parts.io.into_inner().into_inner() else {
