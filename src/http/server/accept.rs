@@ -114,29 +114,26 @@ async fn accept_until<H: Handler>(
                     let _ = stream.set_nodelay(true);
                     let limits = live.get();
                     let handler = handler.clone();
-                    let tls = tls.clone();
                     let draining = Draining::on(draining.clone());
-                    tokio::spawn(
-                        async move {
-                            match tls {
-                                Some(acceptor) => {
-                                    // Boxed: the TLS and HTTP/2 states are
-                                    // several KiB, which every plain
-                                    // connection's task would reserve too.
-                                    Box::pin(serve_tls_connection(
-                                        stream, peer, handler, limits, acceptor, draining,
-                                    ))
-                                    .await;
-                                }
-                                None => {
-                                    serve_connection_until(stream, Some(peer), handler, limits, draining)
-                                        .await;
-                                }
-                            }
-                            drop(slot);
-                        }
-                        .instrument(tracing::info_span!("conn", %peer)),
-                    );
+                    let span = tracing::info_span!("conn", %peer);
+                    // Each connection's future holds its slot. The two are
+                    // spawned apart: a task reserves room for its whole
+                    // future, and the TLS and HTTP/2 states are several
+                    // KiB that a plain connection does not need.
+                    match tls {
+                        Some(acceptor) => tokio::spawn(
+                            serve_tls_connection(
+                                stream, peer, handler, limits, acceptor.clone(), draining, slot,
+                            )
+                            .instrument(span),
+                        ),
+                        None => tokio::spawn(
+                            serve_connection_until(
+                                stream, Some(peer), handler, limits, draining, Some(slot),
+                            )
+                            .instrument(span),
+                        ),
+                    };
                 }
                 Err(error) => {
                     // EMFILE and friends: back off rather than spin.

@@ -15,11 +15,13 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method, Version, header};
 use hyper::body::Incoming;
+use hyper::server::conn::http1::UpgradeableConnection;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsAcceptor;
 
 use crate::http::error::ProxyError;
@@ -79,8 +81,8 @@ impl Arrival {
     fn new(
         peer: Option<SocketAddr>,
         tls: Option<TlsSession>,
-    ) -> (Arrival, tokio::sync::mpsc::Receiver<()>) {
-        let (keep, kept) = tokio::sync::mpsc::channel(1);
+    ) -> (Arrival, tokio::sync::oneshot::Receiver<()>) {
+        let (keep, kept) = tokio::sync::oneshot::channel();
         let arrival = Arrival {
             number: ConnectionNumber::next(),
             peer,
@@ -118,7 +120,7 @@ fn service<H: Handler>(
     Request<Incoming>,
     Response = Response<ProxyBody>,
     Error = Infallible,
-    Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
+    Future = ResponseFuture,
 > + Clone {
     let requests = Arc::new(AtomicU64::new(0));
     service_fn(move |mut request: Request<Incoming>| {
@@ -173,38 +175,97 @@ pub async fn serve_connection<H, I>(
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    serve_connection_until(io, peer, handler, limits, Draining::default()).await;
+    serve_connection_until(io, peer, handler, limits, Draining::default(), None).await;
 }
 
 /// [`serve_connection`], finishing what is under way and closing once
-/// `draining` starts.
-pub(super) async fn serve_connection_until<H, I>(
+/// `draining` starts, and holding `slot` (its place under
+/// `max-connections`) until it is done.
+pub(super) fn serve_connection_until<H, I>(
     io: I,
     peer: Option<SocketAddr>,
     handler: Arc<H>,
     limits: ConnectionLimits,
     draining: Draining,
-) where
+    slot: Option<OwnedSemaphorePermit>,
+) -> impl Future<Output = ()> + Send + 'static
+where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (arrival, kept) = Arrival::new(peer, None);
-    let number = arrival.number;
-    serve_http1_role(io, &handler, arrival, kept, limits, draining).await;
-    handler.connection_closed(number);
+    serve_http1_role(io, handler, arrival, kept, limits, draining, slot)
 }
 
-/// Serves `io` as HTTP/1.1 for `handler`: its service, and what the
-/// service shares with the connection (the hold, the refused body, the
-/// 1xx board).
-async fn serve_http1_role<H, I>(
+/// Serves `io` as HTTP/1.1 for `handler` until the peer is done, then
+/// tells the handler the connection closed.
+///
+/// An idle keep-alive connection costs mostly this future (its task) and
+/// hyper's buffers, so the future is kept small (L-5). The connection is
+/// built here, before the future: an async fn would keep its by-value
+/// arguments for its whole life, beside what it built from them. And the
+/// end (a raw 400 or 408, the shutdown, a tunnel's wait) is boxed, so that
+/// its state is not reserved while the connection waits.
+fn serve_http1_role<H, I>(
     io: I,
-    handler: &Arc<H>,
+    handler: Arc<H>,
     arrival: Arrival,
-    kept: tokio::sync::mpsc::Receiver<()>,
+    kept: tokio::sync::oneshot::Receiver<()>,
     limits: ConnectionLimits,
     draining: Draining,
-) where
+    slot: Option<OwnedSemaphorePermit>,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let number = arrival.number;
+    let mut http1 = http1(io, handler.clone(), arrival, limits);
+    async move {
+        let result = http1.run(draining).await;
+        Box::pin(http1.finish(result, kept)).await;
+        handler.connection_closed(number);
+        drop(slot);
+    }
+}
+
+/// What every response of the service comes as.
+type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+/// One HTTP/1.1 connection under hyper, and what its serving loop shares
+/// with its service and its I/O.
+struct Http1<I, S>
+where
+    S: hyper::service::HttpService<Incoming>,
+{
+    connection: UpgradeableConnection<TokioIo<Interim<Watched<Guarded<I>>>>, S>,
+    /// The I/O under hyper, for the 1xx heads queued while hyper waits for
+    /// a final head.
+    interim: Interim<Watched<Guarded<I>>>,
+    /// Set when hyper waits at a refused head.
+    refusing: Arc<AtomicBool>,
+}
+
+/// `io` under hyper, with the service every request of it passes, and
+/// what the service shares with the connection (the hold, the refused
+/// body, the 1xx board).
+fn http1<H, I>(
+    io: I,
+    handler: Arc<H>,
+    arrival: Arrival,
+    limits: ConnectionLimits,
+) -> Http1<
+    I,
+    impl hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<ProxyBody>,
+        Error = Infallible,
+        Future = ResponseFuture,
+    > + Unpin
+    + Send
+    + 'static,
+>
+where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -212,52 +273,13 @@ async fn serve_http1_role<H, I>(
     let refused_body = RefusedBody::default();
     let board = SharedBoard::default();
     let service = service(
-        handler.clone(),
+        handler,
         hold.clone(),
         refused_body.clone(),
         arrival,
         limits,
         Some(board.clone()),
     );
-    let connection = Http1 {
-        hold,
-        refused_body,
-        board,
-        kept,
-        limits,
-        draining,
-    };
-    serve_http1(io, service, connection).await;
-}
-
-/// What serving one HTTP/1.1 connection shares with its service.
-struct Http1 {
-    hold: Hold,
-    refused_body: RefusedBody,
-    board: SharedBoard,
-    kept: tokio::sync::mpsc::Receiver<()>,
-    limits: ConnectionLimits,
-    draining: Draining,
-}
-
-async fn serve_http1<I, S>(io: I, service: S, connection: Http1)
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-            Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
-        > + Unpin,
-{
-    let Http1 {
-        hold,
-        refused_body,
-        board,
-        mut kept,
-        limits,
-        draining,
-    } = connection;
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(HeldTimer { hold: hold.clone() })
@@ -281,69 +303,97 @@ where
     let interim = io.clone();
     // With upgrades: a CONNECT answered 2xx hands the connection to the
     // role's tunnel (`hyper::upgrade::on`).
-    let mut connection = builder
+    let connection = builder
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
-    let mut shutting_down = false;
-    let mut drain = std::pin::pin!(draining.started());
-    let result = std::future::poll_fn(|cx| {
-        loop {
-            let polled = Pin::new(&mut connection).poll(cx);
-            if polled.is_pending() {
-                // A 1xx queued while hyper waits for the final head.
-                interim.write_queued(cx);
-            }
-            if polled.is_pending()
-                && !shutting_down
-                // hyper waits at a refused head, or the server is
-                // stopping: let it finish the requests in flight, then
-                // stop (an idle connection closes at once).
-                && (refusing.load(Ordering::Relaxed) || drain.as_mut().poll(cx).is_ready())
-            {
-                shutting_down = true;
-                Pin::new(&mut connection).graceful_shutdown();
-                continue;
-            }
-            return polled;
-        }
-    })
-    .await;
-    let Some(parts) = connection.into_parts() else {
-        // Upgraded: the connection is the tunnel's now. It keeps its place
-        // under `max-connections` until the tunnel lets go of the request's
-        // `KeepConnection` (every other copy went with the service).
-        let _ = kept.recv().await;
-        return;
-    };
-    let Some(mut io) = parts.io.into_inner().into_inner() else {
-        return;
-    };
-    match result {
-        _ if let Some(violation) = io.io.take_refusal() => {
-            // hyper gave up on the connection: the answer goes out raw.
-            let refusal = ProxyError::malformed_request(violation);
-            refusal.log();
-            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&refusal.to_http1()))
-                .await;
-        }
-        Ok(()) => {}
-        // hyper's header timer also runs while a kept-alive connection
-        // waits for its next request: one that never started is just idle,
-        // and closing it is the end of keep-alive, not an error. A 408 there
-        // would reach a client that sent nothing, which reads it as an
-        // unsolicited (malformed) response (P-25); only a head that has
-        // begun gets one.
-        Err(error) if error.is_timeout() && !io.idle_expired && io.io.is_between_messages() => {
-            tracing::debug!("idle connection: closed without a word");
-        }
-        Err(error) if error.is_timeout() && !io.idle_expired => {
-            tracing::debug!("no whole request head in time: 408");
-            let answer = ProxyError::request_timeout().to_http1();
-            let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&answer)).await;
-        }
-        Err(error) => tracing::debug!(%error, "connection ended with an error"),
+    Http1 {
+        connection,
+        interim,
+        refusing,
     }
-    let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+}
+
+impl<I, S> Http1<I, S>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+            Future = ResponseFuture,
+        > + Unpin,
+{
+    /// Lets hyper serve the connection until it is done.
+    async fn run(&mut self, draining: Draining) -> hyper::Result<()> {
+        let mut shutting_down = false;
+        let mut drain = std::pin::pin!(draining.started());
+        std::future::poll_fn(|cx| {
+            loop {
+                let polled = Pin::new(&mut self.connection).poll(cx);
+                if polled.is_pending() {
+                    // A 1xx queued while hyper waits for the final head.
+                    self.interim.write_queued(cx);
+                }
+                if polled.is_pending()
+                    && !shutting_down
+                    // hyper waits at a refused head, or the server is
+                    // stopping: let it finish the requests in flight, then
+                    // stop (an idle connection closes at once).
+                    && (self.refusing.load(Ordering::Relaxed) || drain.as_mut().poll(cx).is_ready())
+                {
+                    shutting_down = true;
+                    Pin::new(&mut self.connection).graceful_shutdown();
+                    continue;
+                }
+                return polled;
+            }
+        })
+        .await
+    }
+
+    /// The end, once hyper is done with the connection: a tunnel's wait,
+    /// or the raw answer hyper could not give (the 400 of a refused head,
+    /// the 408 of a head that did not come whole in time) and the shutdown.
+    async fn finish(self, result: hyper::Result<()>, kept: tokio::sync::oneshot::Receiver<()>) {
+        let Some(parts) = self.connection.into_parts() else {
+            // Upgraded: the connection is the tunnel's now. It keeps its
+            // place under `max-connections` until the tunnel lets go of the
+            // request's `KeepConnection` (every other copy went with the
+            // service).
+            let _ = kept.await;
+            return;
+        };
+        let Some(mut io) = parts.io.into_inner().into_inner() else {
+            return;
+        };
+        match result {
+            _ if let Some(violation) = io.io.take_refusal() => {
+                // hyper gave up on the connection: the answer goes out raw.
+                let refusal = ProxyError::malformed_request(violation);
+                refusal.log();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), io.write_all(&refusal.to_http1()))
+                        .await;
+            }
+            Ok(()) => {}
+            // hyper's header timer also runs while a kept-alive connection
+            // waits for its next request: one that never started is just
+            // idle, and closing it is the end of keep-alive, not an error. A
+            // 408 there would reach a client that sent nothing, which reads
+            // it as an unsolicited (malformed) response (P-25); only a head
+            // that has begun gets one.
+            Err(error) if error.is_timeout() && !io.idle_expired && io.io.is_between_messages() => {
+                tracing::debug!("idle connection: closed without a word");
+            }
+            Err(error) if error.is_timeout() && !io.idle_expired => {
+                tracing::debug!("no whole request head in time: 408");
+                let answer = ProxyError::request_timeout().to_http1();
+                let _ = tokio::time::timeout(Duration::from_secs(1), io.write_all(&answer)).await;
+            }
+            Err(error) => tracing::debug!(%error, "connection ended with an error"),
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+    }
 }
 
 /// Serves one TLS connection: the handshake within the header timeout,
@@ -355,6 +405,7 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     limits: ConnectionLimits,
     acceptor: TlsAcceptor,
     draining: Draining,
+    slot: OwnedSemaphorePermit,
 ) {
     let Ok(local) = stream.local_addr() else {
         return;
@@ -380,8 +431,7 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     let (arrival, kept) = Arrival::new(Some(peer), Some(info));
     let number = arrival.number;
     if !h2 {
-        serve_http1_role(tls, &handler, arrival, kept, limits, draining).await;
-        handler.connection_closed(number);
+        serve_http1_role(tls, handler, arrival, kept, limits, draining, Some(slot)).await;
         return;
     }
     let hold = Hold::default();
@@ -419,4 +469,5 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         tracing::debug!(%error, "HTTP/2 connection ended with an error");
     }
     handler.connection_closed(number);
+    drop(slot);
 }

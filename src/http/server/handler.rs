@@ -68,12 +68,17 @@ pub struct HoldConnection(pub Duration);
 #[derive(Debug, Clone)]
 pub struct KeepConnection {
     /// Dropped with the last copy: the connection's task then lets go.
-    _held: tokio::sync::mpsc::Sender<()>,
+    /// A oneshot sender shared rather than an mpsc sender cloned: every
+    /// connection makes one, and an mpsc channel allocates a block of 32
+    /// slots (over 500 bytes, kept while the connection idles; L-5).
+    _held: Arc<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl KeepConnection {
-    pub(super) fn new(held: tokio::sync::mpsc::Sender<()>) -> KeepConnection {
-        KeepConnection { _held: held }
+    pub(super) fn new(held: tokio::sync::oneshot::Sender<()>) -> KeepConnection {
+        KeepConnection {
+            _held: Arc::new(held),
+        }
     }
 }
 
