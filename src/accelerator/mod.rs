@@ -357,9 +357,6 @@ impl Accelerator {
             // A large body no basis will help: its first bytes tell
             // whether a stream could be smaller than the body at all.
             (body, gains_nothing) = probe::probe(body, self.coder.body_timeout()).await;
-            if gains_nothing {
-                tracing::debug!(%uri, "first bytes do not compress: passed as sent");
-            }
         }
         match request_headers {
             Some(request) if codes && !gains_nothing => {
