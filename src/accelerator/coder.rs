@@ -384,23 +384,10 @@ impl Coder {
     /// worse than plain", issue 20). Against a basis it is coded: a new
     /// version of an archive may share runs with the old one.
     pub fn gains_nothing(&self, offer: &Offer, response: &http::response::Parts) -> bool {
-        self.may_gain_nothing(offer, response) && is_compressed_media(&response.headers)
-    }
-
-    /// Whether a coding of this response could gain nothing: a body larger
-    /// than [`SMALL_BODY`] (or of unknown length; smaller ones are coded
-    /// whole, and go plain when that is smaller) for a client that names no
-    /// basis. The accelerator then reads its first bytes to see whether
-    /// they compress (`probe`), unless its media type already says.
-    pub fn may_gain_nothing(&self, offer: &Offer, response: &http::response::Parts) -> bool {
         offer.signature.is_none()
             && offer.basis_name.is_none()
             && content_length(&response.headers).is_none_or(|len| len > SMALL_BODY)
-    }
-
-    /// How long the origin may take to send a body's next bytes.
-    pub fn body_timeout(&self) -> std::time::Duration {
-        self.config.body_timeout
+            && is_compressed_media(&response.headers)
     }
 
     /// Codes an answer [`Coder::codes`] said yes to. `request` is the

@@ -60,7 +60,6 @@ mod feed;
 mod origin;
 pub mod pace;
 mod pacing;
-mod probe;
 mod sites;
 pub mod slots;
 mod stats;
@@ -350,16 +349,9 @@ impl Accelerator {
         // goes: passed on as declared (`fetch` made it no-store), never
         // coded, so never kept as a basis nor listed in the feed.
         let excess = framing.as_ref().is_some_and(ExchangeCheck::has_excess);
-        let mut gains_nothing =
-            request_headers.is_some() && self.coder.gains_nothing(&offer, &parts);
-        let codes = request_headers.is_some() && !excess && self.coder.codes(&offer, &parts);
-        if codes && !gains_nothing && self.coder.may_gain_nothing(&offer, &parts) {
-            // A large body no basis will help: its first bytes tell
-            // whether a stream could be smaller than the body at all.
-            (body, gains_nothing) = probe::probe(body, self.coder.body_timeout()).await;
-        }
+        let gains_nothing = request_headers.is_some() && self.coder.gains_nothing(&offer, &parts);
         match request_headers {
-            Some(request) if codes && !gains_nothing => {
+            Some(request) if !excess && !gains_nothing && self.coder.codes(&offer, &parts) => {
                 if let Some(note) = note {
                     parts.extensions.insert(note);
                 }
