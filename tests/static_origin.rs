@@ -8,10 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use http::{HeaderMap, Method, StatusCode};
 use rproxy::demo::static_origin::StaticOrigin;
 use support::topology::{Listen, Server, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,33 +23,17 @@ fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
 
-/// Sends one request over a fresh connection; returns status, headers and
-/// the whole body.
+/// Sends one request over a fresh connection, with `Host: origin.test`;
+/// returns status, headers and the whole body.
 async fn fetch(
     addr: SocketAddr,
     method: Method,
     path: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, HeaderMap, Vec<u8>) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "origin.test");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = sender
-        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
-        .await
-        .unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes().to_vec();
-    (parts.status, parts.headers, body)
+    let mut with_host = vec![("host", "origin.test")];
+    with_host.extend_from_slice(headers);
+    support::user_agent::request(addr, method.as_str(), path, &with_host).await
 }
 
 /// Sends `target` byte for byte (no client-side normalisation) and returns

@@ -40,13 +40,19 @@ impl Fetched {
     }
 }
 
-/// Sends `GET url` through the proxy; the response head within 10 s.
-pub async fn start_get(proxy: SocketAddr, url: &str) -> Response<Incoming> {
+/// A fresh HTTP/1.1 connection to `proxy`, driven by a task of its own.
+async fn connect(proxy: SocketAddr) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
     let stream = TcpStream::connect(proxy).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
     tokio::spawn(connection);
+    sender
+}
+
+/// Sends `GET url` through the proxy; the response head within 10 s.
+pub async fn start_get(proxy: SocketAddr, url: &str) -> Response<Incoming> {
+    let mut sender = connect(proxy).await;
     let uri: http::Uri = url.parse().unwrap();
     let request = Request::get(uri.clone())
         .header("host", uri.authority().unwrap().as_str())
@@ -88,11 +94,7 @@ pub async fn request(
     url: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, http::HeaderMap, Vec<u8>) {
-    let stream = TcpStream::connect(proxy).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut sender = connect(proxy).await;
     let uri: http::Uri = url.parse().unwrap();
     let mut request = Request::builder().method(method).uri(uri.clone());
     if let Some(authority) = uri.authority() {
