@@ -97,7 +97,8 @@ mod tests {
 
     #[test]
     fn a_log_comes_back_as_written_and_says_how_it_stopped() {
-        let dir = tempdir();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         let path = dir.join("site.json");
         assert!(load(&path).is_none());
         let mut log = FeedLog::new("i".into());
@@ -113,22 +114,12 @@ mod tests {
 
     #[test]
     fn a_damaged_log_is_set_aside() {
-        let dir = tempdir();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         let path = dir.join("site.json");
         std::fs::write(&path, b"{\"clean\": tru").unwrap();
         assert!(load(&path).is_none());
         assert!(dir.join("site.json.bad").exists());
         assert!(!path.exists());
-    }
-
-    fn tempdir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "rproxy-feed-state-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 }
