@@ -83,6 +83,21 @@ impl TransferMemory {
         }
     }
 
+    /// `bytes` of the budget if they are free now (all of it when `bytes`
+    /// is more); `None` rather than a wait.
+    pub fn try_take(&self, bytes: u64) -> Option<MemoryShare> {
+        if self.total_units == 0 {
+            return Some(MemoryShare { _permit: None });
+        }
+        let units = u32::try_from(bytes.div_ceil(UNIT))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total_units);
+        let permit = self.units.clone().try_acquire_many_owned(units).ok()?;
+        Some(MemoryShare {
+            _permit: Some(permit),
+        })
+    }
+
     /// Bytes of the budget not taken now.
     pub fn available(&self) -> u64 {
         self.units.available_permits() as u64 * UNIT
@@ -241,6 +256,18 @@ mod tests {
         assert_eq!(memory.available(), 0);
         drop(all);
         assert_eq!(memory.available(), 1 << 20);
+    }
+
+    #[test]
+    fn try_take_gives_what_is_free_and_never_waits() {
+        let memory = TransferMemory::new(100 << 10);
+        let first = memory.try_take(64 << 10).expect("free");
+        assert!(memory.try_take(64 << 10).is_none(), "36 KiB left");
+        let second = memory.try_take(36 << 10).expect("what is left");
+        assert_eq!(memory.available(), 0);
+        drop((first, second));
+        assert!(memory.try_take(u64::MAX).is_some(), "all of it, no more");
+        assert!(TransferMemory::new(0).try_take(u64::MAX).is_some());
     }
 
     #[tokio::test]
