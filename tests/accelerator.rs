@@ -98,6 +98,13 @@ async fn origin_response(request: Request<Incoming>) -> Response<Full<Bytes>> {
                 .headers_mut()
                 .insert("content-type", HeaderValue::from_static("image/jpeg"));
         }
+        "/blob.bin" => {
+            *response.body_mut() = Full::new(Bytes::from(random_bytes(11, 1 << 20)));
+            response.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static("application/octet-stream"),
+            );
+        }
         "/gz" => {
             *response.body_mut() = Full::new(Bytes::from_static(b"not really gzip"));
             response
@@ -942,6 +949,44 @@ async fn a_compressed_media_body_without_a_basis_goes_plain_and_varies_on_the_of
     assert_eq!(headers["content-encoding"], "hsync");
     assert!(decode_stream(&older, &stream) == random_bytes(7, 1 << 20));
     assert!(stream.len() < 100_000, "a delta: {} bytes", stream.len());
+}
+
+/// A large body of a type that says nothing (octet-stream) whose first
+/// bytes do not compress goes as it is too, found by reading them; a text
+/// body of the same size is coded.
+#[tokio::test]
+async fn a_large_body_whose_first_bytes_do_not_compress_goes_plain() {
+    let origin = start_origin().await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    assert_first_goes_as_sent(&accel, "/blob.bin", &random_bytes(11, 1 << 20)).await;
+    // Against a basis it is coded, and rebuilt exactly.
+    let mut older = random_bytes(11, 1 << 20);
+    older[5000..5100].fill(0);
+    let (_, headers, stream) = fetch(accel.addr, get("/blob.bin", &offer(&older))).await;
+    assert_eq!(headers["content-encoding"], "hsync");
+    assert!(decode_stream(&older, &stream) == random_bytes(11, 1 << 20));
+    // 2 MiB of base64 text without a basis: it compresses, so it is coded.
+    let no_basis = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let (_, headers, stream) = fetch(accel.addr, get("/random2/1", &no_basis)).await;
+    assert_eq!(headers["content-encoding"], "hsync", "{headers:?}");
+    assert!(stream.len() < 1_800_000, "{} bytes", stream.len());
+}
+
+/// A body of unknown length (often one made as it goes) is not read
+/// ahead of its head to probe it: random bytes with no length are coded
+/// as they stream.
+#[tokio::test]
+async fn a_body_of_unknown_length_is_not_probed() {
+    let (origin, to_origin, _) = start_streaming_origin().await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    let body = random_bytes(12, 200_000);
+    to_origin.send(Bytes::copy_from_slice(&body)).await.unwrap();
+    drop(to_origin);
+    let no_basis = [("accept-encoding", HeaderValue::from_static("hsync"))];
+    let (status, headers, stream) = fetch(accel.addr, get("/stream", &no_basis)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "hsync", "{headers:?}");
+    assert!(decode_stream(&[], &stream) == body);
 }
 
 /// ... and where the client accepts gzip, gzipped if that is smaller than

@@ -41,6 +41,7 @@ use super::AcceleratorConfig;
 use super::basis_store::{BasisStore, DiskTier, ServedAs, SharedTier, shareable};
 use super::coding::Coding;
 use super::pace::Pacer;
+use super::probe;
 use super::stats::Stats;
 use super::stream::encode_body;
 use super::turns::Encoders;
@@ -203,6 +204,16 @@ impl Offer {
     }
 }
 
+/// The probes' budget for a transfer memory of `transfer_memory` bytes: a
+/// sixteenth (8 MiB, 128 probes, of the accelerator's default), and none
+/// at all (unbounded) where the transfer memory has none.
+fn probe_memory(transfer_memory: u64) -> u64 {
+    match transfer_memory {
+        0 => 0,
+        bytes => (bytes / 16).max(probe::PROBE_LEN as u64),
+    }
+}
+
 /// Codes answers: the encoders' turns, the memory and disk they may take,
 /// the bodies kept as bases, the counters.
 pub struct Coder {
@@ -212,6 +223,9 @@ pub struct Coder {
     encoders: Encoders,
     /// What streamed codings hold at once.
     memory: TransferMemory,
+    /// What the first bytes read by probes hold at once (see
+    /// [`Coder::probe`]).
+    probes: TransferMemory,
     parking: Option<Parking>,
     /// What parked bodies take together, kept across reloads even while
     /// parking is off.
@@ -253,6 +267,7 @@ impl Coder {
                     .with_disk_or_log(config.basis_disk.as_ref())
                     .with_shared_or_log(config.basis_shared.as_ref()),
             ),
+            probes: TransferMemory::new(probe_memory(config.transfer_memory)),
             memory,
             encoders: Encoders::new(encoders),
             parking,
@@ -274,6 +289,7 @@ impl Coder {
         Coder {
             bodies: self.bodies.clone(),
             memory: self.memory.clone(),
+            probes: self.probes.clone(),
             encoders: self.encoders.clone(),
             disk: self.disk.clone(),
             parking,
@@ -384,10 +400,43 @@ impl Coder {
     /// worse than plain", issue 20). Against a basis it is coded: a new
     /// version of an archive may share runs with the old one.
     pub fn gains_nothing(&self, offer: &Offer, response: &http::response::Parts) -> bool {
+        self.may_gain_nothing(offer, response) && is_compressed_media(&response.headers)
+    }
+
+    /// Whether a coding of this response could gain nothing: a body larger
+    /// than [`SMALL_BODY`] (or of unknown length; smaller ones are coded
+    /// whole, and go plain when that is smaller) for a client that names no
+    /// basis.
+    fn may_gain_nothing(&self, offer: &Offer, response: &http::response::Parts) -> bool {
         offer.signature.is_none()
             && offer.basis_name.is_none()
             && content_length(&response.headers).is_none_or(|len| len > SMALL_BODY)
-            && is_compressed_media(&response.headers)
+    }
+
+    /// Whether to read this body's first bytes before answering, to see
+    /// whether they compress ([`Coder::probe`]): one that
+    /// [`Coder::may_gain_nothing`] but whose media type does not say, and
+    /// whose length is announced. A body of unknown length is often one
+    /// made as it goes (a page, events), whose first bytes we would hold
+    /// back.
+    pub fn probes(&self, offer: &Offer, response: &http::response::Parts) -> bool {
+        self.may_gain_nothing(offer, response) && content_length(&response.headers).is_some()
+    }
+
+    /// Reads the first bytes of `body` (see [`probe::probe`]) and returns
+    /// the body whole again and whether they do not compress. The bytes
+    /// read are held within the probes' budget, a sixteenth of the
+    /// transfer memory, until they are passed on; when it is spent, the
+    /// body is not probed (false), and is coded as before. The probe never
+    /// waits for the budget: a probe waiting would hold a client's head
+    /// back, and one holding its bytes while its coding waits for a share
+    /// must not take that share's room.
+    pub async fn probe(&self, body: ProxyBody) -> (ProxyBody, bool) {
+        let Some(share) = self.probes.try_take(probe::PROBE_LEN as u64) else {
+            tracing::debug!("the probes' memory is spent: a body coded unprobed");
+            return (body, false);
+        };
+        probe::probe(body, share, probe::PROBE_WAIT.min(self.config.body_timeout)).await
     }
 
     /// Codes an answer [`Coder::codes`] said yes to. `request` is the

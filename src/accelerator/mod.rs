@@ -60,6 +60,7 @@ mod feed;
 mod origin;
 pub mod pace;
 mod pacing;
+mod probe;
 mod sites;
 pub mod slots;
 mod stats;
@@ -349,9 +350,19 @@ impl Accelerator {
         // goes: passed on as declared (`fetch` made it no-store), never
         // coded, so never kept as a basis nor listed in the feed.
         let excess = framing.as_ref().is_some_and(ExchangeCheck::has_excess);
-        let gains_nothing = request_headers.is_some() && self.coder.gains_nothing(&offer, &parts);
+        let mut gains_nothing =
+            request_headers.is_some() && self.coder.gains_nothing(&offer, &parts);
+        let codes = request_headers.is_some() && !excess && self.coder.codes(&offer, &parts);
+        if codes && !gains_nothing && self.coder.probes(&offer, &parts) {
+            // A large body no basis will help: its first bytes tell
+            // whether a stream could be smaller than the body at all.
+            (body, gains_nothing) = self.coder.probe(body).await;
+            if gains_nothing {
+                tracing::debug!(%uri, "first bytes do not compress: passed as sent");
+            }
+        }
         match request_headers {
-            Some(request) if !excess && !gains_nothing && self.coder.codes(&offer, &parts) => {
+            Some(request) if codes && !gains_nothing => {
                 if let Some(note) = note {
                     parts.extensions.insert(note);
                 }
