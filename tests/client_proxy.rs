@@ -59,6 +59,19 @@ fn large_body() -> &'static [u8] {
     BODY.get_or_init(|| pseudo_text(5, 6 << 20))
 }
 
+/// Version `n` (1 or 2) of 1 MiB that does not compress: the second has
+/// 100 bytes changed.
+fn blob(n: usize) -> &'static [u8] {
+    static BLOBS: OnceLock<[Vec<u8>; 2]> = OnceLock::new();
+    let blobs = BLOBS.get_or_init(|| {
+        let first = support::random_bytes(9, 1 << 20);
+        let mut second = first.clone();
+        second[300_000..300_100].fill(b'x');
+        [first, second]
+    });
+    &blobs[n - 1]
+}
+
 fn release(n: usize) -> &'static [u8] {
     static RELEASES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     let releases = RELEASES.get_or_init(|| {
@@ -244,6 +257,15 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
         "/range.txt" => ok(&[], release(1)),
         "/no-store.js" => ok(&[("cache-control", "no-store")], release(1)),
         "/large.txt" => ok(&[("cache-control", "max-age=60")], large_body()),
+        "/blob-1.bin" | "/blob-2.bin" => {
+            let n = if path == "/blob-1.bin" { 1 } else { 2 };
+            let mut response = ok(&[], blob(n).to_vec());
+            response.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            response
+        }
         "/gzip.js" => ok(
             &[
                 ("content-encoding", "gzip"),
@@ -775,6 +797,32 @@ async fn a_similar_url_is_the_basis_and_the_new_release_comes_as_a_small_delta()
         );
     }
     assert_eq!(stack.origin.requests(), 2);
+}
+
+/// A large body that does not compress comes plain the first time (the
+/// accelerator reads its first bytes), is cached and served whole, and is
+/// then the basis of the next version, which comes as a small delta.
+#[tokio::test]
+async fn an_incompressible_body_comes_plain_then_is_the_basis_of_a_delta() {
+    let stack = Stack::start().await;
+    let first = stack.get("/blob-1.bin").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(first.body() == blob(1));
+    let before = stack.proxy.stats();
+    assert_eq!(before.deltas, 0, "plain from the accelerator: {before:?}");
+    assert_eq!(before.stored, 1);
+    assert!(before.upstream_bytes >= blob(1).len() as u64);
+
+    let second = stack.get("/blob-2.bin").await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(second.body() == blob(2), "rebuilt exactly");
+    let after = stack.proxy.stats();
+    assert_eq!(after.deltas, 1, "{after:?}");
+    let link = after.upstream_bytes - before.upstream_bytes;
+    assert!(link < 64 << 10, "{link} bytes on the link for 1 MiB");
+    stack
+        .proxy
+        .assert_complete(&stack.url("/blob-2.bin"), blob(2));
 }
 
 /// A large body's cache writes run on their own thread: coded or plain,
