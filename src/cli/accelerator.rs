@@ -120,6 +120,9 @@ pub struct AcceleratorArgs {
     /// coded response waits for its turn, holding no thread and reading
     /// nothing from the origin, so bursts and readers that stop reading
     /// cannot take more than this (plus a few hundred KiB per connection).
+    /// A sixteenth more holds the first 64 KiB that large bodies without a
+    /// basis are probed with (whether they compress at all); when that is
+    /// spent, a body is coded unprobed rather than wait.
     #[arg(long, value_name = "SIZE")]
     pub transfer_memory: Option<Size>,
     /// Time to connect to the origin: 30s, 5m, 100ms or seconds.
