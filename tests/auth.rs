@@ -366,6 +366,78 @@ async fn a_3_proxy_credentials_stay_on_their_hop_and_authorization_goes_through(
     assert_eq!(seen[0]["authorization"], "Bearer for-the-origin");
 }
 
+/// An upstream that records each request's head and answers with the
+/// headers of another hop: `Proxy-Authenticate` and `Proxy-Authorization`
+/// on an ordinary 200.
+struct ProxyHeadersUpstream {
+    seen: Mutex<Vec<HeaderMap>>,
+}
+
+impl Handler for ProxyHeadersUpstream {
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        use http_body_util::BodyExt;
+        self.seen.lock().unwrap().push(request.headers().clone());
+        Response::builder()
+            .header("proxy-authenticate", "Basic realm=\"upstream\"")
+            .header("proxy-authorization", "Basic dXBzdHJlYW06aG9w")
+            .header("cache-control", "no-store")
+            .body(
+                http_body_util::Full::new(bytes::Bytes::from_static(b"hello"))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
+            .unwrap()
+    }
+}
+
+/// A-3 on the hop the pair test above cannot see: the client proxy's
+/// upstream gets the proxy's own credentials, once, never the user's; and
+/// proxy authentication headers on an upstream's answer belong to that hop,
+/// so they never reach the user agent.
+#[tokio::test]
+async fn a_3_the_upstream_gets_only_the_proxys_credentials_and_keeps_its_own() {
+    let upstream = Arc::new(ProxyHeadersUpstream {
+        seen: Mutex::new(Vec::new()),
+    });
+    let upstream_server = serve(upstream.clone(), Listen::default()).await;
+    let (cache, store) = temp_store(64 << 20);
+    let client = ClientProxy::new(
+        ClientConfig {
+            upstream_credentials: Some(basic_credentials("accel", "s3cret")),
+            ..support::proxy::client_config(&format!("http://{}", upstream_server.addr))
+        },
+        store,
+    )
+    .unwrap();
+    let client = AuthGate::new(client, Some(authenticator("alice", "wonderland", "rproxy")));
+    let client = serve(Arc::new(client), Listen::default())
+        .await
+        .keeping(cache);
+    let reply = get(
+        client.addr,
+        "http://site.test/page",
+        &[
+            ("Proxy-Authorization", &credentials("alice", "wonderland")),
+            ("Authorization", "Bearer for-the-origin"),
+        ],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert_eq!(reply.body, b"hello");
+    assert_eq!(reply.header("proxy-authenticate"), None, "{}", reply.head);
+    assert_eq!(reply.header("proxy-authorization"), None, "{}", reply.head);
+    let seen = upstream.seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    let sent: Vec<_> = seen[0].get_all("proxy-authorization").iter().collect();
+    assert_eq!(
+        sent,
+        [&basic_credentials("accel", "s3cret")],
+        "{:?}",
+        seen[0]
+    );
+    assert_eq!(seen[0]["authorization"], "Bearer for-the-origin");
+}
+
 #[tokio::test]
 async fn the_accelerator_refuses_a_client_proxy_without_its_credentials() {
     for (password, says) in [
