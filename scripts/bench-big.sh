@@ -34,6 +34,17 @@
 #                    ~1 GiB more memory in the accelerator for "kept,
 #                    large"; everything goes when the case ends.
 #
+#   pages (PAGES=1)  RELIABILITY.md's D-B2 and L-4: PAGES_MIB (256) MiB of
+#                    the same text (seed 1) and a copy with 1 % of its
+#                    4 KiB pages rewritten whole with fresh text, chosen at
+#                    random (textgen's `edit_pages`, seed 2; same length).
+#                    Cold and kept only. Targets, printed met / NOT met
+#                    for the cold case: D-B2, delta + signature on the link
+#                    <= 3 % of the object; L-4, the new version through
+#                    the pair at >= 150 MB/s (reconstruct + verify, wall
+#                    clock, as curl sees it) and the accelerator's CPU for
+#                    it (the diff) <= 2 s. Limit zstd -9 --long=31.
+#
 # Three cases per data set, each with a fresh pair, relay and cache:
 #   cold         the accelerator never saw the old version (--basis-store 0
 #                --basis-dir off: nothing kept)
@@ -55,9 +66,13 @@
 #   BIG=1              also the 1 GiB / 1 % edits data set (several minutes)
 #   NO_SMALL=1         skip the 50 MB data set (with BIG=1: the big one alone)
 #   BIG_MIB=1024       size of the big data set in MiB
-#   BIG_ZSTD_LEVEL=9   zstd level of the big data set's limit
+#   BIG_ZSTD_LEVEL=9   zstd level of the big data set's limit (and pages')
+#   PAGES=1            also the pages data set (D-B2, L-4; a few minutes)
+#   PAGES_MIB=256      its size in MiB
 #   ACCEL_ARGS=        more accelerator flags for every case (--no-adapt, say)
-# Needs: nginx, curl, zstd, gzip, python3; rustc for BIG=1.
+# Needs: nginx, curl, zstd, gzip, python3; rustc for BIG=1 and PAGES=1.
+# Each fetch of a new version also prints its wall time through the pair
+# and the CPU time each proxy spent on it.
 set -euo pipefail
 
 # shellcheck source=scripts/lib-nginx.sh
@@ -67,23 +82,32 @@ mb=${MB:-50}
 edits=${EDITS:-100}
 big_mib=${BIG_MIB:-1024}
 big_level=${BIG_ZSTD_LEVEL:-9}
+pages_mib=${PAGES_MIB:-256}
 for tool in curl zstd gzip python3; do
     command -v "$tool" >/dev/null || lab_die "$tool is not installed"
 done
-if [[ ${BIG:-0} == 1 ]]; then
-    command -v rustc >/dev/null || lab_die "rustc is not installed (BIG=1 compiles benches/support/textgen.rs)"
+if [[ ${BIG:-0} == 1 || ${PAGES:-0} == 1 ]]; then
+    command -v rustc >/dev/null || lab_die "rustc is not installed (BIG=1 and PAGES=1 compile benches/support/textgen.rs)"
 fi
+clock_ticks=$(getconf CLK_TCK)
 lab_build
 
 root=$lab_tmp/www
 mkdir -p "$root"
 lab_start_nginx "$root"
 
+# cpu_seconds PID: user + system CPU time the process has used so far.
+cpu_seconds() {
+    awk -v hz="$clock_ticks" '{ sub(/^.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
+}
+
 # measure NAME DIR STORED_TIMEOUT: DIR/old.txt then DIR/new.txt through
 # the pair started last; prints the link bytes of the new one against the
-# limit figures in $zstd_patch, $gzip9 and $zstd_label.
+# limit figures in $zstd_patch, $gzip9 and $zstd_label, and sets $link,
+# $new_secs (wall time of the new one) and $accel_cpu (the accelerator's
+# CPU time for it).
 measure() {
-    local name=$1 dir=$2 timeout=$3 c0 c1 r0 r1 up down stream sig link
+    local name=$1 dir=$2 timeout=$3 c0 c1 r0 r1 up down stream sig t0 a0 k0 client_cpu
     # Compared as it streams: no copy of a 1 GiB body on the disk.
     curl -sS --fail -x "$lab_proxy" "$lab_nginx_url/$dir/old.txt" | cmp -s - "$root/$dir/old.txt" ||
         lab_die "$name: old.txt came back different"
@@ -92,8 +116,14 @@ measure() {
     r0=$(lab_stats "$lab_relay_stats_url")
     # The new version under the old one's URL prefix: the old one is its
     # basis (the longest shared prefix, same media type).
+    t0=$(date +%s.%N)
+    a0=$(cpu_seconds "$lab_accel_pid")
+    k0=$(cpu_seconds "$lab_client_pid")
     curl -sS --fail -x "$lab_proxy" "$lab_nginx_url/$dir/new.txt" | cmp -s - "$root/$dir/new.txt" ||
         lab_die "$name: new.txt came back different"
+    new_secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+    accel_cpu=$(awk -v a="$a0" -v b="$(cpu_seconds "$lab_accel_pid")" 'BEGIN { print b - a }')
+    client_cpu=$(awk -v a="$k0" -v b="$(cpu_seconds "$lab_client_pid")" 'BEGIN { print b - a }')
     lab_wait_field "$lab_client_url" stored 2 "$timeout" >/dev/null
     c1=$(lab_stats "$lab_client_url")
     r1=$(lab_stats "$lab_relay_stats_url")
@@ -106,6 +136,9 @@ measure() {
         "$name" "$link" "$up" "$down" "$stream" "$sig" \
         "$(awk -v a="$link" -v b="$zstd_patch" 'BEGIN { print a / b }')" "$zstd_label" \
         "$(awk -v a="$link" -v b="$gzip9" 'BEGIN { print a / b }')" >&2
+    printf '  %-12s new version in %.2f s through the pair (%.0f MB/s); CPU: accelerator %.2f s, client proxy %.2f s\n' \
+        "" "$new_secs" "$(awk -v n="$size" -v s="$new_secs" 'BEGIN { print n / s / 1e6 }')" \
+        "$accel_cpu" "$client_cpu" >&2
 }
 
 # run NAME DIR ACCEL_ARGS STORED_TIMEOUT: a fresh pair, relay and cache,
@@ -159,7 +192,7 @@ EOF
     rm -rf "$root/small"
 fi
 
-if [[ ${BIG:-0} == 1 ]]; then
+if [[ ${BIG:-0} == 1 || ${PAGES:-0} == 1 ]]; then
     # The generator: benches/support/textgen.rs with a main around it, as
     # bench-hsync.sh builds it.
     cat >"$lab_tmp/gen.rs" <<EOF
@@ -167,17 +200,25 @@ if [[ ${BIG:-0} == 1 ]]; then
 #[allow(dead_code)]
 mod textgen;
 
-/// gen LEN BASIS NEW: LEN bytes of text (seed 1) and a 1%-edited copy (seed 2).
+/// gen LEN BASIS NEW [pages]: LEN bytes of text (seed 1) and a copy (seed
+/// 2) with 1 % edited in runs, or with 1 % of its 4 KiB pages rewritten.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let len: usize = args[1].parse().expect("LEN is a number");
     let basis = textgen::text(len, 1);
     std::fs::write(&args[2], &basis).expect("write BASIS");
-    std::fs::write(&args[3], textgen::edit(&basis, 1, 2)).expect("write NEW");
+    let new = match args.get(4).map(String::as_str) {
+        Some("pages") => textgen::edit_pages(&basis, 1, 4096, 2),
+        _ => textgen::edit(&basis, 1, 2),
+    };
+    std::fs::write(&args[3], new).expect("write NEW");
 }
 EOF
     rustc -O --edition 2021 "$lab_tmp/gen.rs" -o "$lab_tmp/gen" 2>"$lab_tmp/logs/rustc.log" ||
         { cat "$lab_tmp/logs/rustc.log" >&2; lab_die "cannot compile the text generator"; }
+fi
+
+if [[ ${BIG:-0} == 1 ]]; then
     mkdir -p "$root/big"
     "$lab_tmp/gen" $((big_mib << 20)) "$root/big/old.txt" "$root/big/new.txt"
     chmod -R a+rX "$root"
@@ -195,4 +236,29 @@ EOF
     kill "$lab_accel_pid" "$lab_relay_pid" "$lab_client_pid" 2>/dev/null || true
     wait "$lab_accel_pid" "$lab_relay_pid" "$lab_client_pid" 2>/dev/null || true
     rm -rf "$root/big" "$lab_tmp/cache" "$lab_tmp/spool"
+fi
+
+if [[ ${PAGES:-0} == 1 ]]; then
+    mkdir -p "$root/pages"
+    "$lab_tmp/gen" $((pages_mib << 20)) "$root/pages/old.txt" "$root/pages/new.txt" pages
+    chmod -R a+rX "$root"
+    size=$(lab_size "$root/pages/new.txt")
+    zstd_label="zstd -$big_level --long=31 --patch-from"
+    lab_log "pages: $pages_mib MiB, 1 % of its 4 KiB pages rewritten; measuring gzip -9 and $zstd_label"
+    zstd_patch=$(zstd -qq "-$big_level" -T1 --long=31 --patch-from="$root/pages/old.txt" -c "$root/pages/new.txt" | wc -c | tr -d ' ')
+    gzip9=$(gzip -9 -c "$root/pages/new.txt" | wc -c | tr -d ' ')
+    lab_log "pages/new.txt: $size B; gzip -9 $gzip9 B; $zstd_label $zstd_patch B"
+    pages_max=$((pages_mib + pages_mib / 16 + 1))M
+    run cold pages "--basis-store 0 --basis-dir off --max-encode-len $pages_max" 600
+    # met VALUE TARGET max|min: "met" when VALUE is within TARGET.
+    met() { awk -v v="$1" -v t="$2" -v k="$3" 'BEGIN { ok = (k == "min") ? v >= t : v <= t; print ok ? "met" : "NOT met" }'; }
+    share=$(awk -v l="$link" -v n="$size" 'BEGIN { print 100 * l / n }')
+    rate=$(awk -v n="$size" -v s="$new_secs" 'BEGIN { print n / s / 1e6 }')
+    printf '  D-B2: link %d B = %.2f %% of the object (target <= 3 %%): %s\n' "$link" "$share" "$(met "$share" 3 max)" >&2
+    printf '  L-4: %.0f MB/s through the pair (target >= 150): %s; accelerator CPU %.2f s (target <= 2 s): %s\n' \
+        "$rate" "$(met "$rate" 150 min)" "$accel_cpu" "$(met "$accel_cpu" 2 max)" >&2
+    run kept pages "--max-encode-len $pages_max --max-disk-body $pages_max" 600
+    kill "$lab_accel_pid" "$lab_relay_pid" "$lab_client_pid" 2>/dev/null || true
+    wait "$lab_accel_pid" "$lab_relay_pid" "$lab_client_pid" 2>/dev/null || true
+    rm -rf "$root/pages" "$lab_tmp/cache" "$lab_tmp/spool"
 fi

@@ -136,3 +136,28 @@ pub fn edit(base: &[u8], percent: usize, seed: u64) -> Vec<u8> {
     out.extend_from_slice(&base[copied..]);
     out
 }
+
+/// A copy of `base` with `percent` % of its `page`-byte pages (at least
+/// one) rewritten whole with fresh text, chosen at random over the body:
+/// the same length, as a database file or a disk image changes
+/// (RELIABILITY.md D-B2, "1 % scattered changes at 4 KiB granularity").
+/// Used by `scripts/bench-big.sh`, not by the criterion benches.
+#[allow(dead_code)]
+pub fn edit_pages(base: &[u8], percent: usize, page: usize, seed: u64) -> Vec<u8> {
+    let pages = base.len() / page;
+    assert!(pages > 0, "body shorter than a page: {} bytes", base.len());
+    let count = (pages * percent / 100).max(1);
+    let mut rng = Rng::new(seed);
+    let mut chosen = std::collections::BTreeSet::new();
+    while chosen.len() < count {
+        chosen.insert(rng.below(pages));
+    }
+    let mut out = base.to_vec();
+    let mut fresh = Vec::with_capacity(page + 64);
+    for index in chosen {
+        fresh.clear();
+        append_text(&mut fresh, page, seed ^ ((index as u64 + 1) << 20));
+        out[index * page..(index + 1) * page].copy_from_slice(&fresh[..page]);
+    }
+    out
+}
