@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -93,6 +93,7 @@ async fn accept_until<H: Handler>(
     draining: &tokio::sync::watch::Receiver<bool>,
     mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) {
+    let mut failures = AcceptFailures::default();
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
@@ -111,6 +112,7 @@ async fn accept_until<H: Handler>(
             () = shutdown.as_mut() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    failures.succeeded();
                     let _ = stream.set_nodelay(true);
                     let limits = live.get();
                     let handler = handler.clone();
@@ -136,11 +138,59 @@ async fn accept_until<H: Handler>(
                     };
                 }
                 Err(error) => {
-                    // EMFILE and friends: back off rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // EMFILE and friends: back off rather than spin (L-6).
+                    failures.failed(&error);
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             }
+        }
+    }
+}
+
+/// How long the accept loop waits after a failed accept (EMFILE: no
+/// descriptor left) before it tries again: the waiting connection keeps the
+/// listener readable, so without a pause the loop would spin (Varnish's
+/// `acceptor_sleep_max` is 50 ms too).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// While accept keeps failing, how often it is logged.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Failed accepts, logged when they start, then at most every
+/// [`FAILURE_LOG_EVERY`] while they go on, and once when accept works
+/// again: one line per retry would be twenty a second.
+#[derive(Default)]
+struct AcceptFailures {
+    /// Failures since accept last worked.
+    count: u64,
+    /// Failures since the last line about them.
+    unlogged: u64,
+    last_logged: Option<Instant>,
+}
+
+impl AcceptFailures {
+    fn failed(&mut self, error: &std::io::Error) {
+        self.count += 1;
+        self.unlogged += 1;
+        let now = Instant::now();
+        if self
+            .last_logged
+            .is_none_or(|at| now.duration_since(at) >= FAILURE_LOG_EVERY)
+        {
+            tracing::warn!(
+                %error,
+                failures = self.unlogged,
+                "accept failed; retrying every 50 ms (\"Too many open files\": raise ulimit -n)"
+            );
+            self.unlogged = 0;
+            self.last_logged = Some(now);
+        }
+    }
+
+    fn succeeded(&mut self) {
+        if self.count > 0 {
+            tracing::info!(failures = self.count, "accept works again");
+            *self = AcceptFailures::default();
         }
     }
 }
