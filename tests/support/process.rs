@@ -25,15 +25,36 @@ impl Running {
     /// Its admin listener is off, so that tests running at once do not
     /// contend for the default port.
     pub fn start(args: &[&str]) -> Running {
+        Running::start_with(args, |_| {})
+    }
+
+    /// [`Running::start`] with at most `open_files` file descriptors (the
+    /// soft and hard limits: the binary cannot raise them).
+    pub fn start_with_open_files(args: &[&str], open_files: u64) -> Running {
+        use std::os::unix::process::CommandExt;
+        Running::start_with(args, |command| {
+            // SAFETY: between fork and exec the closure only makes one
+            // system call (setrlimit), which allocates nothing.
+            unsafe {
+                command.pre_exec(move || {
+                    rlimit::setrlimit(rlimit::Resource::NOFILE, open_files, open_files)
+                });
+            }
+        })
+    }
+
+    /// [`Running::start`], with `configure` applied to the command first.
+    fn start_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> Running {
         let tmp = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rproxy"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rproxy"));
+        command
             .args(args)
             .args(["--admin-listen", "off"])
             .env("TMPDIR", tmp.path())
             .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        configure(&mut command);
+        let mut child = command.spawn().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
         let lines = log.clone();
         let stderr = BufReader::new(child.stderr.take().unwrap());
@@ -82,6 +103,26 @@ impl Running {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// How many lines logged so far (and not taken by a wait) contain
+    /// `text`.
+    pub fn count_lines(&self, text: &str) -> usize {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|line| line.contains(text)).count()
+    }
+
+    /// The CPU time (user and system) the process has used so far.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // The fields after the command name, which is in parentheses.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        Duration::from_millis(ticks * 1000 / per_second)
     }
 
     /// Sends SIGHUP.
