@@ -211,6 +211,11 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
             &[("cache-control", "max-age=60"), ("etag", "\"f1\"")],
             release(1),
         ),
+        // L-10: hot keys with a TTL of one second.
+        path if path.starts_with("/ttl1/") => ok(
+            &[("cache-control", "max-age=1"), ("etag", "\"t1\"")],
+            Bytes::from(format!("{path} is hot")),
+        ),
         "/etag.js" if if_none_match_has(&request, "\"e1\"") => respond(
             StatusCode::NOT_MODIFIED,
             &[("cache-control", "max-age=0"), ("etag", "\"e1\"")],
@@ -1716,6 +1721,61 @@ async fn c_w2_identical_concurrent_misses_share_one_upstream_fetch() {
     assert!(stats.coalesced >= 1, "{stats:?}");
     assert_eq!(stats.misses, 1, "{stats:?}");
     assert_eq!(stats.hits, 49, "{stats:?}");
+}
+
+/// Hot keys of L-10.
+const HOT_KEYS: usize = 100;
+
+/// L-10: coalescing under load. 100 hot keys with a TTL of 1 s are asked
+/// about 200 times a second for 3 s, in bursts of 10 concurrent requests
+/// every 50 ms, each burst two requests for each of 5 keys: a key comes
+/// round once a second, about when its entry goes stale, and its two
+/// requests then miss together. The origin may see each key once a second
+/// and once more for its first fetch, plus 10 % (the row's target: upstream
+/// rate at most keys / TTL × 1.1); without coalescing, the second request
+/// of each pair would go up too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l_10_hot_keys_under_load_go_upstream_once_per_ttl() {
+    let stack = Stack::start().await;
+    let (proxy, origin) = (stack.proxy.addr, stack.origin.addr);
+    let started = Instant::now();
+    let mut bursts = tokio::time::interval(Duration::from_millis(50));
+    let mut sent = 0;
+    let mut checks = Vec::new();
+    for burst in 0..60 {
+        bursts.tick().await;
+        let requests: Vec<_> = (0..10)
+            .map(|n| {
+                let key = (burst * 5 + n / 2) % HOT_KEYS;
+                let path = format!("/ttl1/{key}");
+                tokio::spawn(async move {
+                    let reply = send(proxy, forward(Method::GET, origin, &path)).await;
+                    (reply, path)
+                })
+            })
+            .collect();
+        // Not awaited before the next burst: the load keeps its pace.
+        checks.push(tokio::spawn(async move {
+            for request in requests {
+                let (reply, path) = request.await.unwrap();
+                assert_eq!(reply.status, StatusCode::OK);
+                assert_eq!(reply.body(), format!("{path} is hot").as_bytes());
+            }
+        }));
+        sent += 10;
+    }
+    for check in checks {
+        check.await.unwrap();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let upstream = stack.origin.requests();
+    let bound = (HOT_KEYS as f64 * (seconds + 1.0) * 1.1) as usize;
+    assert!(
+        upstream <= bound,
+        "{upstream} upstream requests for {sent} in {seconds:.1} s (bound {bound})"
+    );
+    let stats = stack.proxy.stats();
+    assert!(stats.hits > 0, "{stats:?}");
 }
 
 #[tokio::test]
