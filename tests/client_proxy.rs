@@ -211,6 +211,13 @@ async fn origin_reply(request: Request<Incoming>, earlier: usize) -> Response<Pr
             &[("cache-control", "max-age=60"), ("etag", "\"f1\"")],
             release(1),
         ),
+        // F-6: two versions per case.
+        path if path.starts_with("/f6/") => {
+            let mut parts = path.split('/').skip(2);
+            let case: u64 = parts.next().unwrap().parse().unwrap();
+            let version = if parts.next() == Some("v1.js") { 1 } else { 2 };
+            ok(&[], f6_version(case, version))
+        }
         // L-10: hot keys with a TTL of one second.
         path if path.starts_with("/ttl1/") => ok(
             &[("cache-control", "max-age=1"), ("etag", "\"t1\"")],
@@ -422,6 +429,9 @@ enum TapMode {
     Pass,
     /// Relay the first half of the body, then reset the connection.
     CutHalf,
+    /// Relay the body changed as [`mangle`] changes it for this seed, in
+    /// pieces of random sizes with pauses between some (F-6).
+    Mangle(u64),
 }
 
 /// A recording shim between the client proxy and the accelerator.
@@ -467,6 +477,19 @@ async fn start_tap(target: SocketAddr) -> Tap {
                         Step::Fail("tap cut the stream"),
                     ]);
                     Response::from_parts(parts, cut.boxed())
+                }
+                TapMode::Mangle(seed) => {
+                    let whole = body.collect().await.unwrap().to_bytes();
+                    let mut rng = support::Rng::new(seed);
+                    let mangled = Bytes::from(mangle(&whole, &mut rng));
+                    let mut parts = parts;
+                    // Whatever length it has now, it ends cleanly: the
+                    // client must find out from the stream itself.
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                    Response::from_parts(
+                        parts,
+                        ScriptedBody::new(pieces(mangled, &mut rng)).boxed(),
+                    )
                 }
             }
         }
@@ -1721,6 +1744,173 @@ async fn c_w2_identical_concurrent_misses_share_one_upstream_fetch() {
     assert!(stats.coalesced >= 1, "{stats:?}");
     assert_eq!(stats.misses, 1, "{stats:?}");
     assert_eq!(stats.hits, 49, "{stats:?}");
+}
+
+/// `stream` with one change chosen by `rng`: a byte flipped, a cut, a
+/// run overwritten, duplicated or dropped.
+fn mangle(stream: &[u8], rng: &mut support::Rng) -> Vec<u8> {
+    let mut out = stream.to_vec();
+    if out.is_empty() {
+        return out;
+    }
+    let at = rng.below(out.len() as u64) as usize;
+    let run = (1 + rng.below(64) as usize).min(out.len() - at);
+    match rng.below(5) {
+        0 => out[at] ^= 1 + rng.below(255) as u8,
+        1 => out.truncate(at),
+        2 => rng.fill(&mut out[at..at + run]),
+        3 => {
+            let copy = out[at..at + run].to_vec();
+            out.splice(at..at, copy);
+        }
+        _ => {
+            out.drain(at..at + run);
+        }
+    }
+    out
+}
+
+/// `bytes` as body steps of 1 to 2,048 bytes, a short pause after about
+/// one in four: the reader's reads are split and some come up empty.
+fn pieces(mut bytes: Bytes, rng: &mut support::Rng) -> Vec<Step> {
+    let mut steps = Vec::new();
+    while !bytes.is_empty() {
+        let len = (1 + rng.below(2048) as usize).min(bytes.len());
+        steps.push(Step::Data(bytes.split_to(len)));
+        if rng.below(4) == 0 {
+            steps.push(Step::Pause(Duration::from_millis(rng.below(3))));
+        }
+    }
+    steps
+}
+
+/// The two versions F-6's case `case` fetches: a streamed body (200 KB,
+/// the releases) or, for odd cases, one coded whole (30 KB, one line
+/// inserted).
+fn f6_version(case: u64, version: usize) -> Vec<u8> {
+    if case.is_multiple_of(2) {
+        return release(version).to_vec();
+    }
+    let mut body = release(1)[..30_000].to_vec();
+    if version == 2 {
+        body.splice(
+            10_000..10_000,
+            b"/* the small one's change */\n".iter().copied(),
+        );
+    }
+    body
+}
+
+/// Fetches `path` through `proxy`: the status and the body bytes that
+/// came, and whether the body ended cleanly.
+async fn fetch_what_comes(
+    proxy: SocketAddr,
+    origin: SocketAddr,
+    path: &str,
+) -> (StatusCode, Vec<u8>, bool) {
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        sender.send_request(forward(Method::GET, origin, path)),
+    )
+    .await
+    .expect("a response head in time");
+    let Ok(response) = response else {
+        return (StatusCode::BAD_GATEWAY, Vec::new(), false);
+    };
+    let status = response.status();
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    let clean = loop {
+        match tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the body moves or ends in time")
+        {
+            None => break true,
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    got.extend_from_slice(data);
+                }
+            }
+            Some(Err(_)) => break false,
+        }
+    };
+    (status, got, clean)
+}
+
+/// F-6 (in-process, seeded rather than fuzzed): the accelerator's coded
+/// answer changed on its way to the client proxy (a byte flipped, a cut
+/// that ends cleanly, a run overwritten, duplicated or dropped), and
+/// delivered in pieces of random sizes with pauses, 48 times, against a
+/// basis the client holds: the user agent never gets a wrong byte (what
+/// comes is a prefix of the true body, and a body that ends cleanly is the
+/// whole true body), the cache never keeps a wrong one, and the proxy goes
+/// on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f_6_a_mangled_coded_answer_never_reaches_the_user_or_the_cache() {
+    let stack = Stack::start().await;
+    let (proxy, origin) = (stack.proxy.addr, stack.origin.addr);
+    for case in 0..48u64 {
+        let seed = 0xf6_0000 + case;
+        let (first, second) = (f6_version(case, 1), f6_version(case, 2));
+        stack.tap.set_mode(TapMode::Pass);
+        let v1 = format!("/f6/{case}/v1.js");
+        let (status, got, clean) = fetch_what_comes(proxy, origin, &v1).await;
+        assert!(
+            status == StatusCode::OK && clean && got == first,
+            "case {case}: v1"
+        );
+        stack.proxy.settled(&stack.url(&v1)).await;
+
+        stack.tap.set_mode(TapMode::Mangle(seed));
+        let v2 = format!("/f6/{case}/v2.js");
+        let (status, got, clean) = fetch_what_comes(proxy, origin, &v2).await;
+        if status == StatusCode::OK {
+            assert!(
+                second.starts_with(&got),
+                "case {case} (seed {seed:#x}): a wrong byte reached the user agent"
+            );
+            assert!(
+                !clean || got.len() == second.len(),
+                "case {case} (seed {seed:#x}): {} of {} bytes, ended as if whole",
+                got.len(),
+                second.len()
+            );
+        }
+    }
+    // Every entry still kept (the cache evicts the oldest), once the cache
+    // writers are done: whole and right, or not kept whole.
+    stack.tap.set_mode(TapMode::Pass);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut kept_whole = 0;
+    for case in 0..48u64 {
+        for version in [1, 2] {
+            let url = stack.url(&format!("/f6/{case}/v{version}.js"));
+            if let Some(entry) = stack.proxy.entry(&url)
+                && entry.completeness == Completeness::Complete
+            {
+                stack
+                    .proxy
+                    .assert_complete(&url, &f6_version(case, version));
+                kept_whole += 1;
+            }
+        }
+    }
+    // (A basis whose delta failed its digest is dropped too: the client
+    // cannot tell a bad link from a bad basis.)
+    assert!(kept_whole > 0, "the sweep found nothing to check");
+    // Still serving, and right, once the link is honest again.
+    let (status, got, clean) = fetch_what_comes(proxy, origin, "/f6/0/v2.js").await;
+    assert!(status == StatusCode::OK && clean && got == f6_version(0, 2));
+    let stats = stack.proxy.stats();
+    assert!(
+        stats.digest_failures > 0 || stats.upstream_errors > 0,
+        "{stats:?}"
+    );
 }
 
 /// Hot keys of L-10.
