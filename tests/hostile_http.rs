@@ -576,6 +576,11 @@ async fn p3_malformed_content_length_values_are_refused() {
             "Content-Length: 100000000000000000000\r\n",
             "hello",
         ),
+        // A GET's body is framed the same way, and cached answers are
+        // at stake: the same refusal.
+        case("+5 on a GET", "GET", "Content-Length: +5\r\n", "hello"),
+        case("0x5 on a GET", "GET", "Content-Length: 0x5\r\n", "hello"),
+        case("empty on a GET", "GET", "Content-Length:\r\n", "hello"),
     ];
     assert_none(refused(&cases, &[400], true).await);
 }

@@ -56,7 +56,8 @@ fn signature_with_field(blocks: usize, at: usize, value: u32) -> Vec<u8> {
 
 /// D-S1, D-S2, D-S3: a signature that fails validation gives a valid
 /// from-scratch stream (no copies) and names why; nothing reaches
-/// fast_rsync's `index()`/`diff()`, so block size 0 cannot hang it.
+/// fast_rsync's `index()`/`diff()`, so block size 0 cannot hang it. (F-4
+/// runs the same check under the fuzzer: `fuzz/fuzz_targets/signature.rs`.)
 #[test]
 fn d_s1_d_s3_unusable_signatures_give_a_from_scratch_stream() {
     let cap = SignatureLimits::default().max_bytes;
