@@ -44,6 +44,9 @@ pub struct Framing {
     checked: u64,
     /// Stream offset of the current message's first byte.
     head_start: u64,
+    /// Stream offset of the current body's first byte (the byte after its
+    /// head), while one is under way.
+    body_start: u64,
     /// Trailer fields of a chunked body, rather than a head's fields.
     in_trailer: bool,
     /// The field whose value is being read.
@@ -164,6 +167,7 @@ impl Framing {
             status: 0,
             checked: 0,
             head_start: 0,
+            body_start: 0,
             in_trailer: false,
             field: Field::Other,
             name_len: 0,
@@ -192,6 +196,32 @@ impl Framing {
     /// empty lines aside, which RFC 9112 §2.2 lets a client send there.
     pub fn is_between_messages(&self) -> bool {
         self.state == State::HeadStart
+    }
+
+    /// Which message of the connection the next byte belongs to (0 for
+    /// the first): the messages that ended so far.
+    pub fn message(&self) -> u64 {
+        self.messages
+    }
+
+    /// Bytes of the current message's body checked so far, its chunk
+    /// framing and trailer included; `None` when no body is under way (in
+    /// a head, between messages, or in a tunnel's bytes after a CONNECT,
+    /// which are not a body).
+    pub fn body_received(&self) -> Option<u64> {
+        let in_body = self.in_trailer
+            || matches!(
+                self.state,
+                State::Body { .. }
+                    | State::ChunkSize
+                    | State::ChunkSizeBlank
+                    | State::ChunkExtension
+                    | State::ChunkLineLf
+                    | State::ChunkData { .. }
+                    | State::ChunkDataCr
+                    | State::ChunkDataLf
+            );
+        in_body.then(|| self.checked - self.body_start)
     }
 
     /// Start lines that ended: as requests, the requests written so far.
@@ -376,10 +406,12 @@ impl Framing {
                         self.messages += 1;
                         self.state = State::UntilClose;
                     } else if self.chunked {
+                        self.body_start = start + i as u64 + 1;
                         self.start_chunk();
                     } else {
                         match self.content_length {
                             Some(remaining) if remaining > 0 => {
+                                self.body_start = start + i as u64 + 1;
                                 self.state = State::Body { remaining };
                             }
                             None if self.direction == Direction::Responses => {
@@ -628,6 +660,41 @@ mod tests {
     }
 
     const CHUNKS: &str = "5\r\nhello\r\n0\r\n\r\n";
+
+    #[test]
+    fn a_body_counts_its_bytes_from_the_end_of_its_head_to_its_end() {
+        let head = request("Content-Length: 10\r\n", "");
+        let mut framing = Framing::new();
+        framing.check(&head[..head.len() - 1]);
+        assert_eq!(framing.body_received(), None, "still in the head");
+        framing.check(&head[head.len() - 1..]);
+        assert_eq!(framing.body_received(), Some(0));
+        framing.check(b"hel");
+        framing.check(b"lo wo");
+        assert_eq!(framing.body_received(), Some(8));
+        assert_eq!(framing.message(), 0);
+        // Its last bytes and the next head in one read: that head's.
+        framing.check(b"rlGET / HTTP/1.1\r\n");
+        assert_eq!(framing.body_received(), None);
+        assert_eq!(framing.message(), 1);
+
+        // Chunked: the chunk lines and the trailer count, up to the end.
+        let mut framing = Framing::new();
+        framing.check(&request("Transfer-Encoding: chunked\r\n", "5\r\nhel"));
+        assert_eq!(framing.body_received(), Some(6));
+        framing.check(b"lo\r\n0\r\nX-T: t\r\n");
+        assert_eq!(framing.body_received(), Some(21));
+        framing.check(b"\r\n");
+        assert_eq!(framing.body_received(), None);
+        assert!(framing.is_between_messages());
+
+        // No body at all, and a tunnel's bytes, are not a body.
+        let mut framing = Framing::new();
+        framing.check(&request("", ""));
+        assert_eq!(framing.body_received(), None);
+        framing.check(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\nxyz");
+        assert_eq!(framing.body_received(), None);
+    }
 
     #[test]
     fn what_follows_a_connect_head_is_a_tunnel_not_a_request() {
