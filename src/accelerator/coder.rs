@@ -32,7 +32,7 @@ use crate::http::headers::{
     HSYNC_SIGNATURE_LENGTH, HSYNC_VARY, accepts_coding, accepts_hsync, parse_byte_sequence,
     weaken_etag,
 };
-use crate::http::server::{BodyError, ProxyBody};
+use crate::http::server::{BodyError, ProxyBody, slow_request_body};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::{self, ExchangeCheck};
@@ -351,6 +351,9 @@ impl Coder {
         let read = http_body_util::Limited::new(body, len).collect();
         let signature = match tokio::time::timeout(self.config.body_timeout, read).await {
             Err(_) => return Err(ProxyError::request_timeout()),
+            Ok(Err(error)) if let Some(refusal) = slow_request_body(&*error) => {
+                return Err(refusal);
+            }
             Ok(Err(error)) => {
                 return Err(
                     ProxyError::bad_request(format!("basis signature body: {error}")).closing(),

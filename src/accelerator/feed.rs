@@ -37,7 +37,7 @@ use crate::feed::watch::DocRoot;
 use crate::feed::wire::{
     MAX_SUBMISSION_BYTES, MAX_SUBMITTED, Pull, callback_node, parse_submission,
 };
-use crate::http::server::{Peer, ProxyBody, json_response, text_response};
+use crate::http::server::{Peer, ProxyBody, json_response, slow_request_body, text_response};
 use crate::http::upstream_guard::ExchangeCheck;
 
 /// What became of one submitted path.
@@ -89,6 +89,9 @@ impl Accelerator {
                 .await;
                 let text = match read {
                     Ok(Ok(body)) => body.to_bytes(),
+                    Ok(Err(error)) if let Some(refusal) = slow_request_body(&*error) => {
+                        return refusal.log_and_respond();
+                    }
                     Ok(Err(error)) => {
                         return text_response(
                             StatusCode::PAYLOAD_TOO_LARGE,

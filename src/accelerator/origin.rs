@@ -34,7 +34,7 @@ use crate::http::headers::{
 };
 use crate::http::health::Admission;
 use crate::http::server::{
-    InterimSender, Peer, ProxyBody, forward_interim, malformed_request_body,
+    InterimSender, Peer, ProxyBody, forward_interim, malformed_request_body, slow_request_body,
 };
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck};
@@ -104,7 +104,8 @@ impl Accelerator {
     /// # Errors
     /// The origin marked down (503), no head within the origin timeout
     /// (504), the origin unreachable or not permitted (502, 403), the
-    /// client's body malformed (400), a head that cannot be relayed (502).
+    /// client's body malformed (400) or too slow (408), a head that cannot
+    /// be relayed (502).
     pub(super) async fn fetch(
         &self,
         mut parts: Parts,
@@ -151,6 +152,9 @@ impl Accelerator {
             // The exchange failed on the client's body, not the origin.
             Ok(Err(error)) if let Some(violation) = malformed_request_body(&error) => {
                 return Err(ProxyError::malformed_request(violation));
+            }
+            Ok(Err(error)) if let Some(refusal) = slow_request_body(&error) => {
+                return Err(refusal);
             }
             Ok(Err(error)) => {
                 if let Some(refused) = AddressRefused::in_chain(&error) {

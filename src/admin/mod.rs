@@ -42,7 +42,7 @@ use hyper::body::Incoming;
 use crate::feed::wire::MAX_SUBMISSION_BYTES;
 use crate::http::auth::{Authenticator, Refusal};
 use crate::http::server::{
-    ConnectionLimits, Handler, Peer, ProxyBody, json_response, text_response,
+    ConnectionLimits, Handler, Peer, ProxyBody, json_response, slow_request_body, text_response,
 };
 
 pub use figures::{BasisFigures, CacheFigures, FeedFigures, Figures, Outcomes, Source, Submission};
@@ -199,6 +199,9 @@ impl Admin {
         .await;
         let urls = match read {
             Ok(Ok(body)) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+            Ok(Err(error)) if let Some(refusal) = slow_request_body(&*error) => {
+                return refusal.log_and_respond();
+            }
             _ => {
                 return text_response(
                     StatusCode::BAD_REQUEST,

@@ -59,7 +59,7 @@ use crate::http::forwarded;
 use crate::http::headers::{HSYNC_ACCEPT, add_via, check_response_head};
 use crate::http::health::{Admission, Health};
 use crate::http::server::{
-    InterimSender, Peer, ProxyBody, forward_interim, malformed_request_body,
+    InterimSender, Peer, ProxyBody, forward_interim, malformed_request_body, slow_request_body,
 };
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
@@ -840,6 +840,9 @@ impl ClientProxy {
                 // The user agent's body broke its framing on the way up.
                 Err(ProxyError::bad_request(violation.reason.to_string()))
             }
+            // The user agent's body came too slowly; the upstream got a cut
+            // request, not a whole one.
+            Ok(Err(e)) if let Some(refusal) = slow_request_body(&e) => Err(refusal),
             Ok(Err(e)) => {
                 if let Some(refused) = AddressRefused::in_chain(&e) {
                     // A direct route's destination the policy refused.

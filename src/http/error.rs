@@ -145,6 +145,9 @@ pub enum ErrorKind {
     TargetTooLong,
     /// No whole request head within the header timeout (408).
     RequestTimeout,
+    /// A request body that came too slowly: under the minimum upload
+    /// rate, or stalled for the idle timeout (408, then close).
+    BodyTimeout,
     /// A method this hop does not serve at all (405).
     MethodNotAllowed,
     /// Something this hop does not do, such as tunnelling (501).
@@ -201,7 +204,7 @@ impl ErrorKind {
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
             ErrorKind::LengthRequired => StatusCode::LENGTH_REQUIRED,
             ErrorKind::TargetTooLong => StatusCode::URI_TOO_LONG,
-            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::RequestTimeout | ErrorKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -227,6 +230,7 @@ impl ErrorKind {
             | ErrorKind::LengthRequired
             | ErrorKind::TargetTooLong
             | ErrorKind::RequestTimeout
+            | ErrorKind::BodyTimeout
             | ErrorKind::MethodNotAllowed
             | ErrorKind::NotImplemented
             | ErrorKind::NotFound
@@ -253,6 +257,7 @@ impl ErrorKind {
             ErrorKind::LengthRequired => "length_required",
             ErrorKind::TargetTooLong => "target_too_long",
             ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::BodyTimeout => "body_timeout",
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::NotImplemented => "not_implemented",
             ErrorKind::NotFound => "not_found",
@@ -332,6 +337,13 @@ impl ProxyError {
     /// since the client may not be reading at all.
     pub fn request_timeout() -> Self {
         Self::new(ErrorKind::RequestTimeout, "").closing()
+    }
+
+    /// A request whose body came too slowly, `message` saying how (408):
+    /// the connection is closed, since the rest of the body may still
+    /// come.
+    pub fn body_timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::BodyTimeout, message).closing()
     }
 
     /// A request that came back to us, or passed too many proxies (508).
@@ -691,6 +703,16 @@ mod tests {
         };
         let response = ProxyError::malformed_request(violation).into_response();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+    }
+
+    #[test]
+    fn a_slow_body_is_the_clients_408_and_closes() {
+        let error = ProxyError::body_timeout("too slow");
+        assert_eq!(error.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(error.fault(), Fault::Client);
+        assert_eq!(error.kind().reason(), "body_timeout");
+        let response = error.into_response();
         assert_eq!(response.headers()[header::CONNECTION], "close");
     }
 

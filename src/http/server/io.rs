@@ -58,11 +58,19 @@ impl<I> Watched<I> {
             self.idle_expired = true;
             return Poll::Ready(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("no byte moved for {:?}", self.idle),
+                IdleTimeout { idle: self.idle },
             ));
         }
         Poll::Pending
     }
+}
+
+/// The error under the I/O error of a connection [`Watched`] failed: under
+/// a request body's error, a client that stopped sending it.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no byte moved either way for {idle:?}")]
+pub(super) struct IdleTimeout {
+    pub(super) idle: Duration,
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {

@@ -44,7 +44,9 @@ pub use limits::{
     ConnectionLimits, IDLE_UPSTREAM_CONNECTIONS, IDLE_UPSTREAM_TIMEOUT, LiveLimits,
     raise_open_file_limit, upstream_client_builder, web_client_builder,
 };
-pub use refusal::{MalformedRequestBody, bad_request_body, malformed_request_body, via_hops};
+pub use refusal::{
+    MalformedRequestBody, bad_request_body, malformed_request_body, slow_request_body, via_hops,
+};
 pub use reloadable::Reloadable;
 
 /// Kept here for the roles that still choose their statuses themselves

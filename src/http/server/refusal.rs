@@ -2,8 +2,10 @@
 //! limits or breaking the framing rules hyper does not check (`refuse_early`),
 //! and a request body whose chunking the guard refused
 //! ([`MalformedRequestBody`], [`malformed_request_body`],
-//! [`bad_request_body`]). Each refusal is a [`ProxyError`], which chooses
-//! its status and log reason.
+//! [`bad_request_body`]); and what a role answers a request whose body the
+//! connection layer failed for coming too slowly ([`slow_request_body`]).
+//! Each refusal is a [`ProxyError`], which chooses its status and log
+//! reason.
 
 use std::io;
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use crate::http::head_guard::Violation;
 use crate::http::headers::check_request_head;
 
 use super::body::ProxyBody;
+use super::io::IdleTimeout;
 use super::limits::ConnectionLimits;
 
 /// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
@@ -69,6 +72,25 @@ pub struct MalformedRequestBody(pub Violation);
 /// failed for it) comes from a request body the guard refused: the client
 /// is at fault (400), not the upstream.
 pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Option<Violation> {
+    under_io::<MalformedRequestBody>(error).map(|found| found.0)
+}
+
+/// The refusal (408, closing) when `error` (a request's failed body, or an
+/// upstream exchange that failed for it) comes from a body the client
+/// sent too slowly: stalled until the idle timeout. The client is at
+/// fault, not the upstream, and what went upstream was cut, not ended
+/// (the exchange failed).
+pub fn slow_request_body(error: &(dyn std::error::Error + 'static)) -> Option<ProxyError> {
+    // The idle watch fails reads and writes alike; under a request body's
+    // error it is a read of that body: the client stopped sending it.
+    under_io::<IdleTimeout>(error)
+        .map(|idle| ProxyError::body_timeout(format!("request body stalled: {idle}")))
+}
+
+/// The `T` inside an I/O error somewhere in `error`'s chain.
+fn under_io<'e, T: std::error::Error + 'static>(
+    error: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e T> {
     let mut next = Some(error);
     while let Some(error) = next {
         // An I/O error's `source` skips its own inner error.
@@ -76,8 +98,8 @@ pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Opti
             .downcast_ref::<io::Error>()
             .and_then(io::Error::get_ref)
             .map(|inner| inner as &(dyn std::error::Error + 'static));
-        if let Some(found) = inner.and_then(|e| e.downcast_ref::<MalformedRequestBody>()) {
-            return Some(found.0);
+        if let Some(found) = inner.and_then(|e| e.downcast_ref::<T>()) {
+            return Some(found);
         }
         next = error.source();
     }
