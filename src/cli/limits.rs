@@ -13,14 +13,23 @@ use crate::config::{LimitSettings, override_with_flags};
 pub struct LimitArgs {
     /// Time a client has to send a whole request head (408, then close):
     /// 30s, 5m, 100ms or seconds. Also how long an idle keep-alive
-    /// connection stays open.
+    /// connection stays open, and the grace of --min-upload-rate.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub header_read_timeout: Option<Duration>,
     /// Time a connection with a request under way may go without a byte
     /// moving either way (a stalled upload or reader, an origin gone quiet
-    /// mid-body) before it is closed: 30s, 5m, 100ms or seconds.
+    /// mid-body) before it is closed, with a 408 first for a request body
+    /// that stalled before its answer began: 30s, 5m, 100ms or seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle_timeout: Option<Duration>,
+    /// Least rate a request body must average, in bytes per second (K, M
+    /// or G suffix allowed; 0: none): a body may take the header read
+    /// timeout, plus a second per this many bytes it sent, counting only
+    /// time spent waiting for its bytes; past that, 408 and close. Stops
+    /// uploads trickled a few bytes at a time from holding connections
+    /// for ever. HTTP/1.1 only.
+    #[arg(long, value_name = "BYTES")]
+    pub min_upload_rate: Option<Size>,
     /// Largest request head, request line included (431 beyond): bytes,
     /// or with a K, M or G suffix.
     #[arg(long, value_name = "SIZE")]
@@ -55,7 +64,8 @@ impl LimitArgs {
     /// Sets the limits given as flags.
     pub fn apply(&self, settings: &mut LimitSettings) {
         override_with_flags!(settings, self;
-            plain: header_read_timeout, idle_timeout, max_head, max_headers, max_target,
+            plain: header_read_timeout, idle_timeout, min_upload_rate, max_head, max_headers,
+                max_target,
                 max_hops, max_connections, max_streams, drain_timeout;
             optional: ;
             switches: );

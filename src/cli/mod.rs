@@ -204,6 +204,8 @@ mod tests {
             "10",
             "--password-check-wait",
             "2s",
+            "--min-upload-rate",
+            "1K",
         ];
         let Command::Accelerator(args) = Cli::try_parse_from(line).unwrap().command else {
             unreachable!()
@@ -213,6 +215,14 @@ mod tests {
         assert_eq!(
             settings.queue_hold_grace,
             std::time::Duration::from_millis(500)
+        );
+        assert_eq!(
+            settings
+                .limits
+                .to_limits()
+                .unwrap()
+                .min_upload_bytes_per_sec,
+            1024
         );
     }
 }

@@ -25,13 +25,17 @@ use crate::http::server::ConnectionLimits;
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct LimitSettings {
     /// Time to send a whole request head; also how long an idle
-    /// keep-alive connection stays open.
+    /// keep-alive connection stays open, and the grace of
+    /// `min-upload-rate`.
     #[serde(with = "units::duration")]
     pub header_read_timeout: Duration,
     /// Time a connection with a request under way may go without a byte
     /// moving either way.
     #[serde(with = "units::duration")]
     pub idle_timeout: Duration,
+    /// Least average rate of a request body past its grace (the header
+    /// read timeout), in bytes per second; 0: none.
+    pub min_upload_rate: Size,
     /// Largest request head, request line included.
     pub max_head: Size,
     /// Most header fields in a request.
@@ -55,6 +59,7 @@ impl Default for LimitSettings {
         LimitSettings {
             header_read_timeout: limits.header_read_timeout,
             idle_timeout: limits.idle_timeout,
+            min_upload_rate: Size(limits.min_upload_bytes_per_sec),
             max_head: Size(limits.max_head_bytes as u64),
             max_headers: limits.max_headers,
             max_target: Size(limits.max_target_bytes as u64),
@@ -83,6 +88,7 @@ impl LimitSettings {
             max_headers: self.max_headers,
             max_target_bytes: saturating_usize(self.max_target),
             idle_timeout: self.idle_timeout,
+            min_upload_bytes_per_sec: self.min_upload_rate.0,
             max_hops: self.max_hops,
             max_connections: self.max_connections,
             max_streams: self.max_streams,

@@ -34,6 +34,7 @@ use super::interim::{self, Interim, SharedBoard};
 use super::io::{Guarded, Hold, Watched};
 use super::limits::{ConnectionLimits, Draining};
 use super::refusal::{RefusedBody, bad_request_body, refuse_early};
+use super::upload_rate::MinUploadRate;
 
 /// hyper's timer, with the connection's hold added to every deadline it
 /// sets (hyper uses it only for the header timeout on HTTP/1.1).
@@ -294,7 +295,12 @@ where
     let refusing = Arc::new(AtomicBool::new(false));
     let io = Interim::new(
         Watched::new(
-            Guarded::new(io, refusing.clone(), refused_body),
+            Guarded::new(
+                io,
+                refusing.clone(),
+                refused_body,
+                MinUploadRate::of(&limits),
+            ),
             limits.idle_timeout,
             hold,
         ),

@@ -1,9 +1,13 @@
 //! The two I/O wrappers a connection's bytes pass on their way to hyper:
 //! [`Guarded`] checks the request bytes against the HTTP/1.1 framing rules
-//! ([`Framing`]) and stops hyper at the first violation; [`Watched`] fails
-//! the connection once no byte has moved either way for the idle timeout
-//! (stretched by the connection's [`Hold`]). What to answer then is the
-//! serving code's choice.
+//! ([`Framing`]) and stops hyper at the first violation, and fails a
+//! request body that comes slower than the minimum upload rate
+//! ([`MinUploadRate`]); [`Watched`] fails the connection once no byte has
+//! moved either way for the idle timeout (stretched by the connection's
+//! [`Hold`]). What to answer then is the serving code's choice: each
+//! failure is an I/O error with a typed error inside ([`IdleTimeout`],
+//! [`SlowUpload`], [`MalformedRequestBody`]) that a request body's reader
+//! can tell apart.
 
 use std::future::Future;
 use std::io;
@@ -14,11 +18,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::http::head_guard::{Framing, Part, Violation};
 
 use super::refusal::{MalformedRequestBody, RefusedBody};
+use super::upload_rate::{BodyClock, MinUploadRate, SlowUpload};
 
 /// A connection's current hold (seconds), shared by its service (which
 /// reads [`HoldConnection`] off each response), its timer and its I/O.
@@ -155,6 +160,25 @@ pub(super) struct Guarded<I> {
     owes_refusal: bool,
     /// Set at a refused body, for the service.
     refused_body: RefusedBody,
+    /// The least rate of request bodies (`None`: off).
+    min_upload_rate: Option<MinUploadRate>,
+    /// The body waited for under it, if any: boxed, and only while a body
+    /// is under way, so that a connection between requests holds no
+    /// timer.
+    waited: Option<Box<WaitedBody>>,
+}
+
+/// A request body waited for under the minimum upload rate.
+struct WaitedBody {
+    /// The message of the connection the body belongs to.
+    message: u64,
+    clock: BodyClock,
+    /// Wakes a read waiting for the body at its deadline, or at an older
+    /// one, earlier (see [`BodyClock::waiting`]): reset when it fires,
+    /// not at every byte.
+    timer: Pin<Box<Sleep>>,
+    /// Set once the body came too slowly: every later read fails the same.
+    failed: Option<SlowUpload>,
 }
 
 #[derive(Clone, Copy)]
@@ -167,7 +191,12 @@ struct Stop {
 }
 
 impl<I> Guarded<I> {
-    pub(super) fn new(io: I, refusing: Arc<AtomicBool>, refused_body: RefusedBody) -> Self {
+    pub(super) fn new(
+        io: I,
+        refusing: Arc<AtomicBool>,
+        refused_body: RefusedBody,
+        min_upload_rate: Option<MinUploadRate>,
+    ) -> Self {
         Guarded {
             io,
             framing: Framing::new(),
@@ -175,6 +204,61 @@ impl<I> Guarded<I> {
             stop: None,
             owes_refusal: false,
             refused_body,
+            min_upload_rate,
+            waited: None,
+        }
+    }
+
+    /// A read found no byte: while a request body is under way, its wait
+    /// is timed, and fails once the body is slower than the minimum rate.
+    /// Between requests, in a head (hyper's header timeout) or in a
+    /// tunnel, nothing is timed here.
+    fn wait_for_body(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let (Some(rate), Some(received)) = (self.min_upload_rate, self.framing.body_received())
+        else {
+            return Poll::Pending;
+        };
+        let message = self.framing.message();
+        let now = Instant::now();
+        let body = match &mut self.waited {
+            Some(body) if body.message == message => body,
+            // The first wait of this body (a pipelined one's is not the
+            // one before's).
+            waited => waited.insert(Box::new(WaitedBody {
+                message,
+                clock: BodyClock::default(),
+                timer: Box::pin(tokio::time::sleep_until(now)),
+                failed: None,
+            })),
+        };
+        let deadline = body.clock.waiting(now, rate, received);
+        loop {
+            if body.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if now >= deadline {
+                let slow = SlowUpload::new(rate, &body.clock, received, now);
+                tracing::debug!(%slow, "request body below the minimum upload rate");
+                body.failed = Some(slow);
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, slow)));
+            }
+            // Fired at an older deadline, which the body's bytes have
+            // since pushed back.
+            body.timer.as_mut().reset(deadline);
+        }
+    }
+
+    /// A read found bytes (or the end): the body's wait, if one was under
+    /// way, is over; and once no body is under way, its clock goes.
+    fn body_arrived(&mut self) {
+        let Some(body) = &mut self.waited else {
+            return;
+        };
+        if body.clock.is_waiting() {
+            body.clock.arrived(Instant::now());
+        }
+        if self.framing.body_received().is_none() {
+            self.waited = None;
         }
     }
 
@@ -226,10 +310,18 @@ impl<I: AsyncRead + Unpin> AsyncRead for Guarded<I> {
         if let Some(stop) = this.stop {
             return this.stopped(stop);
         }
+        if let Some(slow) = this.waited.as_ref().and_then(|body| body.failed) {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, slow)));
+        }
         let before = buf.filled().len();
         let chunk_start = this.framing.checked();
-        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        let read = match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending => return this.wait_for_body(cx),
+            Poll::Ready(read) => read,
+        };
+        read?;
         let checked = this.framing.check(&buf.filled()[before..]);
+        this.body_arrived();
         let Some(violation) = checked.violation else {
             return Poll::Ready(Ok(()));
         };

@@ -1,6 +1,6 @@
 //! How much the HTTP layer lets a connection, a pool or the process hold:
-//! [`ConnectionLimits`] (heads, targets, timeouts, hops, connections,
-//! streams), the bounds of the pools that go upstream
+//! [`ConnectionLimits`] (heads, targets, timeouts, the upload rate, hops,
+//! connections, streams), the bounds of the pools that go upstream
 //! ([`upstream_client_builder`]), and the open-file limit raised to what
 //! `max_connections` needs ([`raise_open_file_limit`]). The numbers and
 //! their defaults; enforcing them is the serving code's job.
@@ -57,8 +57,16 @@ pub struct ConnectionLimits {
     pub max_target_bytes: usize,
     /// Time without a byte moving either way, once a request is under way
     /// (a stalled upload, a user agent that stopped reading, an origin
-    /// that went quiet mid-body): the connection is closed.
+    /// that went quiet mid-body): the connection is closed, with a 408
+    /// first when a request body stalled before its answer began.
     pub idle_timeout: Duration,
+    /// Least average rate of a request body (bytes per second; 0: none),
+    /// as mod_reqtimeout's `MinRate`: a body may be waited for
+    /// `header_read_timeout`, plus one second per this many bytes it
+    /// brought; past that, 408 and close (L-8). Only time spent waiting
+    /// for the client's bytes counts, not time the role spends not
+    /// reading them (a slow origin, a queue). HTTP/1.1 only.
+    pub min_upload_bytes_per_sec: u64,
     /// Most `Via` entries a request may carry: 508 beyond (P-15).
     pub max_hops: usize,
     /// Connections served at once; further ones wait in the listen
@@ -84,6 +92,10 @@ impl Default for ConnectionLimits {
             max_headers: 100,
             max_target_bytes: 8 << 10,
             idle_timeout: Duration::from_secs(60),
+            // Apache's mod_reqtimeout default: a trickle of a few bytes a
+            // second no longer holds a connection for ever, while a slow
+            // mobile link (tens of KB/s) is far above it.
+            min_upload_bytes_per_sec: 500,
             max_hops: 10,
             max_connections: 16 << 10,
             max_streams: 128,

@@ -11,8 +11,9 @@
 //! - `connection.rs`: one connection: the service (early refusals, then the
 //!   role), HTTP/1.1 with its raw 400/408, TLS with HTTP/2
 //!   ([`serve_connection`]);
-//! - `io.rs`: the I/O wrappers under hyper: the framing guard and the idle
-//!   watch;
+//! - `io.rs`: the I/O wrappers under hyper: the framing guard (with the
+//!   minimum upload rate of request bodies) and the idle watch;
+//! - `upload_rate.rs`: that rate's arithmetic, sans-IO;
 //! - `interim.rs`: 1xx heads forwarded ahead of a final response
 //!   ([`InterimSender`], [`forward_interim`]);
 //! - `refusal.rs`: what is refused before a role sees a request;
@@ -33,6 +34,7 @@ mod io;
 mod limits;
 mod refusal;
 mod reloadable;
+mod upload_rate;
 
 pub use accept::{bind, serve, serve_tls};
 pub(crate) use body::ReceiverStream;

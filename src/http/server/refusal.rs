@@ -20,6 +20,7 @@ use crate::http::headers::check_request_head;
 use super::body::ProxyBody;
 use super::io::IdleTimeout;
 use super::limits::ConnectionLimits;
+use super::upload_rate::SlowUpload;
 
 /// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
 /// for loops, so the two checks agree on what an entry is).
@@ -77,10 +78,13 @@ pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Opti
 
 /// The refusal (408, closing) when `error` (a request's failed body, or an
 /// upstream exchange that failed for it) comes from a body the client
-/// sent too slowly: stalled until the idle timeout. The client is at
-/// fault, not the upstream, and what went upstream was cut, not ended
-/// (the exchange failed).
+/// sent too slowly: under the minimum upload rate, or stalled until the
+/// idle timeout. The client is at fault, not the upstream, and what went
+/// upstream was cut, not ended (the exchange failed).
 pub fn slow_request_body(error: &(dyn std::error::Error + 'static)) -> Option<ProxyError> {
+    if let Some(slow) = under_io::<SlowUpload>(error) {
+        return Some(ProxyError::body_timeout(slow.to_string()));
+    }
     // The idle watch fails reads and writes alike; under a request body's
     // error it is a read of that body: the client stopped sending it.
     under_io::<IdleTimeout>(error)
