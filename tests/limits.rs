@@ -1,8 +1,11 @@
-//! The connection limits both roles share (RELIABILITY P-8, P-15, L-7):
-//! each at exactly its limit (accepted) and one past it (refused with its
-//! status, and the origin sees nothing), the header and idle timeouts, and
-//! the connection cap. The accelerator in front of a recording origin
-//! stands for both roles: the limits live in the shared connection layer.
+//! The connection limits both roles share (RELIABILITY P-8, P-15, L-7,
+//! L-8): each at exactly its limit (accepted) and one past it (refused
+//! with its status, and the origin sees nothing), the header and idle
+//! timeouts, the minimum upload rate, and the connection cap. The
+//! accelerator in front of a recording origin stands for both roles, the
+//! limits living in the shared connection layer; where the role's own
+//! code has a part (a slow body's 408 comes from the role that was
+//! forwarding it), the client proxy is asked as well.
 
 mod support;
 
@@ -17,7 +20,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rproxy::accelerator::AcceleratorConfig;
 use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody};
-use support::topology::{Accelerator, Listen, Server, accelerator_config, serve};
+use support::proxy::{client_config, eventually};
+use support::topology::{
+    Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -25,17 +31,24 @@ use tokio::net::TcpStream;
 const BIG: usize = 64 << 20;
 
 /// Answers `/big` with [`BIG`] bytes and anything else with a short body,
-/// after reading the whole request body; counts requests.
+/// after reading the whole request body; counts requests, and the request
+/// bodies that came whole and that were cut.
 #[derive(Default)]
 struct Origin {
     requests: AtomicUsize,
+    whole_bodies: AtomicUsize,
+    cut_bodies: AtomicUsize,
 }
 
 impl Handler for Origin {
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let big = request.uri().path() == "/big";
-        let _ = request.into_body().collect().await;
+        let ended = match request.into_body().collect().await {
+            Ok(_) => &self.whole_bodies,
+            Err(_) => &self.cut_bodies,
+        };
+        ended.fetch_add(1, Ordering::SeqCst);
         let body = if big {
             Bytes::from(vec![b'x'; BIG])
         } else {
@@ -51,8 +64,11 @@ impl Handler for Origin {
 
 struct Stack {
     origin: Server<Origin>,
-    _accelerator: Accelerator,
+    accelerator: Accelerator,
     addr: SocketAddr,
+    /// A client proxy in front of the origin with the same limits, when
+    /// asked for ([`start_both`]).
+    client: Option<ClientProxy>,
 }
 
 async fn start(limits: ConnectionLimits) -> Stack {
@@ -66,13 +82,81 @@ async fn start(limits: ConnectionLimits) -> Stack {
     Stack {
         addr: accelerator.addr,
         origin,
-        _accelerator: accelerator,
+        accelerator,
+        client: None,
     }
+}
+
+/// [`start`], and a client proxy whose upstream is the origin, under the
+/// same `limits`.
+async fn start_both(limits: ConnectionLimits) -> Stack {
+    let mut stack = start(limits).await;
+    let config = client_config(&format!("http://{}", stack.origin.addr));
+    let client = ClientProxy::start_with(config, Cache::Temp(1 << 20), Listen::with_limits(limits));
+    stack.client = Some(client.await);
+    stack
+}
+
+/// One of the proxies a test asks, and how: the accelerator in
+/// origin-form, the client proxy in absolute-form, as `curl -x` asks.
+struct Front {
+    name: &'static str,
+    addr: SocketAddr,
+    /// What goes before the path in the request line.
+    prefix: String,
 }
 
 impl Stack {
     fn origin_requests(&self) -> usize {
         self.origin.requests.load(Ordering::SeqCst)
+    }
+
+    fn origin_whole_bodies(&self) -> usize {
+        self.origin.whole_bodies.load(Ordering::SeqCst)
+    }
+
+    fn origin_cut_bodies(&self) -> usize {
+        self.origin.cut_bodies.load(Ordering::SeqCst)
+    }
+
+    /// Each front's refusals so far, in [`Stack::fronts`]' order: the
+    /// client's and the upstream's.
+    fn refusals(&self) -> Vec<(u64, u64)> {
+        let accelerator = self.accelerator.handler.stats().snapshot();
+        let mut refusals = vec![(accelerator.refused_client, accelerator.refused_upstream)];
+        if let Some(client) = &self.client {
+            let client = client.stats();
+            refusals.push((client.refused_client, client.refused_upstream));
+        }
+        refusals
+    }
+
+    /// The accelerator, and the client proxy when there is one.
+    fn fronts(&self) -> Vec<Front> {
+        let mut fronts = vec![Front {
+            name: "accelerator",
+            addr: self.addr,
+            prefix: String::new(),
+        }];
+        if let Some(client) = &self.client {
+            fronts.push(Front {
+                name: "client proxy",
+                addr: client.addr,
+                prefix: format!("http://{}", self.origin.addr),
+            });
+        }
+        fronts
+    }
+
+    /// The head of a POST of `len` bytes to `/upload` through `front`,
+    /// closing the connection after its answer.
+    fn upload_head(&self, front: &Front, len: usize) -> Vec<u8> {
+        format!(
+            "POST {}/upload HTTP/1.1\r\nHost: {}\r\nContent-Length: {len}\r\n\
+             Connection: close\r\n\r\n",
+            front.prefix, self.origin.addr
+        )
+        .into_bytes()
     }
 }
 
@@ -203,23 +287,165 @@ async fn l7_half_a_head_gets_408_and_a_close_at_the_header_timeout() {
     assert_eq!(stack.origin_requests(), 0);
 }
 
+/// What came back on a connection that sent an upload, and how it ended.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    /// The answer's head says `Connection: close`.
+    says_close: bool,
+    body: String,
+    /// The proxy closed the connection within 10 s.
+    closed: bool,
+    /// From the connect to the close (or to the 10 s).
+    took: Duration,
+}
+
+/// Sends `head`, then `body` `piece` bytes at a time, each after `every`,
+/// reading meanwhile until the proxy closes or 10 s pass.
+async fn trickle(
+    addr: SocketAddr,
+    head: &[u8],
+    body: &[u8],
+    piece: usize,
+    every: Duration,
+) -> Answer {
+    let started = Instant::now();
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let (head, body) = (head.to_vec(), body.to_vec());
+    let writing = tokio::spawn(async move {
+        if writer.write_all(&head).await.is_ok() {
+            for piece in body.chunks(piece) {
+                tokio::time::sleep(every).await;
+                if writer.write_all(piece).await.is_err() {
+                    break;
+                }
+            }
+        }
+        // Kept open until the answer is read: a half-closed socket would
+        // look like a client that left.
+        std::future::pending::<()>().await;
+        drop(writer);
+    });
+    let mut raw = Vec::new();
+    let mut buf = [0; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let closed = loop {
+        match tokio::time::timeout_at(deadline, reader.read(&mut buf)).await {
+            Err(_) => break false,
+            Ok(Ok(0) | Err(_)) => break true,
+            Ok(Ok(n)) => raw.extend_from_slice(&buf[..n]),
+        }
+    };
+    let took = started.elapsed();
+    writing.abort();
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Answer {
+        status: head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0),
+        says_close: head
+            .lines()
+            .any(|line| line.eq_ignore_ascii_case("connection: close")),
+        body: body.to_owned(),
+        closed,
+        took,
+    }
+}
+
+/// The limits of the L-8 tests: a body may be waited for 1 s (the header
+/// timeout), plus a second per 100 bytes it brought.
+fn slow_upload_limits() -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout: Duration::from_secs(1),
+        min_upload_bytes_per_sec: 100,
+        ..ConnectionLimits::default()
+    }
+}
+
+/// Waits until the origin has seen `n` request bodies end, cut or whole.
+async fn bodies_ended(stack: &Stack, n: usize) {
+    eventually("the origin saw the bodies end", || {
+        stack.origin_whole_bodies() + stack.origin_cut_bodies() >= n
+    })
+    .await;
+}
+
 #[tokio::test]
-async fn a_stalled_upload_is_closed_at_the_idle_timeout() {
+async fn l8_an_upload_slower_than_the_minimum_rate_gets_408_and_is_closed() {
+    let stack = start_both(slow_upload_limits()).await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        // 4 bytes every 200 ms, 20 B/s: bytes keep moving (the idle
+        // timeout never comes), but the allowance, 1 s and 0.2 s a second,
+        // runs out after 1.25 s. Sent whole, the body would take 50 s.
+        let body = [b'x'; 1000];
+        let head = stack.upload_head(front, body.len());
+        let answer = trickle(front.addr, &head, &body, 4, Duration::from_millis(200)).await;
+        assert_eq!(answer.status, 408, "{}: {answer:?}", front.name);
+        assert!(answer.says_close, "{}: {answer:?}", front.name);
+        assert!(answer.closed, "{}: {answer:?}", front.name);
+        assert!(
+            answer.body.contains("slower than 100 B/s"),
+            "{}: {answer:?}",
+            front.name
+        );
+    }
+    // Each front counted the client's refusal, not the origin's.
+    assert_eq!(stack.refusals(), vec![(1, 0); fronts.len()]);
+    // Each request went upstream as it came, and was cut there, not ended.
+    bodies_ended(&stack, fronts.len()).await;
+    assert_eq!(stack.origin_requests(), fronts.len());
+    assert_eq!(stack.origin_cut_bodies(), fronts.len());
+    assert_eq!(stack.origin_whole_bodies(), 0);
+}
+
+#[tokio::test]
+async fn l8_an_upload_above_the_minimum_rate_completes() {
+    let stack = start_both(slow_upload_limits()).await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        // 30 bytes every 200 ms, 150 B/s for 2.4 s: the allowance, 1 s and
+        // 1.5 s a second, stays ahead of the waits. A rate three times too
+        // high (or bits taken for bytes) would run out within 2 s.
+        let body = [b'x'; 360];
+        let head = stack.upload_head(front, body.len());
+        let answer = trickle(front.addr, &head, &body, 30, Duration::from_millis(200)).await;
+        assert_eq!(answer.status, 200, "{}: {answer:?}", front.name);
+        assert_eq!(answer.body, "hello\n", "{}: {answer:?}", front.name);
+        assert!(answer.closed, "{}: {answer:?}", front.name);
+    }
+    bodies_ended(&stack, fronts.len()).await;
+    assert_eq!(stack.origin_whole_bodies(), fronts.len());
+    assert_eq!(stack.origin_cut_bodies(), 0);
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+}
+
+#[tokio::test]
+async fn l8_a_stalled_upload_gets_408_and_a_close_at_the_idle_timeout() {
+    // The minimum rate at its default would give this body 10 s.
     let limits = ConnectionLimits {
         idle_timeout: Duration::from_secs(1),
         ..ConnectionLimits::default()
     };
-    let stack = start(limits).await;
-    let started = Instant::now();
-    let request =
-        b"POST /upload HTTP/1.1\r\nHost: site.test\r\nContent-Length: 100\r\n\r\nten bytes!";
-    let (_, closed) = exchange(stack.addr, request).await;
-    assert!(closed);
-    let took = started.elapsed();
-    assert!(
-        (Duration::from_millis(900)..Duration::from_secs(3)).contains(&took),
-        "closed after {took:?}"
-    );
+    let stack = start_both(limits).await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        // Ten bytes of a hundred, then nothing.
+        let head = stack.upload_head(front, 100);
+        let answer = trickle(front.addr, &head, b"ten bytes!", 10, Duration::ZERO).await;
+        assert_eq!(answer.status, 408, "{}: {answer:?}", front.name);
+        assert!(answer.says_close, "{}: {answer:?}", front.name);
+        assert!(answer.closed, "{}: {answer:?}", front.name);
+        assert!(
+            (Duration::from_millis(900)..Duration::from_secs(3)).contains(&answer.took),
+            "{}: {answer:?}",
+            front.name
+        );
+    }
+    assert_eq!(stack.refusals(), vec![(1, 0); fronts.len()]);
+    bodies_ended(&stack, fronts.len()).await;
+    assert_eq!(stack.origin_cut_bodies(), fronts.len());
+    assert_eq!(stack.origin_whole_bodies(), 0);
 }
 
 #[tokio::test]
