@@ -38,6 +38,7 @@ use crate::http::server::{
 };
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck};
+use crate::http::upstream_wait;
 use crate::queue::{X_NODE, X_QUEUE, X_QUEUED};
 
 /// The origin's answer, its head made ours.
@@ -132,20 +133,25 @@ impl Accelerator {
             }
         };
         let interim = parts.extensions.remove::<InterimSender>();
+        let timeout = self.config.origin_timeout;
+        // The timeout runs from the last byte of the body the origin took:
+        // an upload longer than it is not the origin's fault.
+        let (body, patience) = upstream_wait::watch(body, timeout);
         let mut outbound = Request::from_parts(parts, body);
         // The origin's 1xx heads (103 Early Hints) go on while the client
         // waits (RFC 9110 §15.2).
         forward_interim(&mut outbound, interim.as_ref());
         let connection = capture_connection(&mut outbound);
-        let timeout = self.config.origin_timeout;
         let asked = std::time::Instant::now();
-        let answered = tokio::time::timeout(timeout, route.client.request(outbound)).await;
+        let answered = patience.answer(route.client.request(outbound)).await;
         if let Ok(Ok(_)) = &answered {
             self.stats.origin_latency.observe(asked.elapsed());
         }
         let response = match answered {
             Err(_) => {
-                let message = format!("origin sent no response head within {timeout:?}");
+                let message = format!(
+                    "origin sent no response head within {timeout:?} (of the last request byte it took)"
+                );
                 failed(&message);
                 return Err(ProxyError::upstream_timeout(message));
             }

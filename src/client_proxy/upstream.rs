@@ -63,6 +63,7 @@ use crate::http::server::{
 };
 use crate::http::tls::TlsSession;
 use crate::http::upstream_guard::{self, ExchangeCheck, FramedUpstream, FramingWatch};
+use crate::http::upstream_wait;
 
 /// ALPN for a held connection: HTTP/1.1 only, since a queue place kept by
 /// a connection is an HTTP/1.1 notion (an HTTP/2 connection is shared).
@@ -752,8 +753,10 @@ impl ClientProxy {
             )
             .unanswered());
         }
-        self.checked(target, target.upstream.send(request, target.forward))
-            .await
+        self.checked(target, request, |request| {
+            target.upstream.send(request, target.forward)
+        })
+        .await
     }
 
     /// The way after `target`'s for a request safe to repeat (the caller
@@ -787,16 +790,25 @@ impl ClientProxy {
         ProxyError::bad_upstream_response(format!("upstream {upstream} {what}"))
     }
 
-    /// The upstream's answer to a request `sent` (pooled or on a held
-    /// connection), within the upstream timeout and checked; `Err` is the
-    /// refusal for the user agent. After a malformed head the
-    /// connection must not be used again (`Upstream::send` sees to it for
-    /// pooled ones).
-    pub(super) async fn checked<E: std::error::Error + 'static>(
+    /// The upstream's answer to `request`, sent by `send` (pooled or on a
+    /// held connection), within the upstream timeout (from the last byte
+    /// of the body the upstream took: an upload longer than the timeout is
+    /// not the upstream's fault) and checked; `Err` is the refusal for the
+    /// user agent. After a malformed head the connection must not be used
+    /// again (`Upstream::send` sees to it for pooled ones).
+    pub(super) async fn checked<E, F>(
         &self,
         target: &Target,
-        sent: impl Future<Output = Result<Response<Incoming>, E>>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+        request: Request<ProxyBody>,
+        send: impl FnOnce(Request<ProxyBody>) -> F,
+    ) -> Result<Response<Incoming>, ProxyError>
+    where
+        E: std::error::Error + 'static,
+        F: Future<Output = Result<Response<Incoming>, E>>,
+    {
+        let (parts, body) = request.into_parts();
+        let (body, patience) = upstream_wait::watch(body, self.config.upstream_timeout);
+        let sent = send(Request::from_parts(parts, body));
         let upstream = target.upstream.name(&target.url);
         let health = target.upstream.health();
         let failed = |message: &str| {
@@ -805,7 +817,7 @@ impl ClientProxy {
             }
         };
         let asked = Instant::now();
-        let answered = match tokio::time::timeout(self.config.upstream_timeout, sent).await {
+        let answered = match patience.answer(sent).await {
             Ok(Ok(response)) => {
                 self.stats.upstream_latency.observe(asked.elapsed());
                 if let Some(health) = health {
@@ -866,7 +878,7 @@ impl ClientProxy {
             Err(_) => {
                 ClientStats::add(&self.stats.upstream_errors, 1);
                 let refusal = ProxyError::upstream_timeout(format!(
-                    "upstream {} sent no response head within {:?}",
+                    "upstream {} sent no response head within {:?} (of the last request byte it took)",
                     upstream, self.config.upstream_timeout
                 ));
                 failed(refusal.message());

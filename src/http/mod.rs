@@ -25,6 +25,8 @@
 //!   stopped reading, and the budget streamed codings share.
 //! - [`tunnel`]: a CONNECT's destination, and the byte relay of a tunnel
 //!   either role opened.
+//! - [`upstream_wait`]: how long an upstream may keep a request waiting
+//!   for its head (from the last byte of the body it took).
 
 pub mod access_log;
 pub mod address_policy;
@@ -45,3 +47,4 @@ pub mod tls;
 pub mod transfer_memory;
 pub mod tunnel;
 pub mod upstream_guard;
+pub mod upstream_wait;

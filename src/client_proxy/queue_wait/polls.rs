@@ -228,9 +228,11 @@ impl ClientProxy {
             });
         }
         let connection = held.as_mut().expect("opened above");
-        self.checked(target, connection.send(request, target.forward))
-            .await
-            .map_err(|refusal| refusal.message().to_owned())
+        self.checked(target, request, |request| {
+            connection.send(request, target.forward)
+        })
+        .await
+        .map_err(|refusal| refusal.message().to_owned())
     }
 }
 
