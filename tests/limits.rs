@@ -72,11 +72,19 @@ struct Stack {
 }
 
 async fn start(limits: ConnectionLimits) -> Stack {
+    start_waiting(limits, None).await
+}
+
+/// [`start`], with the accelerator's origin timeout `upstream_timeout`
+/// when given.
+async fn start_waiting(limits: ConnectionLimits, upstream_timeout: Option<Duration>) -> Stack {
     let origin = serve(Arc::new(Origin::default()), Listen::default()).await;
+    let defaults = accelerator_config(origin.addr);
     let config = AcceleratorConfig {
         basis_store_bytes: 0,
         max_stored_body: 0,
-        ..accelerator_config(origin.addr)
+        origin_timeout: upstream_timeout.unwrap_or(defaults.origin_timeout),
+        ..defaults
     };
     let accelerator = Accelerator::start_with(config, Listen::with_limits(limits)).await;
     Stack {
@@ -90,8 +98,17 @@ async fn start(limits: ConnectionLimits) -> Stack {
 /// [`start`], and a client proxy whose upstream is the origin, under the
 /// same `limits`.
 async fn start_both(limits: ConnectionLimits) -> Stack {
-    let mut stack = start(limits).await;
-    let config = client_config(&format!("http://{}", stack.origin.addr));
+    start_both_waiting(limits, None).await
+}
+
+/// [`start_both`], with both proxies' upstream timeout `upstream_timeout`
+/// when given.
+async fn start_both_waiting(limits: ConnectionLimits, upstream_timeout: Option<Duration>) -> Stack {
+    let mut stack = start_waiting(limits, upstream_timeout).await;
+    let mut config = client_config(&format!("http://{}", stack.origin.addr));
+    if let Some(timeout) = upstream_timeout {
+        config.upstream_timeout = timeout;
+    }
     let client = ClientProxy::start_with(config, Cache::Temp(1 << 20), Listen::with_limits(limits));
     stack.client = Some(client.await);
     stack
@@ -417,6 +434,26 @@ async fn l8_an_upload_above_the_minimum_rate_completes() {
     bodies_ended(&stack, fronts.len()).await;
     assert_eq!(stack.origin_whole_bodies(), fronts.len());
     assert_eq!(stack.origin_cut_bodies(), 0);
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+}
+
+/// An upload that takes longer than the upstream timeout, at a rate the
+/// proxies accept, is not cut with a 504 blaming the upstream: the
+/// timeout counts from the last byte of the body the upstream took.
+#[tokio::test]
+async fn an_upload_longer_than_the_upstream_timeout_completes() {
+    let stack = start_both_waiting(slow_upload_limits(), Some(Duration::from_secs(1))).await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        // 2.4 s at 150 B/s, as in the test above; the timeout is 1 s.
+        let body = [b'x'; 360];
+        let head = stack.upload_head(front, body.len());
+        let answer = trickle(front.addr, &head, &body, 30, Duration::from_millis(200)).await;
+        assert_eq!(answer.status, 200, "{}: {answer:?}", front.name);
+        assert!(answer.took > Duration::from_secs(2), "{answer:?}");
+    }
+    bodies_ended(&stack, fronts.len()).await;
+    assert_eq!(stack.origin_whole_bodies(), fronts.len());
     assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
 }
 
