@@ -128,7 +128,8 @@ pub struct AcceleratorArgs {
     /// Time to connect to the origin: 30s, 5m, 100ms or seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub connect_timeout: Option<Duration>,
-    /// Time for the origin's response head (504 after), and for the whole
+    /// Time for the origin's response head (504 after; counted from the
+    /// last byte of the request body it took), and for the whole
     /// of a coded body announced at most 64 KiB long: 30s, 5m, 100ms or
     /// seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]

@@ -123,8 +123,8 @@ pub struct ClientArgs {
     /// Time to connect upstream: 30s, 5m, 100ms or seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub connect_timeout: Option<Duration>,
-    /// Time for the upstream's response head (504 after): 30s, 5m, 100ms
-    /// or seconds.
+    /// Time for the upstream's response head (504 after), counted from the
+    /// last byte of the request body it took: 30s, 5m, 100ms or seconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub upstream_timeout: Option<Duration>,
     /// Time a request waits for an identical one already in flight before
