@@ -36,6 +36,21 @@ reverse proxy) and the rproxy pair, and cleans up. Subcommands:
       --h2: TLS and HTTP/2)
   soak.py mem --pid NAME=PID...
       (JSON: VmRSS, VmHWM and threads of each process and its children)
+  soak.py mixed --port P --origin URL --root DIR --client-stats URL
+          --accel-stats URL --pid NAME=PID... [--rate 50] [--conns 8]
+          [--minutes 60] [--idle 5] [--sample 60] [--hot-files 200]
+          [--delta-files 20] [--hot-pct 80] [--delta-pct 15]
+      For scripts/soak-mixed.sh (row L-11): makes the files in DIR (nginx's
+      root), then asks the client proxy (port P, absolute URLs under URL)
+      at a fixed rate over CONNS keep-alive connections: hits (hot/, long
+      max-age), deltas (delta/, no-cache: each edited just before it is
+      asked for) and whole new bodies (full/, a fresh name each), every
+      body checked against the file; then IDLE minutes with no request.
+      Every SAMPLE seconds (and at 0, before the first request): VmRSS,
+      open fds and threads of each PID and both proxies' stats; the client
+      proxy's cache_bytes also every 5 s. Prints JSON: the samples, what
+      the generator saw between them (statuses, wrong bodies, latencies),
+      the largest cache_bytes against cache_budget.
 
 Exit status: 0 when the measurements ran (whether or not targets were
 met), 2 on a setup failure.
@@ -786,6 +801,382 @@ async def burst_main(args):
                "peak_reset": peak_reset, "seconds": seconds, **results}, sys.stdout)
 
 
+# ---- mixed load at a fixed rate (L-11) ------------------------------------------
+#
+# For scripts/soak-mixed.sh: hits, deltas and whole new bodies through the
+# client proxy at RATE requests a second for a while, then nothing for a
+# while, with the processes sampled all along. The files are made here, in
+# the nginx root the script gives.
+
+import base64  # noqa: E402 (this section's own needs)
+import random  # noqa: E402
+import urllib.request  # noqa: E402
+
+MIXED_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def mixed_vocabulary(rng, n=800):
+    return ["".join(rng.choice(MIXED_LETTERS) for _ in range(rng.randint(2, 10))) for _ in range(n)]
+
+
+def mixed_line(rng, words):
+    return " ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "\n"
+
+
+def mixed_lines(rng, words, size):
+    lines, n = [], 0
+    while n < size:
+        line = mixed_line(rng, words)
+        lines.append(line)
+        n += len(line)
+    return lines
+
+
+def mixed_write(path, data, mtime=None):
+    """Writes DATA under PATH in one rename, so nginx never serves half a
+    file; MTIME (seconds) set before the rename."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    if mtime is not None:
+        os.utime(tmp, (mtime, mtime))
+    os.rename(tmp, path)
+
+
+def mixed_fds(pid):
+    # load.py's fd_count, reused rather than copied.
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from load import fd_count
+
+    return fd_count(pid)
+
+
+class MixedInterval:
+    """What the load generator saw between two samples."""
+
+    def __init__(self):
+        self.sent = {"hot": 0, "delta": 0, "full": 0}
+        self.ok = {"hot": 0, "delta": 0, "full": 0}
+        self.cache_hit = {"hot": 0, "delta": 0, "full": 0}  # "hit" in Cache-Status
+        self.ms = {"hot": [], "delta": [], "full": []}
+        self.statuses = {}  # status (str) -> count, 200 left out
+        self.five_xx = 0
+        self.wrong = 0  # 200 with a body other than the file's
+        self.failed = 0  # no complete response (timeout, closed)
+        self.reconnects = 0  # a reused keep-alive connection closed under us, retried
+        self.lag_ms = []  # how late each request started against its slot
+        self.first_error = ""
+        self.bytes = 0
+
+    def json(self):
+        def p(values, q):
+            return round(percentile(values, q), 2) if values else None
+
+        return {
+            "sent": self.sent, "ok": self.ok, "cache_hit": self.cache_hit,
+            "p50_ms": {k: p(v, 50) for k, v in self.ms.items()},
+            "p99_ms": {k: p(v, 99) for k, v in self.ms.items()},
+            "statuses": self.statuses, "five_xx": self.five_xx, "wrong": self.wrong,
+            "failed": self.failed, "reconnects": self.reconnects,
+            "lag_p99_ms": p(self.lag_ms, 99), "lag_max_ms": round(max(self.lag_ms), 2) if self.lag_ms else None,
+            "first_error": self.first_error, "bytes": self.bytes,
+        }
+
+
+class MixedLoad:
+    def __init__(self, args):
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.words = mixed_vocabulary(random.Random(args.seed + 1))
+        self.root = args.root
+        self.origin = args.origin.rstrip("/")
+        self.host = self.origin.split("/")[2]
+        self.hot = []  # bodies
+        self.delta = []  # lists of lines
+        self.delta_locks = []
+        self.full_seq = 0
+        # nginx's ETag is the mtime in seconds and the size: two edits in one
+        # second could give an equal ETag (and a 304 for a changed file), so
+        # every edit sets an mtime of its own, counting up from a month ago.
+        self.mtime = int(time.time()) - 30 * 86400
+        self.interval = MixedInterval()
+        self.total = MixedInterval()
+        self.backlog_at_end = 0
+
+    def make_files(self):
+        rng = random.Random(self.args.seed + 2)
+        for sub in ("hot", "delta", "full"):
+            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        for i in range(self.args.hot_files):
+            body = "".join(mixed_lines(rng, self.words, rng.randint(2000, 50000))).encode()
+            self.hot.append(body)
+            mixed_write(os.path.join(self.root, "hot", f"h{i:04d}.txt"), body)
+        for i in range(self.args.delta_files):
+            lines = mixed_lines(rng, self.words, rng.randint(10000, 100000))
+            self.delta.append(lines)
+            self.delta_locks.append(asyncio.Lock())
+            mixed_write(os.path.join(self.root, "delta", f"d{i:04d}.txt"),
+                        "".join(lines).encode(), self.mtime)
+
+    def edit_delta(self, i):
+        """One line changed (half the edits), inserted or deleted (a quarter
+        each: the files keep their size over an hour) at a random place."""
+        lines, rng = self.delta[i], self.rng
+        at = rng.randrange(len(lines))
+        roll = rng.random()
+        if roll < 0.5:
+            lines[at] = mixed_line(rng, self.words)
+        elif roll < 0.75 or len(lines) < 50:
+            lines.insert(at, mixed_line(rng, self.words))
+        else:
+            del lines[at]
+        self.mtime += 1
+        body = "".join(lines).encode()
+        mixed_write(os.path.join(self.root, "delta", f"d{i:04d}.txt"), body, self.mtime)
+        return body
+
+    def new_full(self):
+        """A fresh body of random base64 text at a URL never used before."""
+        self.full_seq += 1
+        size = self.rng.randint(50000, 500000)
+        body = base64.encodebytes(os.urandom(size * 3 // 4 + 3))[:size]
+        name = f"f{self.full_seq:07d}.txt"
+        mixed_write(os.path.join(self.root, "full", name), body)
+        return name, body
+
+    def pick(self):
+        roll = self.rng.random() * 100
+        if roll < self.args.hot_pct:
+            return "hot"
+        if roll < self.args.hot_pct + self.args.delta_pct:
+            return "delta"
+        return "full"
+
+    def count(self, error, fn):
+        """FN applied to this interval's figures and the run's; ERROR, if
+        any, kept as the first of each."""
+        for box in (self.interval, self.total):
+            fn(box)
+            if error and not box.first_error:
+                box.first_error = error
+
+    async def worker(self, queue):
+        loop = asyncio.get_running_loop()
+        conn = None  # (socket, Reader, requests sent on it)
+        try:
+            while True:
+                job = await queue.get()
+                if job is None:
+                    return
+                kind, due = job
+                lag = (time.monotonic() - due) * 1000.0
+                lock = None
+                if kind == "hot":
+                    i = self.rng.randrange(len(self.hot))
+                    path, body = f"/hot/h{i:04d}.txt", self.hot[i]
+                elif kind == "delta":
+                    i = self.rng.randrange(len(self.delta))
+                    # One request at a time per file: the edit and the body
+                    # it must bring back go together.
+                    lock = self.delta_locks[i]
+                    await lock.acquire()
+                    body = self.edit_delta(i)
+                    path = f"/delta/d{i:04d}.txt"
+                else:
+                    name, body = self.new_full()
+                    path = f"/full/{name}"
+                req = (f"GET {self.origin}{path} HTTP/1.1\r\nHost: {self.host}\r\n"
+                       f"User-Agent: rproxy-soak-mixed\r\n\r\n").encode()
+                started = time.perf_counter()
+                result = None
+                try:
+                    for attempt in (1, 2):
+                        fresh, head_seen = conn is None, False
+                        if fresh:
+                            sock = await connect(loop, self.args.port)
+                            conn = [sock, Reader(loop, sock)]
+                        try:
+                            await loop.sock_sendall(conn[0], req)
+                            status, headers = parse_head(
+                                await asyncio.wait_for(conn[1].until(b"\r\n\r\n"), self.args.timeout))
+                            head_seen = True
+                            got = await asyncio.wait_for(conn[1].body(headers), self.args.timeout)
+                            result = (status, headers, got)
+                            if headers.get("connection", "").lower() == "close":
+                                conn[0].close()
+                                conn = None
+                            break
+                        except ConnectionError:
+                            conn[0].close()
+                            conn = None
+                            # A reused keep-alive connection the proxy closed
+                            # while it was idle, before any byte of an
+                            # answer: ask again once on a new one (as user
+                            # agents do). Anything else is a failure.
+                            if fresh or head_seen or attempt == 2:
+                                raise
+                            self.count("", lambda b: setattr(b, "reconnects", b.reconnects + 1))
+                except (OSError, asyncio.TimeoutError, ValueError) as e:
+                    if conn is not None:
+                        conn[0].close()
+                        conn = None
+                    err = f"{kind} {path}: {type(e).__name__}: {e}"
+
+                    def failed(b, kind=kind):
+                        b.sent[kind] += 1
+                        b.failed += 1
+                        b.lag_ms.append(lag)
+                    self.count(err, failed)
+                finally:
+                    if lock is not None:
+                        lock.release()
+                    if kind == "full":
+                        try:
+                            os.unlink(os.path.join(self.root, "full", path.rsplit("/", 1)[1]))
+                        except OSError:
+                            pass
+                if result is None:
+                    continue
+                status, headers, got = result
+                ms = (time.perf_counter() - started) * 1000.0
+                hit = "hit" in headers.get("cache-status", "").lower()
+                err = ""
+                if status != 200:
+                    err = f"{kind} {path}: status {status}"
+                elif got != body:
+                    err = f"{kind} {path}: {len(got)} bytes, the file has {len(body)}"
+
+                def record(b, kind=kind, status=status, got=got, hit=hit, ms=ms, lag=lag, ok=not err):
+                    b.sent[kind] += 1
+                    b.lag_ms.append(lag)
+                    b.bytes += len(got)
+                    if status >= 500:
+                        b.five_xx += 1
+                    if status != 200:
+                        b.statuses[str(status)] = b.statuses.get(str(status), 0) + 1
+                    elif not ok:
+                        b.wrong += 1
+                    if ok:
+                        b.ok[kind] += 1
+                        b.ms[kind].append(ms)
+                        b.cache_hit[kind] += hit
+                self.count(err, record)
+        finally:
+            if conn is not None:
+                conn[0].close()
+
+    async def dispatch(self, queue, t0, seconds):
+        """Requests at fixed times, RATE a second, to whichever worker is
+        free (a shared queue): a slow answer delays no slot but its own."""
+        n = 0
+        while True:
+            due = t0 + n / self.args.rate
+            if due >= t0 + seconds:
+                break
+            pause = due - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            queue.put_nowait((self.pick(), due))
+            n += 1
+        self.backlog_at_end = queue.qsize()
+        for _ in range(self.args.conns):
+            queue.put_nowait(None)
+
+
+def mixed_stats(url):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy from the env
+    try:
+        with opener.open(url.rstrip("/") + "/.rproxy/stats", timeout=5) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError) as e:
+        log(f"stats from {url}: {e}")
+        return None
+
+
+def mixed_proc(pid):
+    f = status_fields(pid)
+    return {"rss_kib": f.get("VmRSS", 0), "threads": f.get("Threads", 0), "fds": mixed_fds(pid)}
+
+
+async def mixed_main(args):
+    loop = asyncio.get_running_loop()
+    pids = parse_pids(args.pid)
+    load = MixedLoad(args)
+    load.make_files()
+    load_s, idle_s = args.minutes * 60.0, args.idle * 60.0
+    cache = {"max_bytes": 0, "budget": None, "over": 0, "polls": 0, "failed_polls": 0}
+
+    def note_cache(c):
+        if c is None:
+            cache["failed_polls"] += 1
+            return
+        cache["budget"] = c.get("cache_budget")
+        cache["max_bytes"] = max(cache["max_bytes"], c.get("cache_bytes", 0))
+        cache["over"] += c.get("cache_bytes", 0) > c.get("cache_budget", 0)
+        cache["polls"] += 1
+
+    def sample(t, phase):
+        return {"t": round(t, 1), "phase": phase,
+                "procs": {name: mixed_proc(pid) for name, pid in pids.items()},
+                "client": mixed_stats(args.client_stats), "accel": mixed_stats(args.accel_stats)}
+
+    async def poll_cache(stop):
+        """cache_bytes between the samples too, every CACHE_POLL seconds."""
+        while not stop.is_set():
+            note_cache(await loop.run_in_executor(None, mixed_stats, args.client_stats))
+            try:
+                await asyncio.wait_for(stop.wait(), args.cache_poll)
+            except asyncio.TimeoutError:
+                pass
+
+    samples = [sample(0.0, "baseline")]
+    note_cache(samples[0]["client"])
+    samples[0]["gen"] = MixedInterval().json()
+    log(f"baseline: {json.dumps(samples[0]['procs'])}")
+    times = sorted({round(k * args.sample, 3) for k in range(1, int((load_s + idle_s) / args.sample) + 1)}
+                   | {load_s, load_s + idle_s})
+    t0 = time.monotonic()
+    queue = asyncio.Queue()
+    workers = [asyncio.ensure_future(load.worker(queue)) for _ in range(args.conns)]
+    dispatcher = asyncio.ensure_future(load.dispatch(queue, t0, load_s))
+    stop = asyncio.Event()
+    poller = asyncio.ensure_future(poll_cache(stop))
+    for t in times:
+        pause = t0 + t - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        s = await loop.run_in_executor(None, sample, time.monotonic() - t0, "load" if t <= load_s else "idle")
+        note_cache(s["client"])
+        s["gen"] = load.interval.json()
+        load.interval = MixedInterval()
+        samples.append(s)
+        g, procs = s["gen"], s["procs"]
+        c, prev = s["client"] or {}, samples[-2]["client"] or {}
+        d = {k: c.get(k, 0) - prev.get(k, 0) for k in ("requests", "hits", "misses", "deltas", "basis_same_url")}
+        log(f"{t / 60:5.1f} min {s['phase']}: sent hot/delta/full {g['sent']['hot']}/{g['sent']['delta']}/"
+            f"{g['sent']['full']}, 5xx {g['five_xx']}, wrong {g['wrong']}, failed {g['failed']}; client "
+            f"hits {d['hits']} misses {d['misses']} deltas {d['deltas']} (own-URL basis {d['basis_same_url']}); "
+            + ", ".join(f"{n} RSS {p['rss_kib'] / 1024:.1f} MiB fds {p['fds']} threads {p['threads']}"
+                        for n, p in procs.items())
+            + f"; cache {c.get('cache_bytes', 0) / 1048576:.1f} of {c.get('cache_budget', 0) / 1048576:.0f} MiB")
+        if t == load_s:
+            # The load is over: no new slot; the workers finish what they
+            # hold and close their connections before the idle time counts.
+            await dispatcher
+            await asyncio.gather(*workers)
+    stop.set()
+    await poller
+    json.dump({"samples": samples, "total": load.total.json(), "cache": cache,
+               "backlog_at_end": load.backlog_at_end,
+               "config": {"rate": args.rate, "conns": args.conns, "minutes": args.minutes,
+                          "idle": args.idle, "sample": args.sample, "hot_files": args.hot_files,
+                          "delta_files": args.delta_files, "mix": [args.hot_pct, args.delta_pct,
+                                                                   100 - args.hot_pct - args.delta_pct]}},
+              sys.stdout)
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -827,6 +1218,25 @@ def main():
     y.add_argument("--h2", action="store_true")
     m = sub.add_parser("mem")
     m.add_argument("--pid", action="append")
+    x = sub.add_parser("mixed")
+    x.add_argument("--port", type=int, required=True, help="the client proxy's")
+    x.add_argument("--origin", required=True, help="nginx's URL, as the requests name it")
+    x.add_argument("--root", required=True, help="nginx's root, where the files are made")
+    x.add_argument("--client-stats", required=True)
+    x.add_argument("--accel-stats", required=True)
+    x.add_argument("--pid", action="append")
+    x.add_argument("--rate", type=float, default=50.0)
+    x.add_argument("--conns", type=int, default=8)
+    x.add_argument("--minutes", type=float, default=60.0)
+    x.add_argument("--idle", type=float, default=5.0)
+    x.add_argument("--sample", type=float, default=60.0)
+    x.add_argument("--cache-poll", type=float, default=5.0)
+    x.add_argument("--hot-files", type=int, default=200)
+    x.add_argument("--delta-files", type=int, default=20)
+    x.add_argument("--hot-pct", type=float, default=80.0)
+    x.add_argument("--delta-pct", type=float, default=15.0)
+    x.add_argument("--timeout", type=float, default=30.0)
+    x.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
     try:
         if args.cmd == "stall":
@@ -839,6 +1249,8 @@ def main():
             asyncio.run(burst_main(args))
         elif args.cmd == "bystander":
             bystander_main(args)
+        elif args.cmd == "mixed":
+            asyncio.run(mixed_main(args))
         else:
             json.dump(mem_all(parse_pids(args.pid)), sys.stdout)
     except (OSError, subprocess.CalledProcessError) as e:
