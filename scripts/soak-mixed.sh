@@ -108,7 +108,11 @@ python3 "$lab_repo/scripts/soak.py" mixed --port "$lab_client_port" --origin "$l
     --pid "accelerator=$lab_accel_pid" --pid "client=$lab_client_pid" \
     --rate "$rate" --conns "$conns" --minutes "$minutes" --idle "$idle" --sample "$sample" \
     --hot-files "$hot_files" --delta-files "$delta_files" --seed "$seed" \
-    >"$lab_tmp/mixed.json" || { lab_show_logs; lab_die "the load generator failed"; }
+    >"$lab_tmp/mixed.json" || {
+    status=$?
+    lab_show_logs
+    lab_die "the load generator failed (exit status $status; above 128: killed by signal $((status - 128)))"
+}
 
 panics_accel=$(grep -c panicked "$lab_tmp/logs/accelerator.log" || true)
 panics_client=$(grep -c panicked "$lab_tmp/logs/client.log" || true)
