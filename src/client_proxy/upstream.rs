@@ -371,7 +371,7 @@ impl Upstream {
         forward: bool,
     ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
         let connection = PooledConnection(capture_connection(&mut request));
-        let advertiser = self.advertiser(request.uri()).cloned();
+        let advertiser = self.advertiser(request.uri()).map(kept_copy);
         let mut response = if forward {
             self.forward.request(request).await?
         } else {
@@ -461,7 +461,11 @@ impl Upstream {
             self.held_bases
                 .lock()
                 .expect("no panics under this lock")
-                .insert((advertiser.clone(), *digest.as_bytes()), (), Instant::now());
+                .insert(
+                    (kept_copy(advertiser), *digest.as_bytes()),
+                    (),
+                    Instant::now(),
+                );
         }
     }
 
@@ -474,7 +478,7 @@ impl Upstream {
             let mut distrusted = self.distrusted.lock().expect("no panics under this lock");
             let now = Instant::now();
             let misses = distrusted.get(advertiser, now).copied().unwrap_or(0) + 1;
-            distrusted.insert(advertiser.clone(), misses, now);
+            distrusted.insert(kept_copy(advertiser), misses, now);
         }
     }
 
@@ -511,6 +515,15 @@ impl Upstream {
             .get(advertiser, Instant::now())
             .copied()
     }
+}
+
+/// `authority` in an allocation of its own, for a table that keeps it: one
+/// parsed from a user agent's request is a slice of that connection's read
+/// buffer, which it would keep alive for as long as the table keeps the
+/// entry (the accelerator's basis store leaked that way with an ETag).
+fn kept_copy(authority: &Authority) -> Authority {
+    Authority::from_maybe_shared(bytes::Bytes::copy_from_slice(authority.as_str().as_bytes()))
+        .unwrap_or_else(|_| authority.clone())
 }
 
 /// A connection of our own to the upstream, for a queue wait whose place
@@ -899,6 +912,19 @@ fn is_connect_failure(error: &(dyn std::error::Error + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the tables keep of an authority shares nothing with the
+    /// buffer it was parsed from.
+    #[test]
+    fn a_kept_authority_does_not_share_the_request_s_buffer() {
+        let read_buffer =
+            bytes::Bytes::from(b"example.org:8080 and the rest of a request head".repeat(1000));
+        let parsed = Authority::from_maybe_shared(read_buffer.slice(..16)).unwrap();
+        let kept = kept_copy(&parsed);
+        drop(parsed);
+        assert!(read_buffer.is_unique());
+        assert_eq!(kept.as_str(), "example.org:8080");
+    }
 
     #[test]
     fn hsync_accept_is_read_only_for_version_1_with_a_size() {
