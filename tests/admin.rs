@@ -160,6 +160,9 @@ async fn metrics_parse_and_saved_bytes_are_what_the_stats_say() {
     let origin = site().await;
     let chain = Chain::start(origin.addr, 1).await;
     traffic(&chain, &origin).await;
+    // A refusal of the accelerator's own: a site it does not serve.
+    let refused = get(chain.accelerator.addr, "http://elsewhere.test/x").await;
+    assert_ne!(refused.status, 200);
 
     for (role, proxy_addr, source) in [
         (
@@ -195,6 +198,24 @@ async fn metrics_parse_and_saved_bytes_are_what_the_stats_say() {
             sample(&scrape, "rproxy_requests_total", None),
             stats["requests"].as_f64().unwrap()
         );
+        // Refusals by reason add up to those by fault (RELIABILITY's
+        // "clear error": a counter with a stable reason).
+        let sum = |name: &str| -> f64 {
+            scrape
+                .samples
+                .iter()
+                .filter(|s| s.metric == name)
+                .map(|s| match &s.value {
+                    Value::Counter(v) => *v,
+                    other => panic!("{name}: {other:?}"),
+                })
+                .sum()
+        };
+        let by_reason = sum("rproxy_refused_by_reason_total");
+        assert_eq!(by_reason, sum("rproxy_refused_requests_total"), "{text}");
+        if role == Role::Accelerator {
+            assert!(by_reason >= 1.0, "{text}");
+        }
         let delta = sample(
             &scrape,
             "rproxy_request_outcomes_total",

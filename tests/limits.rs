@@ -136,6 +136,16 @@ impl Stack {
         self.origin.cut_bodies.load(Ordering::SeqCst)
     }
 
+    /// Each front's refusals so far by reason, in [`Stack::fronts`]'
+    /// order.
+    fn refusal_reasons(&self) -> Vec<Vec<(&'static str, u64)>> {
+        let mut reasons = vec![self.accelerator.handler.stats().refusal_reasons()];
+        if let Some(client) = &self.client {
+            reasons.push(client.handler.stats().refusal_reasons());
+        }
+        reasons
+    }
+
     /// Each front's refusals so far, in [`Stack::fronts`]' order: the
     /// client's and the upstream's.
     fn refusals(&self) -> Vec<(u64, u64)> {
@@ -407,8 +417,13 @@ async fn l8_an_upload_slower_than_the_minimum_rate_gets_408_and_is_closed() {
             front.name
         );
     }
-    // Each front counted the client's refusal, not the origin's.
+    // Each front counted the client's refusal, not the origin's, under
+    // the reason its log line gives (RELIABILITY's "clear error").
     assert_eq!(stack.refusals(), vec![(1, 0); fronts.len()]);
+    assert_eq!(
+        stack.refusal_reasons(),
+        vec![vec![("body_timeout", 1)]; fronts.len()]
+    );
     // Each request went upstream as it came, and was cut there, not ended.
     bodies_ended(&stack, fronts.len()).await;
     assert_eq!(stack.origin_requests(), fronts.len());

@@ -228,7 +228,7 @@ impl Accelerator {
 
     /// Refuses a request: counted under its fault, logged, answered.
     fn refuse(&self, error: ProxyError) -> Response<ProxyBody> {
-        self.stats.refused(error.fault());
+        self.stats.refused(error.kind());
         error.log_and_respond()
     }
 

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::http::error::{Fault, Refusals};
+use crate::http::error::{ErrorKind, Refusals};
 use crate::http::metrics::{Latency, millis, saved_bytes};
 
 /// The path where each proxy answers with its counters as JSON (it shadows
@@ -135,9 +135,15 @@ impl Stats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts a refusal, in the total and under its fault.
-    pub(super) fn refused(&self, fault: Fault) {
-        self.refusals.count(fault);
+    /// Counts a refusal, in the total, under its fault and its reason.
+    pub(super) fn refused(&self, kind: ErrorKind) {
+        self.refusals.count(kind);
+    }
+
+    /// `(reason, count)` of the refusals so far, by the log's reason
+    /// label (those not seen left out).
+    pub fn refusal_reasons(&self) -> Vec<(&'static str, u64)> {
+        self.refusals.reasons()
     }
 
     /// The counters now.

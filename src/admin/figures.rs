@@ -136,6 +136,8 @@ pub struct Figures {
     pub outcomes: Outcomes,
     /// Refusals by fault.
     pub refused: RefusalCounts,
+    /// Refusals by reason (the log's label), those seen so far.
+    pub refused_reasons: Vec<(&'static str, u64)>,
     /// Bytes on the hsync link (both directions as each role counts them).
     pub link_bytes: u64,
     /// Bytes delivered: to user agents (client proxy), or what the
@@ -238,6 +240,7 @@ impl Source for ClientProxy {
                 overload: stats.refused_overload,
                 proxy: stats.refused_proxy,
             },
+            refused_reasons: self.stats().refusal_reasons(),
             link_bytes: stats.link_bytes,
             delivered_bytes: stats.delivered_bytes,
             signature_bytes: Some(stats.signature_bytes),
@@ -299,6 +302,7 @@ impl Source for Accelerator {
                 overload: stats.refused_overload,
                 proxy: stats.refused_proxy,
             },
+            refused_reasons: self.stats().refusal_reasons(),
             link_bytes: stats.link_bytes,
             delivered_bytes: stats.delivered_bytes,
             signature_bytes: None,

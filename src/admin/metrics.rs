@@ -225,6 +225,13 @@ fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt
         "fault",
         &f.refused.rows(),
     )?;
+    labelled(
+        e,
+        "refused_by_reason",
+        "Requests refused with a status of our own, by reason (the log line's reason).",
+        "reason",
+        &f.refused_reasons,
+    )?;
     one(
         e,
         "link",

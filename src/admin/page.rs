@@ -535,6 +535,7 @@ mod tests {
                 ..Outcomes::default()
             },
             refused: Default::default(),
+            refused_reasons: Vec::new(),
             link_bytes: 1_000,
             delivered_bytes: 5_000,
             signature_bytes: Some(100),

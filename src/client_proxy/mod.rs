@@ -72,7 +72,7 @@ use crate::accelerator::{Coder, CoderConfig, Offer};
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
 use crate::http::access_log::{Note, Side};
-use crate::http::error::{ProxyError, fault_of};
+use crate::http::error::{ProxyError, refusal_of};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH, Hop, answer_at_this_hop,
     max_forwards, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
@@ -613,9 +613,9 @@ impl ClientProxy {
 
 impl Handler for ClientProxy {
     /// [`ClientProxy::proxy`], and the one place its refusals are counted
-    /// by fault: they are made all along the request path (here, `hit.rs`,
-    /// `fetch.rs`, `pass.rs`, a queue wait's task), and each carries its
-    /// fault on the response it became.
+    /// by fault and reason: they are made all along the request path
+    /// (here, `hit.rs`, `fetch.rs`, `pass.rs`, a queue wait's task), and
+    /// each carries its kind on the response it became.
     fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
@@ -623,8 +623,8 @@ impl Handler for ClientProxy {
         let stats = self.stats.clone();
         async move {
             let response = self.proxy(request).await;
-            if let Some(fault) = fault_of(&response) {
-                stats.refused(fault);
+            if let Some(kind) = refusal_of(&response) {
+                stats.refused(kind);
             }
             response
         }

@@ -15,7 +15,7 @@ use super::replica::ZoneView;
 use super::transfer::Report;
 use crate::cache::CacheStore;
 use crate::http::access_log::Note;
-use crate::http::error::{Fault, Refusals};
+use crate::http::error::{ErrorKind, Refusals};
 use crate::http::metrics::{Latency, millis, saved_bytes};
 
 /// The path where the proxy answers with its counters as JSON.
@@ -229,9 +229,15 @@ impl ClientStats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts a refusal, in the total and under its fault.
-    pub(super) fn refused(&self, fault: Fault) {
-        self.refusals.count(fault);
+    /// Counts a refusal, in the total, under its fault and its reason.
+    pub(super) fn refused(&self, kind: ErrorKind) {
+        self.refusals.count(kind);
+    }
+
+    /// `(reason, count)` of the refusals so far, by the log's reason
+    /// label (those not seen left out).
+    pub fn refusal_reasons(&self) -> Vec<(&'static str, u64)> {
+        self.refusals.reasons()
     }
 
     /// The counters now.

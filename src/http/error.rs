@@ -65,13 +65,15 @@ impl std::fmt::Display for Fault {
 
 /// Refusals counted by whose fault they were, for a role's stats: an
 /// upstream outage must not read like clients sending bad requests, nor
-/// our own failures like either.
+/// our own failures like either; and by their reason, the log's label.
 #[derive(Debug, Default)]
 pub struct Refusals {
     client: std::sync::atomic::AtomicU64,
     upstream: std::sync::atomic::AtomicU64,
     overload: std::sync::atomic::AtomicU64,
     proxy: std::sync::atomic::AtomicU64,
+    /// By [`ErrorKind`], at its index in [`ErrorKind::ALL`].
+    by_kind: [std::sync::atomic::AtomicU64; ErrorKind::ALL.len()],
 }
 
 /// [`Refusals`] read at one moment.
@@ -103,15 +105,32 @@ impl RefusalCounts {
 }
 
 impl Refusals {
-    /// Counts one refusal under `fault`.
-    pub fn count(&self, fault: Fault) {
-        let counter = match fault {
+    /// Counts one refusal of `kind`, under its fault and its reason.
+    pub fn count(&self, kind: ErrorKind) {
+        self.by_kind[kind as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let counter = match kind.fault() {
             Fault::Client => &self.client,
             Fault::Upstream => &self.upstream,
             Fault::Overload => &self.overload,
             Fault::Proxy => &self.proxy,
         };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `(reason, count)` of the reasons counted so far (the others are
+    /// left out), in [`ErrorKind::ALL`]'s order.
+    pub fn reasons(&self) -> Vec<(&'static str, u64)> {
+        ErrorKind::ALL
+            .iter()
+            .zip(&self.by_kind)
+            .map(|(kind, count)| {
+                (
+                    kind.reason(),
+                    count.load(std::sync::atomic::Ordering::Relaxed),
+                )
+            })
+            .filter(|&(_, count)| count > 0)
+            .collect()
     }
 
     /// The counts now.
@@ -198,6 +217,32 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order: `kind as usize` is its index.
+    pub const ALL: [ErrorKind; 22] = [
+        ErrorKind::BadRequest,
+        ErrorKind::LengthRequired,
+        ErrorKind::TargetTooLong,
+        ErrorKind::RequestTimeout,
+        ErrorKind::BodyTimeout,
+        ErrorKind::MethodNotAllowed,
+        ErrorKind::NotImplemented,
+        ErrorKind::NotFound,
+        ErrorKind::Misdirected,
+        ErrorKind::Forbidden,
+        ErrorKind::Loop,
+        ErrorKind::NotCached,
+        ErrorKind::Unauthenticated,
+        ErrorKind::LoginsThrottled,
+        ErrorKind::AuthBusy,
+        ErrorKind::SlotsBusy,
+        ErrorKind::UpstreamUnreachable,
+        ErrorKind::UpstreamDown,
+        ErrorKind::UpstreamTimeout,
+        ErrorKind::BadUpstreamResponse,
+        ErrorKind::Internal,
+        ErrorKind::InternalBadGateway,
+    ];
+
     /// The status code a refusal of this kind answers with.
     pub fn status(self) -> StatusCode {
         match self {
@@ -513,12 +558,12 @@ impl ProxyError {
     }
 
     /// The plain-text response: the message and a newline, as
-    /// `text/plain`, with the situation's headers; its fault rides along
-    /// for [`fault_of`].
+    /// `text/plain`, with the situation's headers; its kind rides along
+    /// for [`refusal_of`].
     pub fn into_response(self) -> Response<ProxyBody> {
-        let fault = self.fault();
+        let kind = self.kind;
         let mut response = text_response(self.status(), self.message);
-        response.extensions_mut().insert(Refused(fault));
+        response.extensions_mut().insert(Refused(kind));
         let headers = response.headers_mut();
         if let Some(extra) = self.headers {
             headers.extend(*extra);
@@ -560,16 +605,22 @@ impl ProxyError {
 /// Marks a response made by [`ProxyError::into_response`] (a response
 /// extension; it never goes on the wire).
 #[derive(Debug, Clone, Copy)]
-struct Refused(Fault);
+struct Refused(ErrorKind);
 
-/// Who was at fault, when `response` is a refusal made by
+/// What kind of refusal `response` is, when it was made by
 /// [`ProxyError::into_response`]; `None` for any other response (an
 /// upstream's own 502 is not our refusal).
-pub fn fault_of<B>(response: &Response<B>) -> Option<Fault> {
+pub fn refusal_of<B>(response: &Response<B>) -> Option<ErrorKind> {
     response
         .extensions()
         .get::<Refused>()
-        .map(|&Refused(fault)| fault)
+        .map(|&Refused(kind)| kind)
+}
+
+/// Who was at fault, when `response` is a refusal made by
+/// [`ProxyError::into_response`] (see [`refusal_of`]).
+pub fn fault_of<B>(response: &Response<B>) -> Option<Fault> {
+    refusal_of(response).map(ErrorKind::fault)
 }
 
 /// An error and its sources, `: `-separated (hyper's client errors say
@@ -624,6 +675,31 @@ pub fn json_response(status: StatusCode, body: impl Into<Bytes>) -> Response<Pro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_sits_at_its_index_and_has_a_reason_of_its_own() {
+        for (index, kind) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, index, "{kind:?}");
+        }
+        let mut reasons: Vec<_> = ErrorKind::ALL.iter().map(|k| k.reason()).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        assert_eq!(reasons.len(), ErrorKind::ALL.len());
+    }
+
+    #[test]
+    fn refusals_are_counted_by_fault_and_by_reason() {
+        let refusals = Refusals::default();
+        refusals.count(ErrorKind::BodyTimeout);
+        refusals.count(ErrorKind::BodyTimeout);
+        refusals.count(ErrorKind::UpstreamTimeout);
+        let counts = refusals.read();
+        assert_eq!((counts.total, counts.client, counts.upstream), (3, 2, 1));
+        assert_eq!(
+            refusals.reasons(),
+            [("body_timeout", 2), ("upstream_timeout", 1)]
+        );
+    }
     use crate::http::head_guard::{Part, Reason};
 
     #[test]
