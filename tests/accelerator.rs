@@ -1842,3 +1842,30 @@ async fn l_13_a_reader_that_never_reads_is_closed_at_the_idle_timeout() {
         "the chunked body ended cleanly: it was not cut"
     );
 }
+
+/// An origin connection's read buffer is capped at 64 KiB, so that the
+/// idle ones in the pool hold little (L-8); that is also the largest head
+/// an origin may send. One under it is relayed; one over it is a 502, not
+/// a head cut short.
+#[tokio::test]
+async fn an_origin_head_under_64_kib_is_relayed_and_a_larger_one_is_a_502() {
+    let origin = origin(|request: Request<Incoming>, _| async move {
+        let filler = if request.uri().path() == "/large" {
+            70 << 10
+        } else {
+            48 << 10
+        };
+        Response::builder()
+            .header("x-filler", "a".repeat(filler))
+            .body(Full::new(Bytes::from_static(b"body")))
+            .unwrap()
+    })
+    .await;
+    let accel = Accelerator::start(config(origin.addr)).await;
+    let (status, headers, body) = fetch(accel.addr, get("/medium", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-filler"].len(), 48 << 10);
+    assert_eq!(body, b"body");
+    let (status, _, _) = fetch(accel.addr, get("/large", &[])).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+}

@@ -21,9 +21,12 @@
 //! A body's channel is read through a [`BodyFeed`], which a spool takes
 //! over when it starts ([`Spool::take_over`]): what waits in the channel
 //! then goes to the disk first, and the reader gets the spool's pages
-//! through a channel of one page. A stalled reader keeps the frame its
-//! connection is writing and one page, whatever the producer's channel
-//! held while it read.
+//! through a channel of one page, each read from the disk only once the
+//! reader asked for it (its poll found the channel empty). A stalled
+//! reader keeps only what its connection is writing (hyper's write buffer,
+//! up to its `max_buf_size`), whatever the producer's channel held while
+//! it read; a page read ahead into the channel cost another 32 KiB for
+//! each of them (L-8, L-13).
 //!
 //! Main types: [`Spool`], [`BodyFeed`], [`SpoolDisk`].
 
@@ -37,7 +40,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::Frame;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::http::server::BodyError;
 
@@ -122,12 +125,52 @@ struct Feed {
     /// The reader's waker when it last found nothing: a receiver swapped
     /// in has never seen it.
     waker: Option<Waker>,
+    /// Whether the reader is asking now, for a spool's follower.
+    demand: Arc<Demand>,
+}
+
+/// Whether a reader is waiting for its next item: its last poll found the
+/// channel empty. A follower reads a page from the disk only then, so a
+/// reader that stopped polling (its connection cannot write) has no page
+/// read ahead for it.
+#[derive(Default)]
+struct Demand {
+    asking: std::sync::atomic::AtomicBool,
+    asked: Notify,
+}
+
+impl Demand {
+    /// Notes what the reader's poll came to.
+    fn polled(&self, pending: bool) {
+        if !pending {
+            self.asking.store(false, Ordering::Release);
+        } else if !self.asking.swap(true, Ordering::AcqRel) {
+            self.asked.notify_one();
+        }
+    }
+
+    /// Waits until the reader asks for an item.
+    async fn asked(&self) {
+        loop {
+            let asked = self.asked.notified();
+            let mut asked = std::pin::pin!(asked);
+            asked.as_mut().enable();
+            if self.asking.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            asked.await;
+        }
+    }
 }
 
 impl BodyFeed {
     /// The body that reads `from`.
     pub fn new(from: mpsc::Receiver<BodyItem>) -> BodyFeed {
-        BodyFeed(Arc::new(Mutex::new(Feed { from, waker: None })))
+        BodyFeed(Arc::new(Mutex::new(Feed {
+            from,
+            waker: None,
+            demand: Arc::default(),
+        })))
     }
 
     /// A handle that does not keep the feed (and its channel) alive.
@@ -142,6 +185,7 @@ impl BodyFeed {
         if polled.is_pending() && !feed.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             feed.waker = Some(cx.waker().clone());
         }
+        feed.demand.polled(polled.is_pending());
         polled
     }
 
@@ -241,26 +285,34 @@ impl Spool {
         })
     }
 
-    /// Starts the follower that hands the spool to `reader`.
+    /// Starts the follower that hands the spool to `reader`, a page as
+    /// soon as the channel has room.
     pub fn follow(&self, reader: mpsc::Sender<BodyItem>) {
+        self.follow_on_demand(reader, None);
+    }
+
+    /// [`Spool::follow`]; with `demand`, each page is read only once the
+    /// reader asks for it.
+    fn follow_on_demand(&self, reader: mpsc::Sender<BodyItem>, demand: Option<Arc<Demand>>) {
         let follower = Follower {
             file: self.file.clone(),
             hashes: self.hashes.clone(),
             progress: self.progress.subscribe(),
             reporter: self.progress.clone(),
+            demand,
         };
         tokio::spawn(follower.run(reader));
     }
 
     /// Takes over `feed`: its reader gets this spool's pages from now on,
-    /// through a channel of one page, and the items that were waiting in
+    /// through a channel of one page, each read when it asks, and the items that were waiting in
     /// its channel come back, in order, for the caller to write here first
     /// (an error among them: the caller's to keep for [`Spool::finish`]).
     /// The producer sends nothing more to its own channel afterwards.
     pub fn take_over(&self, feed: &BodyFeed) -> Vec<BodyItem> {
         let (to_reader, from_spool) = mpsc::channel(1);
         let mut queued = Vec::new();
-        {
+        let demand = {
             let mut feed = feed.0.lock().unwrap_or_else(PoisonError::into_inner);
             while let Ok(item) = feed.from.try_recv() {
                 queued.push(item);
@@ -269,8 +321,9 @@ impl Spool {
             if let Some(waker) = feed.waker.take() {
                 waker.wake();
             }
-        }
-        self.follow(to_reader);
+            feed.demand.clone()
+        };
+        self.follow_on_demand(to_reader, Some(demand));
         queued
     }
 
@@ -386,6 +439,8 @@ struct Follower {
     hashes: Arc<Mutex<Vec<blake3::Hash>>>,
     progress: watch::Receiver<Progress>,
     reporter: watch::Sender<Progress>,
+    /// The reader's asking, when pages are read on demand.
+    demand: Option<Arc<Demand>>,
 }
 
 impl Follower {
@@ -407,11 +462,18 @@ impl Follower {
                 Err(_) => End::Failed("the producer stopped".into()).into_progress(sent),
             };
             if now.written > sent {
-                // Room first, so that a page is read only once the reader
-                // can take it: a stalled reader keeps the one in the channel.
+                // Room first, and the reader's asking when it is a feed's,
+                // so that a page is read only once the reader takes it: a
+                // stalled reader has none waiting in the channel.
                 let Ok(room) = reader.reserve().await else {
                     return; // The reader left; the producer sees it.
                 };
+                if let Some(demand) = &self.demand {
+                    tokio::select! {
+                        () = demand.asked() => {}
+                        () = reader.closed() => return,
+                    }
+                }
                 let page_number = (sent / PAGE as u64) as usize;
                 let len = (now.written - sent).min(PAGE as u64) as usize;
                 let file = self.file.clone();
@@ -602,7 +664,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stalled_reader_of_a_spool_has_one_page_waiting_for_it() {
+    async fn a_stalled_reader_of_a_spool_has_no_page_read_for_it_until_it_asks() {
         let (tx, rx) = mpsc::channel(16);
         let feed = BodyFeed::new(rx);
         let mut spool = Spool::create(&std::env::temp_dir(), 1 << 20, &disk()).unwrap();
@@ -612,8 +674,13 @@ mod tests {
             spool.write(&body(PAGE)).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        // Nobody reads: the follower put one page in the channel and read
-        // no other from the disk.
+        // Nobody reads: the follower read no page from the disk.
+        let progress = spool.progress.borrow().clone();
+        assert_eq!(progress.sent, 0, "{progress:?}");
+        // One poll that finds nothing asks for one page, and only one.
+        let polled = std::future::poll_fn(|cx| Poll::Ready(feed.poll_recv(cx))).await;
+        assert!(polled.is_pending());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let progress = spool.progress.borrow().clone();
         assert_eq!(progress.sent, PAGE as u64, "{progress:?}");
         let mut got = 0;

@@ -128,8 +128,8 @@ impl Draining {
 }
 
 /// Idle connections kept per upstream host (the origin, the accelerator):
-/// each keeps the read buffer it grew to, up to about 400 KiB after a large
-/// body, so the thousand idle connections a burst left behind held
+/// each keeps the read buffer it grew to (up to [`UPSTREAM_READ_BUFFER`];
+/// hyper's own bound is about 400 KiB), so the thousand idle connections a burst left behind held
 /// hundreds of MiB (L-13, L-14). More than this are closed when they
 /// fall idle.
 pub const IDLE_UPSTREAM_CONNECTIONS: usize = 32;
@@ -144,6 +144,16 @@ pub const IDLE_CONNECTIONS_PER_WEB_HOST: usize = 4;
 
 /// How long an idle connection to one of the web's hosts is kept.
 pub const IDLE_WEB_HOST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most an upstream connection's read buffer grows to, and so the
+/// largest response head an upstream may send. hyper's default lets it
+/// grow to about 400 KiB after a large body and keeps it while the
+/// connection idles in the pool: the 32 idle origin connections a burst
+/// left behind held 12 MiB, a quarter of the accelerator's growth under
+/// 200 stalled readers (L-8). Reads of 64 KiB keep the streaming rate; a
+/// head is allowed as much as a client's (`--max-head`'s default), more
+/// than nginx's `proxy_buffer_size` (4 or 8 KiB).
+pub const UPSTREAM_READ_BUFFER: usize = 64 << 10;
 
 /// A client builder for trips upstream, with the pool's bounds above.
 pub fn upstream_client_builder() -> hyper_util::client::legacy::Builder {
@@ -161,7 +171,8 @@ fn pooled_client_builder(per_host: usize, idle: Duration) -> hyper_util::client:
     builder
         .pool_max_idle_per_host(per_host)
         .pool_idle_timeout(idle)
-        .pool_timer(TokioTimer::new());
+        .pool_timer(TokioTimer::new())
+        .http1_max_buf_size(UPSTREAM_READ_BUFFER);
     builder
 }
 
