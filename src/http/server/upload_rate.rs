@@ -14,15 +14,22 @@
 //! reads it slowly, a queue) is not the client's, and a client cannot send
 //! into a full window anyway.
 //!
-//! Sans-IO: [`BodyClock`] takes `now`. The timer that wakes a read at the
-//! deadline is `io.rs`'s, and what the client is answered `refusal.rs`'s.
+//! The arithmetic is sans-IO: [`BodyClock`] takes `now`. [`UploadWatch`]
+//! puts the timer that wakes a waiting read at the deadline on it, for the
+//! two readers that enforce the rate: over HTTP/1.1 the connection's I/O
+//! (`io.rs`), over HTTP/2 each stream's body (`request_body.rs`). What the
+//! client is answered is `refusal.rs`'s.
 //!
-//! Main types: [`MinUploadRate`], [`BodyClock`], [`SlowUpload`].
+//! Main types: [`MinUploadRate`], [`BodyClock`], [`UploadWatch`],
+//! [`SlowUpload`].
 
+use std::future::Future;
 use std::num::NonZeroU64;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::limits::ConnectionLimits;
 
@@ -98,6 +105,73 @@ impl BodyClock {
             + self
                 .since
                 .map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    }
+}
+
+/// One request body's waiting under the minimum upload rate, with the
+/// timer that wakes its reader at the deadline.
+#[derive(Debug)]
+pub(super) struct UploadWatch {
+    clock: BodyClock,
+    /// Wakes a read waiting for the body at its deadline, or at an older
+    /// one, earlier (see [`BodyClock::waiting`]): reset when it fires, not
+    /// at every byte.
+    timer: Pin<Box<Sleep>>,
+    /// Set once the body came too slowly: every later read fails the same.
+    failed: Option<SlowUpload>,
+}
+
+impl UploadWatch {
+    /// A watch whose body has not been waited for yet.
+    pub(super) fn new() -> UploadWatch {
+        UploadWatch {
+            clock: BodyClock::default(),
+            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            failed: None,
+        }
+    }
+
+    /// A read of the body found no byte, `received` bytes having come so
+    /// far: pending (and `cx` woken at the deadline) while the body is
+    /// within the rate, the failure once it is not.
+    pub(super) fn poll_wait(
+        &mut self,
+        cx: &mut Context<'_>,
+        rate: MinUploadRate,
+        received: u64,
+    ) -> Poll<SlowUpload> {
+        if let Some(slow) = self.failed {
+            return Poll::Ready(slow);
+        }
+        let now = Instant::now();
+        let deadline = self.clock.waiting(now, rate, received);
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if now >= deadline {
+                let slow = SlowUpload::new(rate, &self.clock, received, now);
+                tracing::debug!(%slow, "request body below the minimum upload rate");
+                self.failed = Some(slow);
+                return Poll::Ready(slow);
+            }
+            // Fired at an older deadline, which the body's bytes have
+            // since pushed back.
+            self.timer.as_mut().reset(deadline);
+        }
+    }
+
+    /// A read of the body found bytes, or its end: the wait under way, if
+    /// any, is over.
+    pub(super) fn arrived(&mut self) {
+        if self.clock.is_waiting() {
+            self.clock.arrived(Instant::now());
+        }
+    }
+
+    /// The failure, once the body came too slowly.
+    pub(super) fn failed(&self) -> Option<SlowUpload> {
+        self.failed
     }
 }
 
