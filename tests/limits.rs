@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use rproxy::accelerator::AcceleratorConfig;
-use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody};
+use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, RequestBody};
 use support::proxy::{client_config, eventually};
 use support::topology::{
     Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
@@ -41,7 +40,7 @@ struct Origin {
 }
 
 impl Handler for Origin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let big = request.uri().path() == "/big";
         let ended = match request.into_body().collect().await {
@@ -561,7 +560,7 @@ async fn connections_past_the_cap_wait_until_one_ends() {
 struct Holder;
 
 impl Handler for Holder {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let held = request.uri().path() == "/hold";
         let mut response = Response::new(
             Full::new(Bytes::from_static(b"ok"))

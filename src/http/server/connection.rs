@@ -34,6 +34,7 @@ use super::interim::{self, Interim, SharedBoard};
 use super::io::{Guarded, Hold, Watched};
 use super::limits::{ConnectionLimits, Draining};
 use super::refusal::{RefusedBody, bad_request_body, refuse_early};
+use super::request_body::RequestBody;
 use super::upload_rate::MinUploadRate;
 
 /// hyper's timer, with the connection's hold added to every deadline it
@@ -124,8 +125,17 @@ fn service<H: Handler>(
     Future = ResponseFuture,
 > + Clone {
     let requests = Arc::new(AtomicU64::new(0));
-    service_fn(move |mut request: Request<Incoming>| {
+    let upload_rate = MinUploadRate::of(&limits);
+    service_fn(move |request: Request<Incoming>| {
         let handler = handler.clone();
+        // Over HTTP/1.1 the connection's I/O holds bodies to the minimum
+        // upload rate; over HTTP/2 each stream's body does (see
+        // `request_body.rs`).
+        let mut request = if request.version() == Version::HTTP_2 {
+            request.map(|body| RequestBody::of_stream(body, upload_rate))
+        } else {
+            request.map(RequestBody::new)
+        };
         // hyper hands requests over in the order the guard saw them.
         let index = requests.fetch_add(1, Ordering::Relaxed);
         arrival.mark(&mut request);
