@@ -47,8 +47,10 @@ use super::upload_rate::{MinUploadRate, SlowUpload, UploadWatch};
 /// A request body as the server hands it to a role.
 ///
 /// Its errors are hyper's, boxed, or over HTTP/2 an I/O error (timed out)
-/// with [`SlowUpload`] inside, which
-/// [`slow_request_body`](super::slow_request_body) tells apart.
+/// with `SlowUpload` inside, which
+/// [`slow_request_body`](super::slow_request_body) tells apart. Unlike
+/// over HTTP/1.1, that failure ends only its stream: the connection, and
+/// its other streams, which did nothing wrong, go on.
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Incoming,
