@@ -787,6 +787,60 @@ async fn l8_over_http2_a_stream_the_proxy_does_not_read_is_not_timed() {
     assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
 }
 
+/// Nor is the connection's window, which its streams share: while the
+/// proxy cannot pass one stream's large upload on, that stream's unread
+/// data fills the window, the client cannot send another stream's body
+/// either, and that stream's waits do not count.
+#[tokio::test]
+async fn l8_over_http2_a_stream_held_back_by_anothers_unread_data_is_not_timed() {
+    let (stack, _dir, cert) = start_both_over_http2().await;
+    let fronts = stack.fronts();
+    let both = |front: &Front| {
+        let (late, target) = (
+            stack.http2_target(front, "/late"),
+            stack.http2_upload_target(front),
+        );
+        let addr = front.addr;
+        let cert = cert.clone();
+        async move {
+            let sender = connect_http2(addr, &cert).await;
+            // 32 MiB that the origin takes only after a while, and, once
+            // that fills the window, 150 B/s on another stream: within the
+            // rate, were the window open.
+            let held = post_http2(
+                sender.clone(),
+                &late,
+                Trickled::new(32 << 20, 1 << 20, Duration::ZERO),
+            );
+            let after = async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let body = Trickled::new(360, 30, Duration::from_millis(200));
+                post_http2(sender.clone(), &target, body).await
+            };
+            tokio::join!(held, after)
+        }
+    };
+    // Both fronts at once, as each takes the origin's wait and more.
+    let (accelerator, client) = tokio::join!(both(&fronts[0]), both(&fronts[1]));
+    for (front, (held, after)) in fronts.iter().zip([accelerator, client]) {
+        assert_eq!(
+            (held.status, held.body.as_str()),
+            (200, "hello\n"),
+            "{}: {held:?}",
+            front.name
+        );
+        assert_eq!(
+            (after.status, after.body.as_str()),
+            (200, "hello\n"),
+            "{}: {after:?}",
+            front.name
+        );
+    }
+    bodies_ended(&stack, 2 * fronts.len()).await;
+    assert_eq!(stack.origin_whole_bodies(), 2 * fronts.len());
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+}
+
 #[tokio::test]
 async fn a_reader_that_stops_reading_is_closed_at_the_idle_timeout() {
     let limits = ConnectionLimits {

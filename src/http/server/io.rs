@@ -25,7 +25,7 @@ use tokio::time::Sleep;
 use crate::http::head_guard::{Framing, Part, Violation};
 
 use super::refusal::{MalformedRequestBody, RefusedBody};
-use super::upload_rate::{MinUploadRate, UploadWatch};
+use super::upload_rate::{MinUploadRate, UploadWatch, nothing_excused};
 
 /// A connection's current hold (seconds), shared by its service (which
 /// reads [`HoldConnection`] off each response), its timer and its I/O.
@@ -225,7 +225,7 @@ impl<I> Guarded<I> {
             })),
         };
         body.watch
-            .poll_wait(cx, rate, received)
+            .poll_wait(cx, rate, received, nothing_excused)
             .map(|slow| Err(io::Error::new(io::ErrorKind::TimedOut, slow)))
     }
 
@@ -235,7 +235,7 @@ impl<I> Guarded<I> {
         let Some(body) = &mut self.waited else {
             return;
         };
-        body.watch.arrived();
+        body.watch.arrived(nothing_excused);
         if self.framing.body_received().is_none() {
             self.waited = None;
         }
