@@ -15,12 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use rproxy::accelerator::Accelerator;
 use rproxy::client_proxy::{ClientConfig, ClientProxy};
 use rproxy::demo::static_origin::StaticOrigin;
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, CheckLimits, basic_credentials};
-use rproxy::http::server::{Handler, ProxyBody};
+use rproxy::http::server::{Handler, ProxyBody, RequestBody};
 use support::topology::{Listen, Server, accelerator_config, serve, temp_store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
@@ -162,7 +161,7 @@ struct RecordingOrigin {
 }
 
 impl Handler for RecordingOrigin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         self.seen.lock().unwrap().push(request.headers().clone());
         self.files.clone().handle(request).await
     }
@@ -374,7 +373,7 @@ struct ProxyHeadersUpstream {
 }
 
 impl Handler for ProxyHeadersUpstream {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         use http_body_util::BodyExt;
         self.seen.lock().unwrap().push(request.headers().clone());
         Response::builder()

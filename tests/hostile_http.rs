@@ -26,11 +26,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use rproxy::accelerator::AcceleratorConfig;
 use rproxy::cache::{CacheKey, Completeness};
 use rproxy::client_proxy::ClientConfig;
-use rproxy::http::server::{Handler, ProxyBody};
+use rproxy::http::server::{Handler, ProxyBody, RequestBody};
 use support::topology::{
     Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
 };
@@ -83,7 +82,7 @@ impl Origin {
 }
 
 impl Handler for Origin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let (parts, body) = request.into_parts();
         let index = {
             let mut seen = self.seen.lock().unwrap();

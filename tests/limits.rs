@@ -5,24 +5,33 @@
 //! accelerator in front of a recording origin stands for both roles, the
 //! limits living in the shared connection layer; where the role's own
 //! code has a part (a slow body's 408 comes from the role that was
-//! forwarding it), the client proxy is asked as well.
+//! forwarding it), the client proxy is asked as well. The minimum upload
+//! rate is asked over HTTP/2 too (TLS, ALPN), where it holds each stream
+//! and the connection goes on.
 
 mod support;
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Frame, SizeHint};
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use rproxy::accelerator::AcceleratorConfig;
-use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody};
+use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, RequestBody};
 use support::proxy::{client_config, eventually};
 use support::topology::{
-    Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
+    self, Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -30,9 +39,13 @@ use tokio::net::TcpStream;
 /// Large enough that loopback socket buffers cannot hold it.
 const BIG: usize = 64 << 20;
 
+/// How long the origin waits before it reads a request body to `/late`.
+const LATE: Duration = Duration::from_secs(4);
+
 /// Answers `/big` with [`BIG`] bytes and anything else with a short body,
-/// after reading the whole request body; counts requests, and the request
-/// bodies that came whole and that were cut.
+/// after reading the whole request body (to `/late`, after [`LATE`]);
+/// counts requests, and the request bodies that came whole and that were
+/// cut.
 #[derive(Default)]
 struct Origin {
     requests: AtomicUsize,
@@ -41,9 +54,13 @@ struct Origin {
 }
 
 impl Handler for Origin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let big = request.uri().path() == "/big";
+        if request.uri().path() == "/late" {
+            // An origin that takes the body only after a while.
+            tokio::time::sleep(LATE).await;
+        }
         let ended = match request.into_body().collect().await {
             Ok(_) => &self.whole_bodies,
             Err(_) => &self.cut_bodies,
@@ -78,6 +95,11 @@ async fn start(limits: ConnectionLimits) -> Stack {
 /// [`start`], with the accelerator's origin timeout `upstream_timeout`
 /// when given.
 async fn start_waiting(limits: ConnectionLimits, upstream_timeout: Option<Duration>) -> Stack {
+    start_listening(Listen::with_limits(limits), upstream_timeout).await
+}
+
+/// [`start_waiting`], listening as `listen` says.
+async fn start_listening(listen: Listen, upstream_timeout: Option<Duration>) -> Stack {
     let origin = serve(Arc::new(Origin::default()), Listen::default()).await;
     let defaults = accelerator_config(origin.addr);
     let config = AcceleratorConfig {
@@ -86,7 +108,7 @@ async fn start_waiting(limits: ConnectionLimits, upstream_timeout: Option<Durati
         origin_timeout: upstream_timeout.unwrap_or(defaults.origin_timeout),
         ..defaults
     };
-    let accelerator = Accelerator::start_with(config, Listen::with_limits(limits)).await;
+    let accelerator = Accelerator::start_with(config, listen).await;
     Stack {
         addr: accelerator.addr,
         origin,
@@ -104,12 +126,17 @@ async fn start_both(limits: ConnectionLimits) -> Stack {
 /// [`start_both`], with both proxies' upstream timeout `upstream_timeout`
 /// when given.
 async fn start_both_waiting(limits: ConnectionLimits, upstream_timeout: Option<Duration>) -> Stack {
-    let mut stack = start_waiting(limits, upstream_timeout).await;
+    start_both_listening(Listen::with_limits(limits), upstream_timeout).await
+}
+
+/// [`start_both_waiting`], both proxies listening as `listen` says.
+async fn start_both_listening(listen: Listen, upstream_timeout: Option<Duration>) -> Stack {
+    let mut stack = start_listening(listen.clone(), upstream_timeout).await;
     let mut config = client_config(&format!("http://{}", stack.origin.addr));
     if let Some(timeout) = upstream_timeout {
         config.upstream_timeout = timeout;
     }
-    let client = ClientProxy::start_with(config, Cache::Temp(1 << 20), Listen::with_limits(limits));
+    let client = ClientProxy::start_with(config, Cache::Temp(1 << 20), listen);
     stack.client = Some(client.await);
     stack
 }
@@ -500,6 +527,320 @@ async fn l8_a_stalled_upload_gets_408_and_a_close_at_the_idle_timeout() {
     assert_eq!(stack.origin_whole_bodies(), 0);
 }
 
+/// A request body of `left` bytes sent `piece` bytes at a time, each
+/// after `every`: an HTTP/2 client's trickle.
+struct Trickled {
+    left: usize,
+    piece: usize,
+    every: Duration,
+    next: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Trickled {
+    fn new(len: usize, piece: usize, every: Duration) -> Trickled {
+        Trickled {
+            left: len,
+            piece,
+            every,
+            next: Box::pin(tokio::time::sleep(every)),
+        }
+    }
+}
+
+impl hyper::body::Body for Trickled {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        ready!(self.next.as_mut().poll(cx));
+        let n = self.piece.min(self.left);
+        self.left -= n;
+        let next = tokio::time::Instant::now() + self.every;
+        self.next.as_mut().reset(next);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; n])))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left as u64)
+    }
+}
+
+/// Both proxies over TLS, where ALPN picks HTTP/2, under the L-8 limits;
+/// and the certificate to trust (in the directory, kept as long as it).
+async fn start_both_over_http2() -> (Stack, tempfile::TempDir, PathBuf) {
+    start_both_over_http2_with(slow_upload_limits()).await
+}
+
+/// [`start_both_over_http2`] under `limits`.
+async fn start_both_over_http2_with(
+    limits: ConnectionLimits,
+) -> (Stack, tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = topology::self_signed(dir.path());
+    let listen = Listen {
+        limits,
+        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+    };
+    (start_both_listening(listen, None).await, dir, cert)
+}
+
+/// An HTTP/2 connection to `addr`, trusting `cert`.
+async fn connect_http2(addr: SocketAddr, cert: &Path) -> http2::SendRequest<Trickled> {
+    let tls = rproxy::http::tls::client_config(Some(cert)).unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// What came back on an HTTP/2 stream.
+#[derive(Debug)]
+struct StreamAnswer {
+    /// 0 when the stream was reset before a head came.
+    status: u16,
+    /// The body, or the error that cut it (or the reset).
+    body: String,
+    /// From the request to the end of the answer.
+    took: Duration,
+}
+
+/// POSTs `body` to `target` on a new stream of `sender`'s connection.
+async fn post_http2(
+    mut sender: http2::SendRequest<Trickled>,
+    target: &str,
+    body: Trickled,
+) -> StreamAnswer {
+    let started = Instant::now();
+    let request = Request::post(target)
+        .header("content-length", body.left)
+        .body(body)
+        .unwrap();
+    let (status, body) = match sender.send_request(request).await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            match response.into_body().collect().await {
+                Ok(body) => (
+                    status,
+                    String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+                ),
+                Err(error) => (status, format!("cut: {error}")),
+            }
+        }
+        Err(error) => (0, format!("reset: {error}")),
+    };
+    StreamAnswer {
+        status,
+        body,
+        took: started.elapsed(),
+    }
+}
+
+impl Stack {
+    /// The target of an upload through `front` over HTTP/2: the
+    /// accelerator's own authority, or the origin's for the client proxy.
+    fn http2_upload_target(&self, front: &Front) -> String {
+        self.http2_target(front, "/upload")
+    }
+
+    /// `path` through `front` over HTTP/2.
+    fn http2_target(&self, front: &Front, path: &str) -> String {
+        if front.prefix.is_empty() {
+            format!("https://localhost:{}{path}", front.addr.port())
+        } else {
+            format!("{}{path}", front.prefix)
+        }
+    }
+}
+
+#[tokio::test]
+async fn l8_over_http2_a_slow_stream_gets_408_and_the_connection_goes_on() {
+    let (stack, _dir, cert) = start_both_over_http2().await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        let sender = connect_http2(front.addr, &cert).await;
+        let target = stack.http2_upload_target(front);
+        // Two streams at once: 4 bytes every 200 ms (20 B/s, whose
+        // allowance, 1 s and 0.2 s a second, runs out after 1.25 s), and
+        // 30 bytes every 200 ms (150 B/s, for 2.4 s).
+        let (slow, good) = tokio::join!(
+            post_http2(
+                sender.clone(),
+                &target,
+                Trickled::new(1000, 4, Duration::from_millis(200))
+            ),
+            post_http2(
+                sender.clone(),
+                &target,
+                Trickled::new(360, 30, Duration::from_millis(200))
+            ),
+        );
+        assert_eq!(slow.status, 408, "{}: {slow:?}", front.name);
+        assert!(
+            slow.body.contains("slower than 100 B/s"),
+            "{}: {slow:?}",
+            front.name
+        );
+        // Within the grace and what 25 bytes earned, and a second.
+        assert!(
+            (Duration::from_secs(1)..Duration::from_millis(2250)).contains(&slow.took),
+            "{}: {slow:?}",
+            front.name
+        );
+        // The other stream went on, and ended after the slow one's 408.
+        assert_eq!(
+            (good.status, good.body.as_str()),
+            (200, "hello\n"),
+            "{}: {good:?}",
+            front.name
+        );
+        assert!(good.took > slow.took, "{}: {good:?}", front.name);
+        // The connection was not closed: it takes new streams.
+        let after = post_http2(sender, &target, Trickled::new(0, 1, Duration::ZERO)).await;
+        assert_eq!(after.status, 200, "{}: {after:?}", front.name);
+    }
+    // Each front counted the client's refusal, under its reason.
+    assert_eq!(stack.refusals(), vec![(1, 0); fronts.len()]);
+    assert_eq!(
+        stack.refusal_reasons(),
+        vec![vec![("body_timeout", 1)]; fronts.len()]
+    );
+    // The slow body went upstream as it came, and was cut there.
+    bodies_ended(&stack, 3 * fronts.len()).await;
+    assert_eq!(stack.origin_requests(), 3 * fronts.len());
+    assert_eq!(stack.origin_cut_bodies(), fronts.len());
+    assert_eq!(stack.origin_whole_bodies(), 2 * fronts.len());
+}
+
+#[tokio::test]
+async fn l8_over_http2_an_upload_above_the_minimum_rate_completes() {
+    let (stack, _dir, cert) = start_both_over_http2().await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        let sender = connect_http2(front.addr, &cert).await;
+        let target = stack.http2_upload_target(front);
+        // 150 B/s for 2.4 s, past the grace, as over HTTP/1.1.
+        let body = Trickled::new(360, 30, Duration::from_millis(200));
+        let answer = post_http2(sender, &target, body).await;
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (200, "hello\n"),
+            "{}: {answer:?}",
+            front.name
+        );
+        assert!(answer.took > Duration::from_secs(2), "{answer:?}");
+    }
+    bodies_ended(&stack, fronts.len()).await;
+    assert_eq!(stack.origin_whole_bodies(), fronts.len());
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+}
+
+/// Flow control is not the client's fault: while the proxy cannot pass a
+/// stream's body on (its origin does not read yet), the stream's window
+/// stays shut and the client cannot send, and that time does not count.
+#[tokio::test]
+async fn l8_over_http2_a_stream_the_proxy_does_not_read_is_not_timed() {
+    // A rate high enough that what fills the buffers on the way to the
+    // origin (a few MiB) earns less than the origin's wait: timed, the
+    // wait would run the body out (1 s and a second per 8 MiB).
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(1),
+        min_upload_bytes_per_sec: 8 << 20,
+        ..ConnectionLimits::default()
+    };
+    let (stack, _dir, cert) = start_both_over_http2_with(limits).await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        let sender = connect_http2(front.addr, &cert).await;
+        let target = stack.http2_target(front, "/late");
+        // 32 MiB as fast as the windows let it go: more than the sockets
+        // to the origin hold while it waits.
+        let body = Trickled::new(32 << 20, 1 << 20, Duration::ZERO);
+        let answer = post_http2(sender, &target, body).await;
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (200, "hello\n"),
+            "{}: {answer:?}",
+            front.name
+        );
+        assert!(answer.took > LATE, "{answer:?}");
+    }
+    bodies_ended(&stack, fronts.len()).await;
+    assert_eq!(stack.origin_whole_bodies(), fronts.len());
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+}
+
+/// Nor is the connection's window, which its streams share: while the
+/// proxy cannot pass one stream's large upload on, that stream's unread
+/// data fills the window, the client cannot send another stream's body
+/// either, and that stream's waits do not count.
+#[tokio::test]
+async fn l8_over_http2_a_stream_held_back_by_anothers_unread_data_is_not_timed() {
+    let (stack, _dir, cert) = start_both_over_http2().await;
+    let fronts = stack.fronts();
+    let both = |front: &Front| {
+        let (late, target) = (
+            stack.http2_target(front, "/late"),
+            stack.http2_upload_target(front),
+        );
+        let addr = front.addr;
+        let cert = cert.clone();
+        async move {
+            let sender = connect_http2(addr, &cert).await;
+            // 32 MiB that the origin takes only after a while, and, once
+            // that fills the window, 150 B/s on another stream: within the
+            // rate, were the window open.
+            let held = post_http2(
+                sender.clone(),
+                &late,
+                Trickled::new(32 << 20, 1 << 20, Duration::ZERO),
+            );
+            let after = async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let body = Trickled::new(360, 30, Duration::from_millis(200));
+                post_http2(sender.clone(), &target, body).await
+            };
+            tokio::join!(held, after)
+        }
+    };
+    // Both fronts at once, as each takes the origin's wait and more.
+    let (accelerator, client) = tokio::join!(both(&fronts[0]), both(&fronts[1]));
+    for (front, (held, after)) in fronts.iter().zip([accelerator, client]) {
+        assert_eq!(
+            (held.status, held.body.as_str()),
+            (200, "hello\n"),
+            "{}: {held:?}",
+            front.name
+        );
+        assert_eq!(
+            (after.status, after.body.as_str()),
+            (200, "hello\n"),
+            "{}: {after:?}",
+            front.name
+        );
+    }
+    bodies_ended(&stack, 2 * fronts.len()).await;
+    assert_eq!(stack.origin_whole_bodies(), 2 * fronts.len());
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+}
+
 #[tokio::test]
 async fn a_reader_that_stops_reading_is_closed_at_the_idle_timeout() {
     let limits = ConnectionLimits {
@@ -561,7 +902,7 @@ async fn connections_past_the_cap_wait_until_one_ends() {
 struct Holder;
 
 impl Handler for Holder {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let held = request.uri().path() == "/hold";
         let mut response = Response::new(
             Full::new(Bytes::from_static(b"ok"))

@@ -14,10 +14,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use rproxy::accelerator::{Accelerator, AcceleratorConfig};
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
-use rproxy::http::server::{BodyError, Handler, ProxyBody};
+use rproxy::http::server::{BodyError, Handler, ProxyBody, RequestBody};
 use rproxy::queue::QueueConfig;
 use support::topology::{Listen, Server, accelerator_config, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,7 +35,7 @@ struct Origin {
 }
 
 impl Handler for Origin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         if ["x-queue", "x-queued", "x-node"]
             .iter()

@@ -20,11 +20,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use rproxy::accelerator::AcceleratorConfig;
 use rproxy::client_proxy::ClientConfig;
 use rproxy::client_proxy::queue_wait::QueueWaitConfig;
-use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody};
+use rproxy::http::server::{BodyError, ConnectionLimits, Handler, ProxyBody, RequestBody};
 use rproxy::queue::{Callback, QueueConfig, QueueId};
 use support::topology::{Accelerator, Cache, ClientProxy, Listen, Server, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,7 +52,7 @@ struct Origin {
 }
 
 impl Handler for Origin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let path = request.uri().path().to_owned();
         self.paths.lock().unwrap().push(path.clone());
         if path != "/slow" {

@@ -12,12 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, Version};
-use hyper::body::Incoming;
 use rproxy::accelerator::Accelerator;
 use rproxy::cache::CacheStore;
 use rproxy::client_proxy::ClientConfig;
 use rproxy::demo::static_origin::StaticOrigin;
-use rproxy::http::server::{Handler, Peer, ProxyBody};
+use rproxy::http::server::{Handler, Peer, ProxyBody, RequestBody};
 use support::topology::{Cache, ClientProxy, Listen, Server, accelerator_config, serve};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,7 +53,7 @@ struct Recording {
 }
 
 impl Handler for Recording {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let peer = request.extensions().get::<Peer>().map(|p| p.0);
         self.seen.lock().unwrap().push((request.version(), peer));
         self.inner.clone().handle(request).await

@@ -19,7 +19,6 @@ use std::time::Duration;
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
 
 use crate::cache::freshness::Storability;
 use crate::feed::primary::FeedCommit;
@@ -32,7 +31,7 @@ use crate::http::headers::{
     HSYNC_SIGNATURE_LENGTH, HSYNC_VARY, accepts_coding, accepts_hsync, parse_byte_sequence,
     weaken_etag,
 };
-use crate::http::server::{BodyError, ProxyBody, slow_request_body};
+use crate::http::server::{BodyError, ProxyBody, RequestBody, slow_request_body};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::{TransferMemory, coded_transfer_cost};
 use crate::http::upstream_guard::{self, ExchangeCheck};
@@ -321,7 +320,7 @@ impl Coder {
     pub async fn offer_reading_body(
         &self,
         parts: &mut http::request::Parts,
-        body: Incoming,
+        body: RequestBody,
     ) -> Result<(Offer, ProxyBody), ProxyError> {
         let mut offer = self.offer(&parts.method, &parts.headers);
         let Some(announced) = parts.headers.remove(HSYNC_SIGNATURE_LENGTH) else {

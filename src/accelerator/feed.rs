@@ -23,7 +23,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Incoming;
 use serde::Serialize;
 
 use super::Accelerator;
@@ -37,7 +36,9 @@ use crate::feed::watch::DocRoot;
 use crate::feed::wire::{
     MAX_SUBMISSION_BYTES, MAX_SUBMITTED, Pull, callback_node, parse_submission,
 };
-use crate::http::server::{Peer, ProxyBody, json_response, slow_request_body, text_response};
+use crate::http::server::{
+    Peer, ProxyBody, RequestBody, json_response, slow_request_body, text_response,
+};
 use crate::http::upstream_guard::ExchangeCheck;
 
 /// What became of one submitted path.
@@ -56,7 +57,7 @@ impl Accelerator {
     /// Answers a request for the feed of `route`'s site.
     pub(super) async fn feed_request(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         route: Route,
         feeds: Arc<Feeds>,
     ) -> Response<ProxyBody> {

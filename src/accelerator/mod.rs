@@ -83,7 +83,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 
 use crate::feed::primary::FeedCommit;
 use crate::feed::{FEED_PATH, Feeds};
@@ -91,7 +90,7 @@ use crate::http::access_log::{Note, Side};
 use crate::http::error::ProxyError;
 use crate::http::headers::{HSYNC_VARY, Hop, answer_at_this_hop, max_forwards, via_names_hop};
 use crate::http::health::HealthView;
-use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, counted};
+use crate::http::server::{BodyError, ConnectionNumber, Handler, ProxyBody, RequestBody, counted};
 use crate::http::upstream_guard::{self, ExchangeCheck};
 
 use origin::FromOrigin;
@@ -232,7 +231,7 @@ impl Accelerator {
         error.log_and_respond()
     }
 
-    async fn proxy(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn proxy(self: Arc<Self>, mut request: Request<RequestBody>) -> Response<ProxyBody> {
         if request.method() == Method::GET
             && request
                 .uri()
@@ -305,7 +304,7 @@ impl Accelerator {
     /// or passed through.
     async fn exchange(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         route: sites::Route,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
@@ -411,7 +410,7 @@ impl Accelerator {
 impl Handler for Accelerator {
     fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.proxy(request)
     }

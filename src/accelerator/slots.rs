@@ -15,12 +15,13 @@ use std::time::{Duration, SystemTime};
 
 use argon2::password_hash::rand_core::{OsRng, RngCore};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use crate::http::error::ProxyError;
-use crate::http::server::{ConnectionNumber, HoldConnection, Peer, ProxyBody, counted};
+use crate::http::server::{
+    ConnectionNumber, HoldConnection, Peer, ProxyBody, RequestBody, counted,
+};
 use crate::queue::headers::{parse_offer, parse_x_node, parse_x_queued};
 use crate::queue::{
     Admission, Completion, ConnectionId, IdGenerator, QueueConfig, QueueRequest, ReplyForm,
@@ -96,7 +97,7 @@ impl Slots {
     }
 
     /// Admits `request` to a slot, or answers it.
-    pub fn admit(&self, request: &Request<Incoming>) -> Admitted {
+    pub fn admit(&self, request: &Request<RequestBody>) -> Admitted {
         let headers = request.headers();
         let value = |name| headers.get(name).map(|v: &http::HeaderValue| v.as_bytes());
         let connection = request

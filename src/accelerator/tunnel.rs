@@ -17,12 +17,11 @@ use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
 
 use super::{Accelerator, Stats};
 use crate::http::error::ProxyError;
 use crate::http::headers::via_names_hop;
-use crate::http::server::ProxyBody;
+use crate::http::server::{ProxyBody, RequestBody};
 use crate::http::tunnel::{Opened, Upgrade, dial_refusal, relay_upgraded};
 
 impl Accelerator {
@@ -31,7 +30,7 @@ impl Accelerator {
     /// own once hyper hands the connection over.
     pub(super) async fn tunnel(
         self: Arc<Self>,
-        mut request: Request<Incoming>,
+        mut request: Request<RequestBody>,
     ) -> Response<ProxyBody> {
         let tunnel = match self.sites.tunnel(&request) {
             Ok(tunnel) => tunnel,

@@ -37,12 +37,12 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 
 use crate::feed::wire::MAX_SUBMISSION_BYTES;
 use crate::http::auth::{Authenticator, Refusal};
 use crate::http::server::{
-    ConnectionLimits, Handler, Peer, ProxyBody, json_response, slow_request_body, text_response,
+    ConnectionLimits, Handler, Peer, ProxyBody, RequestBody, json_response, slow_request_body,
+    text_response,
 };
 
 pub use figures::{BasisFigures, CacheFigures, FeedFigures, Figures, Outcomes, Source, Submission};
@@ -134,7 +134,7 @@ impl Admin {
         self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn answer(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn answer(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         if let Some(auth) = &self.auth {
             let peer = request.extensions().get::<Peer>().map(|peer| peer.0.ip());
             if let Err(refusal) = auth
@@ -191,7 +191,7 @@ impl Admin {
     /// `POST /feed`: the URLs that changed, one per line, for the change
     /// feed (a deploy hook's SubmitUpdate): the accelerator fetches and
     /// commits them; a client proxy passes them to its upstream.
-    async fn submit(&self, body: Incoming) -> Response<ProxyBody> {
+    async fn submit(&self, body: RequestBody) -> Response<ProxyBody> {
         let read = tokio::time::timeout(
             SUBMISSION_READ_TIMEOUT,
             Limited::new(body, MAX_SUBMISSION_BYTES).collect(),
@@ -275,7 +275,7 @@ impl Admin {
 impl Handler for Admin {
     fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.answer(request)
     }

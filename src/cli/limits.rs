@@ -25,9 +25,10 @@ pub struct LimitArgs {
     /// Least rate a request body must average, in bytes per second (K, M
     /// or G suffix allowed; 0: none): a body may take the header read
     /// timeout, plus a second per this many bytes it sent, counting only
-    /// time spent waiting for its bytes; past that, 408 and close. Stops
-    /// uploads trickled a few bytes at a time from holding connections
-    /// for ever. HTTP/1.1 only.
+    /// time spent waiting for its bytes; past that, 408 and close (over
+    /// HTTP/2, per stream: 408 or a reset, and the connection goes on).
+    /// Stops uploads trickled a few bytes at a time from holding
+    /// connections for ever.
     #[arg(long, value_name = "BYTES")]
     pub min_upload_rate: Option<Size>,
     /// Largest request head, request line included (431 beyond): bytes,

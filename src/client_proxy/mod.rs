@@ -66,7 +66,6 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
 
 use crate::accelerator::{Coder, CoderConfig, Offer};
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
@@ -77,7 +76,7 @@ use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH, Hop, answer_at_this_hop,
     max_forwards, remove_hsync_coding, strip_hop_by_hop, via_names_hop,
 };
-use crate::http::server::{Handler, Peer, ProxyBody, counted};
+use crate::http::server::{Handler, Peer, ProxyBody, RequestBody, counted};
 use crate::http::spool::SpoolDisk;
 use crate::http::transfer_memory::TransferMemory;
 use coalesce::{InFlight, Role};
@@ -355,7 +354,7 @@ impl ClientProxy {
         self.config.scope == CacheScope::Shared
     }
 
-    async fn proxy(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn proxy(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let started = Instant::now();
         if request.method() == Method::GET
             && request.uri().authority().is_none()
@@ -498,7 +497,7 @@ impl ClientProxy {
     async fn cacheable(
         self: Arc<Self>,
         parts: Parts,
-        body: Incoming,
+        body: RequestBody,
         target: Target,
         key: CacheKey,
     ) -> Response<ProxyBody> {
@@ -618,7 +617,7 @@ impl Handler for ClientProxy {
     /// each carries its kind on the response it became.
     fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         let stats = self.stats.clone();
         async move {

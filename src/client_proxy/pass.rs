@@ -26,7 +26,7 @@ use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_ETAG, HSYNC_HELD, HSYNC_MISSED, HSYNC_SIGNATURE,
     HSYNC_SIGNATURE_LENGTH, add_via, restore_etag, strip_hop_by_hop,
 };
-use crate::http::server::{BodyError, ProxyBody};
+use crate::http::server::{BodyError, ProxyBody, RequestBody};
 
 impl ClientProxy {
     /// HEAD misses: passed through as they are, to the route's next way
@@ -35,7 +35,7 @@ impl ClientProxy {
     pub(super) async fn pass(
         &self,
         parts: Parts,
-        body: Incoming,
+        body: RequestBody,
         mut target: Target,
     ) -> Response<ProxyBody> {
         ClientStats::add(&self.stats.passed, 1);
@@ -68,7 +68,7 @@ impl ClientProxy {
     pub(super) async fn pass_unsafe(
         self: Arc<Self>,
         parts: Parts,
-        body: Incoming,
+        body: RequestBody,
         target: Target,
         key: CacheKey,
     ) -> Response<ProxyBody> {

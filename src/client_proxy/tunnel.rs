@@ -36,7 +36,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::Empty;
-use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
@@ -48,7 +47,7 @@ use crate::http::address_policy::AddressPolicy;
 use crate::http::dial::Dialer;
 use crate::http::error::ProxyError;
 use crate::http::headers::{add_via, via_names_hop};
-use crate::http::server::ProxyBody;
+use crate::http::server::{ProxyBody, RequestBody};
 use crate::http::tunnel::{Destination, Opened, Upgrade, dial_refusal, relay_upgraded};
 
 /// The most an upstream proxy's answer to our CONNECT may take before
@@ -89,7 +88,7 @@ impl ClientProxy {
     /// once hyper hands the connection over.
     pub(super) async fn tunnel(
         self: Arc<Self>,
-        mut request: Request<Incoming>,
+        mut request: Request<RequestBody>,
     ) -> Response<ProxyBody> {
         let destination = match Destination::from_target(request.uri()) {
             Ok(destination) => destination,

@@ -34,11 +34,11 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::http::error::ProxyError;
-use crate::http::server::{BodyError, Handler, ProxyBody};
+use crate::http::server::{BodyError, Handler, ProxyBody, RequestBody};
 
 /// Largest chunk read from a file and sent as one body frame (bytes).
 const CHUNK_LEN: usize = 64 << 10;
@@ -91,7 +91,7 @@ impl StaticOrigin {
         self.requests.load(Ordering::Relaxed)
     }
 
-    async fn answer(&self, request: &Request<Incoming>) -> Response<ProxyBody> {
+    async fn answer(&self, request: &Request<RequestBody>) -> Response<ProxyBody> {
         let method = request.method();
         if method != Method::GET && method != Method::HEAD {
             return ProxyError::method_not_allowed("only GET and HEAD", "GET, HEAD")
@@ -180,7 +180,7 @@ impl StaticOrigin {
 }
 
 impl Handler for StaticOrigin {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let response = self.answer(&request).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(

@@ -36,11 +36,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use http::header::{self, HeaderName, HeaderValue};
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde::{Deserialize, Serialize};
 
-use super::server::{ConnectionNumber, Handler, Peer, ProxyBody, counted};
+use super::server::{ConnectionNumber, Handler, Peer, ProxyBody, RequestBody, counted};
 
 /// The header a request's id travels in, from the client proxy to the
 /// accelerator and on to the origin.
@@ -381,7 +380,7 @@ impl<H: Handler> Logged<H> {
         &self.role
     }
 
-    async fn serve(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn serve(self: Arc<Self>, mut request: Request<RequestBody>) -> Response<ProxyBody> {
         let id = request_id(request.headers().get(&REQUEST_ID));
         request.headers_mut().insert(
             REQUEST_ID,
@@ -431,7 +430,7 @@ impl<H: Handler> Logged<H> {
 impl<H: Handler> Handler for Logged<H> {
     fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send {
         self.serve(request)
     }
@@ -482,7 +481,7 @@ fn request_id(given: Option<&HeaderValue>) -> String {
 
 /// The URL as the request names it: absolute-form as it came, origin-form
 /// with its Host.
-fn shown_url(request: &Request<Incoming>) -> String {
+fn shown_url(request: &Request<RequestBody>) -> String {
     let uri = request.uri();
     if uri.scheme().is_some() || request.method() == http::Method::CONNECT {
         return uri.to_string();

@@ -40,12 +40,11 @@ use base64::Engine as _;
 use http::Response;
 use http::{HeaderMap, HeaderValue, header};
 use hyper::Request;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::http::error::ProxyError;
-use crate::http::server::{Handler, Peer, ProxyBody};
+use crate::http::server::{Handler, Peer, ProxyBody, RequestBody};
 
 mod budget;
 
@@ -493,7 +492,7 @@ impl<H: Handler> AuthGate<H> {
         self.auth.clone()
     }
 
-    async fn admit(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn admit(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         let Some(auth) = &self.auth else {
             return self.role.clone().handle(request).await;
         };
@@ -527,7 +526,7 @@ impl<H: Handler> AuthGate<H> {
 impl<H: Handler> Handler for AuthGate<H> {
     fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> impl std::future::Future<Output = Response<ProxyBody>> + Send {
         self.admit(request)
     }

@@ -169,7 +169,8 @@ pub enum ErrorKind {
     /// No whole request head within the header timeout (408).
     RequestTimeout,
     /// A request body that came too slowly: under the minimum upload
-    /// rate, or stalled for the idle timeout (408, then close).
+    /// rate, or stalled for the idle timeout (408, then close; over
+    /// HTTP/2 only its stream ends).
     BodyTimeout,
     /// A method this hop does not serve at all (405).
     MethodNotAllowed,
@@ -391,7 +392,8 @@ impl ProxyError {
 
     /// A request whose body came too slowly, `message` saying how (408):
     /// the connection is closed, since the rest of the body may still
-    /// come.
+    /// come. (Over HTTP/2 hyper drops the `Connection` header: the stream
+    /// ends alone, and the connection's other streams go on.)
     pub fn body_timeout(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::BodyTimeout, message).closing()
     }

@@ -34,6 +34,7 @@ use super::interim::{self, Interim, SharedBoard};
 use super::io::{Guarded, Hold, Watched};
 use super::limits::{ConnectionLimits, Draining};
 use super::refusal::{RefusedBody, bad_request_body, refuse_early};
+use super::request_body::{RequestBody, SharedWindow};
 use super::upload_rate::MinUploadRate;
 
 /// hyper's timer, with the connection's hold added to every deadline it
@@ -117,6 +118,7 @@ fn service<H: Handler>(
     arrival: Arrival,
     limits: ConnectionLimits,
     interim: Option<SharedBoard>,
+    window: Option<Arc<SharedWindow>>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<ProxyBody>,
@@ -124,8 +126,16 @@ fn service<H: Handler>(
     Future = ResponseFuture,
 > + Clone {
     let requests = Arc::new(AtomicU64::new(0));
-    service_fn(move |mut request: Request<Incoming>| {
+    let upload_rate = MinUploadRate::of(&limits);
+    service_fn(move |request: Request<Incoming>| {
         let handler = handler.clone();
+        // Over HTTP/1.1 the connection's I/O holds bodies to the minimum
+        // upload rate; over HTTP/2 each stream's body does (see
+        // `request_body.rs`).
+        let mut request = match &window {
+            Some(window) => request.map(|body| RequestBody::of_stream(body, upload_rate, window)),
+            None => request.map(RequestBody::new),
+        };
         // hyper hands requests over in the order the guard saw them.
         let index = requests.fetch_add(1, Ordering::Relaxed);
         arrival.mark(&mut request);
@@ -280,6 +290,7 @@ where
         arrival,
         limits,
         Some(board.clone()),
+        None,
     );
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -442,7 +453,7 @@ pub(super) async fn serve_tls_connection<H: Handler>(
     }
     let hold = Hold::default();
     // Over HTTP/2 nothing sets it: the guard is HTTP/1.1's, and so are
-    // 1xx heads.
+    // 1xx heads. The streams' bodies share the connection's window.
     let service = service(
         handler.clone(),
         hold.clone(),
@@ -450,6 +461,7 @@ pub(super) async fn serve_tls_connection<H: Handler>(
         arrival,
         limits,
         None,
+        Some(Arc::default()),
     );
     let builder = {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());

@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 
 use super::body::ProxyBody;
+use super::request_body::RequestBody;
 
 /// A role: turns a request into a response. Errors become responses inside
 /// the handler; an error in the body stream aborts the connection so a
@@ -21,7 +21,7 @@ pub trait Handler: Send + Sync + 'static {
     /// Answers one request.
     fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> impl Future<Output = Response<ProxyBody>> + Send;
 
     /// Called once a connection, numbered as in its requests'

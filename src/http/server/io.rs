@@ -6,8 +6,10 @@
 //! moved either way for the idle timeout (stretched by the connection's
 //! [`Hold`]). What to answer then is the serving code's choice: each
 //! failure is an I/O error with a typed error inside ([`IdleTimeout`],
-//! [`SlowUpload`], [`MalformedRequestBody`]) that a request body's reader
-//! can tell apart.
+//! [`SlowUpload`](super::upload_rate::SlowUpload),
+//! [`MalformedRequestBody`]) that a request body's reader can tell apart.
+//! Over HTTP/2 only the idle watch is here: the streams' bodies are held
+//! to the minimum upload rate one by one (`request_body.rs`).
 
 use std::future::Future;
 use std::io;
@@ -18,12 +20,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 
 use crate::http::head_guard::{Framing, Part, Violation};
 
 use super::refusal::{MalformedRequestBody, RefusedBody};
-use super::upload_rate::{BodyClock, MinUploadRate, SlowUpload};
+use super::upload_rate::{MinUploadRate, UploadWatch, nothing_excused};
 
 /// A connection's current hold (seconds), shared by its service (which
 /// reads [`HoldConnection`] off each response), its timer and its I/O.
@@ -172,13 +174,7 @@ pub(super) struct Guarded<I> {
 struct WaitedBody {
     /// The message of the connection the body belongs to.
     message: u64,
-    clock: BodyClock,
-    /// Wakes a read waiting for the body at its deadline, or at an older
-    /// one, earlier (see [`BodyClock::waiting`]): reset when it fires,
-    /// not at every byte.
-    timer: Pin<Box<Sleep>>,
-    /// Set once the body came too slowly: every later read fails the same.
-    failed: Option<SlowUpload>,
+    watch: UploadWatch,
 }
 
 #[derive(Clone, Copy)]
@@ -219,33 +215,18 @@ impl<I> Guarded<I> {
             return Poll::Pending;
         };
         let message = self.framing.message();
-        let now = Instant::now();
         let body = match &mut self.waited {
             Some(body) if body.message == message => body,
             // The first wait of this body (a pipelined one's is not the
             // one before's).
             waited => waited.insert(Box::new(WaitedBody {
                 message,
-                clock: BodyClock::default(),
-                timer: Box::pin(tokio::time::sleep_until(now)),
-                failed: None,
+                watch: UploadWatch::new(),
             })),
         };
-        let deadline = body.clock.waiting(now, rate, received);
-        loop {
-            if body.timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            if now >= deadline {
-                let slow = SlowUpload::new(rate, &body.clock, received, now);
-                tracing::debug!(%slow, "request body below the minimum upload rate");
-                body.failed = Some(slow);
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, slow)));
-            }
-            // Fired at an older deadline, which the body's bytes have
-            // since pushed back.
-            body.timer.as_mut().reset(deadline);
-        }
+        body.watch
+            .poll_wait(cx, rate, received, nothing_excused)
+            .map(|slow| Err(io::Error::new(io::ErrorKind::TimedOut, slow)))
     }
 
     /// A read found bytes (or the end): the body's wait, if one was under
@@ -254,9 +235,7 @@ impl<I> Guarded<I> {
         let Some(body) = &mut self.waited else {
             return;
         };
-        if body.clock.is_waiting() {
-            body.clock.arrived(Instant::now());
-        }
+        body.watch.arrived(nothing_excused);
         if self.framing.body_received().is_none() {
             self.waited = None;
         }
@@ -310,7 +289,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Guarded<I> {
         if let Some(stop) = this.stop {
             return this.stopped(stop);
         }
-        if let Some(slow) = this.waited.as_ref().and_then(|body| body.failed) {
+        if let Some(slow) = this.waited.as_ref().and_then(|body| body.watch.failed()) {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, slow)));
         }
         let before = buf.filled().len();

@@ -13,7 +13,10 @@
 //!   ([`serve_connection`]);
 //! - `io.rs`: the I/O wrappers under hyper: the framing guard (with the
 //!   minimum upload rate of request bodies) and the idle watch;
-//! - `upload_rate.rs`: that rate's arithmetic, sans-IO;
+//! - `upload_rate.rs`: that rate's arithmetic, sans-IO, and the timer
+//!   both its readers use;
+//! - `request_body.rs`: the request body a role reads ([`RequestBody`]),
+//!   which holds an HTTP/2 stream's body to the minimum upload rate;
 //! - `interim.rs`: 1xx heads forwarded ahead of a final response
 //!   ([`InterimSender`], [`forward_interim`]);
 //! - `refusal.rs`: what is refused before a role sees a request;
@@ -34,6 +37,7 @@ mod io;
 mod limits;
 mod refusal;
 mod reloadable;
+mod request_body;
 mod upload_rate;
 
 pub use accept::{bind, serve, serve_tls};
@@ -50,6 +54,7 @@ pub use refusal::{
     MalformedRequestBody, bad_request_body, malformed_request_body, slow_request_body, via_hops,
 };
 pub use reloadable::Reloadable;
+pub use request_body::RequestBody;
 
 /// Kept here for the roles that still choose their statuses themselves
 /// (the client proxy, until it speaks

@@ -10,7 +10,6 @@
 use std::io;
 use std::sync::Arc;
 
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 
 use crate::http::error::ProxyError;
@@ -20,6 +19,7 @@ use crate::http::headers::check_request_head;
 use super::body::ProxyBody;
 use super::io::IdleTimeout;
 use super::limits::ConnectionLimits;
+use super::request_body::RequestBody;
 use super::upload_rate::SlowUpload;
 
 /// The number of hops a `Via` list names (read as [`crate::http::headers`] reads it
@@ -31,7 +31,7 @@ pub fn via_hops(headers: &http::HeaderMap) -> usize {
 /// What every request passes before its role sees it: the limits and
 /// framing rules hyper does not check itself.
 pub(super) fn refuse_early(
-    request: &Request<Incoming>,
+    request: &Request<RequestBody>,
     limits: &ConnectionLimits,
 ) -> Option<Response<ProxyBody>> {
     let uri = request.uri();
@@ -78,8 +78,9 @@ pub fn malformed_request_body(error: &(dyn std::error::Error + 'static)) -> Opti
 
 /// The refusal (408, closing) when `error` (a request's failed body, or an
 /// upstream exchange that failed for it) comes from a body the client
-/// sent too slowly: under the minimum upload rate, or stalled until the
-/// idle timeout. The client is at fault, not the upstream, and what went
+/// sent too slowly: under the minimum upload rate (over HTTP/1.1 the
+/// connection's I/O fails it, over HTTP/2 the stream's [`RequestBody`]),
+/// or stalled until the idle timeout. The client is at fault, not the upstream, and what went
 /// upstream was cut, not ended (the exchange failed).
 pub fn slow_request_body(error: &(dyn std::error::Error + 'static)) -> Option<ProxyError> {
     if let Some(slow) = under_io::<SlowUpload>(error) {

@@ -11,11 +11,11 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 
 use super::body::ProxyBody;
 use super::handler::{ConnectionNumber, Handler};
+use super::request_body::RequestBody;
 
 /// A role behind a swap: see the module documentation.
 pub struct Reloadable<H> {
@@ -48,7 +48,7 @@ impl<H: Handler> Reloadable<H> {
 }
 
 impl<H: Handler> Handler for Reloadable<H> {
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         self.current().handle(request).await
     }
 
