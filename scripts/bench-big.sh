@@ -44,6 +44,10 @@
 #                    the pair at >= 150 MB/s (reconstruct + verify, wall
 #                    clock, as curl sees it) and the accelerator's CPU for
 #                    it (the diff) <= 2 s. Limit zstd -9 --long=31.
+#                    D-B2's regression gate: the link share may be at most
+#                    10 % above D_B2_BASELINE (a percentage, measured on
+#                    this data set when the row was first met); past it
+#                    the script says REGRESSION and exits 1 at the end.
 #
 # Three cases per data set, each with a fresh pair, relay and cache:
 #   cold         the accelerator never saw the old version (--basis-store 0
@@ -69,6 +73,8 @@
 #   BIG_ZSTD_LEVEL=9   zstd level of the big data set's limit (and pages')
 #   PAGES=1            also the pages data set (D-B2, L-4; a few minutes)
 #   PAGES_MIB=256      its size in MiB
+#   D_B2_BASELINE=1.12 the pages' cold link share (%) a >10 % rise over
+#                      which fails the run (2026-11-28, 5a1d98c, 256 MiB)
 #   ACCEL_ARGS=        more accelerator flags for every case (--no-adapt, say)
 # Needs: nginx, curl, zstd, gzip, python3; rustc for BIG=1 and PAGES=1.
 # Each fetch of a new version also prints its wall time through the pair
@@ -257,8 +263,20 @@ if [[ ${PAGES:-0} == 1 ]]; then
     printf '  D-B2: link %d B = %.2f %% of the object (target <= 3 %%): %s\n' "$link" "$share" "$(met "$share" 3 max)" >&2
     printf '  L-4: %.0f MB/s through the pair (target >= 150): %s; accelerator CPU %.2f s (target <= 2 s): %s\n' \
         "$rate" "$(met "$rate" 150 min)" "$accel_cpu" "$(met "$accel_cpu" 2 max)" >&2
+    # The row's gate: a rise of more than 10 % over the baseline fails.
+    baseline=${D_B2_BASELINE:-1.12}
+    gate=$(awk -v b="$baseline" 'BEGIN { print b * 1.1 }')
+    if [[ $(met "$share" "$gate" max) == met ]]; then
+        printf '  D-B2 gate: %.2f %% <= %.2f %% (baseline %s %% + 10 %%): no regression\n' "$share" "$gate" "$baseline" >&2
+    else
+        printf '  D-B2 gate: %.2f %% > %.2f %% (baseline %s %% + 10 %%): REGRESSION\n' "$share" "$gate" "$baseline" >&2
+        regressed=1
+    fi
     run kept pages "--max-encode-len $pages_max --max-disk-body $pages_max" 600
     kill "$lab_accel_pid" "$lab_relay_pid" "$lab_client_pid" 2>/dev/null || true
     wait "$lab_accel_pid" "$lab_relay_pid" "$lab_client_pid" 2>/dev/null || true
     rm -rf "$root/pages" "$lab_tmp/cache" "$lab_tmp/spool"
+fi
+if [[ ${regressed:-0} == 1 ]]; then
+    lab_die "D-B2: the pages' link share regressed by more than 10 % (see the gate line above)"
 fi
