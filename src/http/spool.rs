@@ -305,10 +305,11 @@ impl Spool {
     }
 
     /// Takes over `feed`: its reader gets this spool's pages from now on,
-    /// through a channel of one page, each read when it asks, and the items that were waiting in
-    /// its channel come back, in order, for the caller to write here first
-    /// (an error among them: the caller's to keep for [`Spool::finish`]).
-    /// The producer sends nothing more to its own channel afterwards.
+    /// through a channel of one page, each read when it asks, and the
+    /// items that were waiting in its channel come back, in order, for the
+    /// caller to write here first (an error among them: the caller's to
+    /// keep for [`Spool::finish`]). The producer sends nothing more to its
+    /// own channel afterwards.
     pub fn take_over(&self, feed: &BodyFeed) -> Vec<BodyItem> {
         let (to_reader, from_spool) = mpsc::channel(1);
         let mut queued = Vec::new();

@@ -129,9 +129,9 @@ impl Draining {
 
 /// Idle connections kept per upstream host (the origin, the accelerator):
 /// each keeps the read buffer it grew to (up to [`UPSTREAM_READ_BUFFER`];
-/// hyper's own bound is about 400 KiB), so the thousand idle connections a burst left behind held
-/// hundreds of MiB (L-13, L-14). More than this are closed when they
-/// fall idle.
+/// hyper's own bound is about 400 KiB), so the thousand idle connections
+/// a burst left behind held hundreds of MiB (L-13, L-14). More than this
+/// are closed when they fall idle.
 pub const IDLE_UPSTREAM_CONNECTIONS: usize = 32;
 
 /// How long an idle upstream connection is kept.
