@@ -63,9 +63,10 @@ pub struct ConnectionLimits {
     /// Least average rate of a request body (bytes per second; 0: none),
     /// as mod_reqtimeout's `MinRate`: a body may be waited for
     /// `header_read_timeout`, plus one second per this many bytes it
-    /// brought; past that, 408 and close (L-8). Only time spent waiting
-    /// for the client's bytes counts, not time the role spends not
-    /// reading them (a slow origin, a queue). HTTP/1.1 only.
+    /// brought; past that, 408 and close (L-8; over HTTP/2, 408 or a
+    /// reset of that stream only). Only time spent waiting for the
+    /// client's bytes counts, not time the role spends not reading them
+    /// (a slow origin, a queue).
     pub min_upload_bytes_per_sec: u64,
     /// Most `Via` entries a request may carry: 508 beyond (P-15).
     pub max_hops: usize,
