@@ -47,6 +47,32 @@ fn one_arena_per_core() {
     }
 }
 
+/// glibc serves a request above `M_MMAP_THRESHOLD` (128 KiB at start) with
+/// a mapping of its own, unmapped on free; but the first such free raises
+/// the threshold to that chunk's size (up to 32 MiB), so from then on the
+/// accelerator's kept bodies (50-500 KB in L-11's mix, churned as its
+/// basis store evicts) went to the arenas' heaps, and its RSS crept past
+/// its full store: minute 10 -> 60 of `scripts/soak-mixed.sh` 284.7 ->
+/// 307.2 MiB (+7.9 %, target 5 %). Setting the threshold keeps it at
+/// 128 KiB (and stops the raising): 276.7 -> 284.8 MiB (+2.9 %), and
+/// L-14's burst peaked lower (374 against 444 MiB). 64 KiB did no better.
+/// An operator's own `MALLOC_MMAP_THRESHOLD_` or
+/// `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=…` is left as it is.
+fn large_chunks_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none()
+        && !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("malloc.mmap_threshold"))
+    {
+        // SAFETY: mallopt only sets a tunable of the allocator; called
+        // before any other thread exists.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
+    }
+}
+
+/// The size from which glibc maps a chunk of its own (bytes).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
+
 /// Socket activation (a systemd `.socket` unit with `Accept=no`): the
 /// listening socket systemd passed as descriptor 3 is handed to the
 /// library, which serves it instead of binding `listen`. A connected
@@ -87,6 +113,7 @@ fn take_activated_listener() {
 
 fn main() -> ExitCode {
     one_arena_per_core();
+    large_chunks_mapped();
     let cli = match try_parse() {
         Ok(cli) => cli,
         Err(error) => {
