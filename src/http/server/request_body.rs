@@ -143,8 +143,6 @@ impl Body for RequestBody {
         if let Some(slow) = stream.watch.failed() {
             return Poll::Ready(Some(Err(timed_out(slow))));
         }
-        let window = stream.window.clone();
-        let excused = |now| window.excused(now);
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => {
                 // The role asks and nothing came: this stream holds no
@@ -153,11 +151,13 @@ impl Body for RequestBody {
                 stream.hold(false);
                 let waited = stream
                     .watch
-                    .poll_wait(cx, stream.rate, stream.received, excused);
+                    .poll_wait(cx, stream.rate, stream.received, |now| {
+                        stream.window.excused(now)
+                    });
                 waited.map(|slow| Some(Err(timed_out(slow))))
             }
             Poll::Ready(polled) => {
-                stream.watch.arrived(excused);
+                stream.watch.arrived(|now| stream.window.excused(now));
                 if let Some(Ok(frame)) = &polled {
                     let len = frame.data_ref().map_or(0, |data| data.len() as u64);
                     stream.received = stream.received.saturating_add(len);
