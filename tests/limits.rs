@@ -424,6 +424,13 @@ async fn bodies_ended(stack: &Stack, n: usize) {
     .await;
 }
 
+/// `n` uploads reached the origin whole, and no front refused any.
+async fn uploads_arrived_whole(stack: &Stack, n: usize) {
+    bodies_ended(stack, n).await;
+    assert_eq!(stack.origin_whole_bodies(), n);
+    assert_eq!(stack.refusals(), vec![(0, 0); stack.fronts().len()]);
+}
+
 #[tokio::test]
 async fn l8_an_upload_slower_than_the_minimum_rate_gets_408_and_is_closed() {
     let stack = start_both(slow_upload_limits()).await;
@@ -494,9 +501,7 @@ async fn an_upload_longer_than_the_upstream_timeout_completes() {
         assert_eq!(answer.status, 200, "{}: {answer:?}", front.name);
         assert!(answer.took > Duration::from_secs(2), "{answer:?}");
     }
-    bodies_ended(&stack, fronts.len()).await;
-    assert_eq!(stack.origin_whole_bodies(), fronts.len());
-    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+    uploads_arrived_whole(&stack, fronts.len()).await;
 }
 
 #[tokio::test]
@@ -747,9 +752,7 @@ async fn l8_over_http2_an_upload_above_the_minimum_rate_completes() {
         );
         assert!(answer.took > Duration::from_secs(2), "{answer:?}");
     }
-    bodies_ended(&stack, fronts.len()).await;
-    assert_eq!(stack.origin_whole_bodies(), fronts.len());
-    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+    uploads_arrived_whole(&stack, fronts.len()).await;
 }
 
 /// Flow control is not the client's fault: while the proxy cannot pass a
@@ -782,9 +785,7 @@ async fn l8_over_http2_a_stream_the_proxy_does_not_read_is_not_timed() {
         );
         assert!(answer.took > LATE, "{answer:?}");
     }
-    bodies_ended(&stack, fronts.len()).await;
-    assert_eq!(stack.origin_whole_bodies(), fronts.len());
-    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+    uploads_arrived_whole(&stack, fronts.len()).await;
 }
 
 /// Nor is the connection's window, which its streams share: while the
@@ -836,9 +837,7 @@ async fn l8_over_http2_a_stream_held_back_by_anothers_unread_data_is_not_timed()
             front.name
         );
     }
-    bodies_ended(&stack, 2 * fronts.len()).await;
-    assert_eq!(stack.origin_whole_bodies(), 2 * fronts.len());
-    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
+    uploads_arrived_whole(&stack, 2 * fronts.len()).await;
 }
 
 #[tokio::test]
