@@ -23,7 +23,9 @@ use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
 use support::proxy::{client_config, eventually};
 use support::routing::{allowing, parent_site, patterns, upstream_route, with_sites};
 use support::topology::{self, Accelerator, ClientProxy, Listen, accelerator_config, serve};
-use support::tunnel::{Echo, PROMPT, connect, rest, round_trip, status};
+use support::tunnel::{
+    Echo, PROMPT, connect, connect_http2, http2_tunnels_are_streams, rest, round_trip, status,
+};
 
 const LOOPBACK: &[&str] = &["127.0.0.0/8", "::1/128"];
 
@@ -157,6 +159,41 @@ async fn curl_fetches_an_https_page_through_the_client_and_its_parent() {
     assert_eq!(origin.requests(), 1);
     assert_eq!(proxy.stats().tunnels, 1);
     assert_eq!(parent.stats().await["tunnels"], 1);
+}
+
+/// CONNECT over HTTP/2, to a parent reached over TLS where ALPN picks
+/// h2: each tunnel is a stream of the one connection, and a refusal is
+/// that stream's answer alone.
+#[tokio::test]
+async fn over_http2_each_tunnel_is_a_stream_and_a_refusal_ends_only_its_own() {
+    let echo = Echo::start().await;
+    let port = echo.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = topology::self_signed(dir.path());
+    let listen = Listen {
+        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+        ..Listen::default()
+    };
+    let sites = with_sites(vec![parent_site(&["localhost"], vec![port], LOOPBACK)]);
+    let parent = Accelerator::start_with(sites, listen).await;
+    let mut sender = connect_http2(parent.addr, &cert).await;
+
+    let sent = http2_tunnels_are_streams(
+        &mut sender,
+        &format!("localhost:{port}"),
+        &format!("localhost:{}", port.wrapping_add(1)),
+        &echo,
+    )
+    .await;
+    drop(sender);
+    // Both tunnels counted, with every byte, once their streams ended (the
+    // counters read in place: the listener speaks TLS only).
+    let stats = || parent.handler.stats().snapshot();
+    eventually("both tunnels' bytes counted", || {
+        stats().tunnel_bytes == sent
+    })
+    .await;
+    assert_eq!(stats().tunnels, 2);
 }
 
 #[tokio::test]

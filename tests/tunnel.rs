@@ -20,8 +20,10 @@ use rproxy::http::address_policy::AddressPolicy;
 use rproxy::http::auth::{AuthFile, AuthGate, Authenticator, basic_credentials};
 use rproxy::http::host_pattern::HostPattern;
 use support::proxy::{client_config, eventually};
-use support::topology::{self, ClientProxy, Listen, serve, temp_store};
-use support::tunnel::{Echo, PROMPT, connect, round_trip, status};
+use support::topology::{self, Cache, ClientProxy, Listen, serve, temp_store};
+use support::tunnel::{
+    Echo, PROMPT, connect, connect_http2, http2_tunnels_are_streams, round_trip, status,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -233,6 +235,42 @@ async fn a_connect_without_credentials_gets_407_and_opens_nothing() {
     .await;
     assert_eq!(status(&head), 200, "{head}");
     assert_eq!(round_trip(&mut tunnel, b"through").await, b"through");
+}
+
+/// CONNECT over HTTP/2, to a client proxy listening on TLS where ALPN
+/// picks h2: each tunnel is a stream of the one connection, and a refusal
+/// is that stream's answer alone.
+#[tokio::test]
+async fn over_http2_each_tunnel_is_a_stream_and_a_refusal_ends_only_its_own() {
+    let echo = Echo::start().await;
+    let port = echo.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = topology::self_signed(dir.path());
+    let listen = Listen {
+        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+        ..Listen::default()
+    };
+    let proxy = ClientProxy::start_with(
+        config(&[port], true, PROMPT),
+        Cache::Temp(topology::CACHE_BYTES),
+        listen,
+    )
+    .await;
+    let mut sender = connect_http2(proxy.addr, &cert).await;
+
+    let sent = http2_tunnels_are_streams(
+        &mut sender,
+        &echo.addr.to_string(),
+        &format!("127.0.0.1:{}", port.wrapping_add(1)),
+        &echo,
+    )
+    .await;
+    drop(sender);
+    eventually("both tunnels counted, with every byte", || {
+        proxy.stats().tunnel_bytes == sent
+    })
+    .await;
+    assert_eq!(proxy.stats().tunnels, 2);
 }
 
 #[tokio::test]
