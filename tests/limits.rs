@@ -45,7 +45,8 @@ const LATE: Duration = Duration::from_secs(4);
 /// Answers `/big` with [`BIG`] bytes and anything else with a short body,
 /// after reading the whole request body (to `/late`, after [`LATE`]);
 /// counts requests, and the request bodies that came whole and that were
-/// cut.
+/// cut. `/early` is answered at once, its body the request body echoed as
+/// it comes (counted when it ends).
 #[derive(Default)]
 struct Origin {
     requests: AtomicUsize,
@@ -56,6 +57,13 @@ struct Origin {
 impl Handler for Origin {
     async fn handle(self: Arc<Self>, request: Request<RequestBody>) -> Response<ProxyBody> {
         self.requests.fetch_add(1, Ordering::SeqCst);
+        if request.uri().path() == "/early" {
+            let echo = Echo {
+                upload: request.into_body(),
+                origin: self,
+            };
+            return Response::new(echo.boxed());
+        }
         let big = request.uri().path() == "/big";
         if request.uri().path() == "/late" {
             // An origin that takes the body only after a while.
@@ -76,6 +84,31 @@ impl Handler for Origin {
             .headers_mut()
             .insert("cache-control", HeaderValue::from_static("no-store"));
         response
+    }
+}
+
+/// `/early`'s answer: the upload as it comes, counted when it ends.
+struct Echo {
+    upload: RequestBody,
+    origin: Arc<Origin>,
+}
+
+impl hyper::body::Body for Echo {
+    type Data = Bytes;
+    type Error = rproxy::http::server::BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = ready!(Pin::new(&mut self.upload).poll_frame(cx));
+        let ended = match &polled {
+            None => &self.origin.whole_bodies,
+            Some(Err(_)) => &self.origin.cut_bodies,
+            Some(Ok(_)) => return Poll::Ready(polled),
+        };
+        ended.fetch_add(1, Ordering::SeqCst);
+        Poll::Ready(polled)
     }
 }
 
@@ -732,6 +765,56 @@ async fn l8_over_http2_a_slow_stream_gets_408_and_the_connection_goes_on() {
     assert_eq!(stack.origin_requests(), 3 * fronts.len());
     assert_eq!(stack.origin_cut_bodies(), fronts.len());
     assert_eq!(stack.origin_whole_bodies(), 2 * fronts.len());
+}
+
+/// A slow stream whose answer had begun (the origin answered at once, and
+/// echoes the upload as it comes) can no longer get a 408: it is reset,
+/// its upstream request cut, and the connection's other streams go on.
+#[tokio::test]
+async fn l8_over_http2_a_slow_stream_whose_answer_began_is_reset_alone() {
+    let (stack, _dir, cert) = start_both_over_http2().await;
+    let fronts = stack.fronts();
+    for front in &fronts {
+        let sender = connect_http2(front.addr, &cert).await;
+        let (early, upload) = (
+            stack.http2_target(front, "/early"),
+            stack.http2_upload_target(front),
+        );
+        // As in the 408 test: 20 B/s runs out after 1.25 s, 150 B/s not.
+        let (slow, good) = tokio::join!(
+            post_http2(
+                sender.clone(),
+                &early,
+                Trickled::new(1000, 4, Duration::from_millis(200))
+            ),
+            post_http2(
+                sender.clone(),
+                &upload,
+                Trickled::new(360, 30, Duration::from_millis(200))
+            ),
+        );
+        assert_eq!(slow.status, 200, "{}: the head went: {slow:?}", front.name);
+        assert!(slow.body.starts_with("cut: "), "{}: {slow:?}", front.name);
+        assert!(
+            (Duration::from_secs(1)..Duration::from_millis(2250)).contains(&slow.took),
+            "{}: {slow:?}",
+            front.name
+        );
+        assert_eq!(
+            (good.status, good.body.as_str()),
+            (200, "hello\n"),
+            "{}: {good:?}",
+            front.name
+        );
+        let after = post_http2(sender, &upload, Trickled::new(0, 1, Duration::ZERO)).await;
+        assert_eq!(after.status, 200, "{}: {after:?}", front.name);
+    }
+    // The slow upload went upstream as it came, and was cut there. It is
+    // no refusal (its 200 had gone out): the cut stream is the answer.
+    bodies_ended(&stack, 3 * fronts.len()).await;
+    assert_eq!(stack.origin_cut_bodies(), fronts.len());
+    assert_eq!(stack.origin_whole_bodies(), 2 * fronts.len());
+    assert_eq!(stack.refusals(), vec![(0, 0); fronts.len()]);
 }
 
 #[tokio::test]
