@@ -8,7 +8,10 @@
 //! accelerators keep bodies apart.
 //! A body of unknown length is believed held only if no longer than the
 //! longest the accelerator keeps, which it announces. Against a held body
-//! the answer comes without SIG frames, which the client agreed to.
+//! the answer comes without SIG frames, which the client agreed to; the
+//! client then verifies the body whole before its head goes, and tells its
+//! user agent the length (a chain's middle proxy too, so its own answer
+//! goes without SIG frames as well).
 
 mod support;
 
@@ -16,11 +19,12 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response};
+use http_body_util::BodyExt;
 use support::proxy::{client_config, eventually};
 use support::topology::{
-    Accelerator, ClientProxy, Origin, accelerator_config, origin, releases_of,
+    Accelerator, Chain, ClientProxy, Origin, accelerator_config, origin, releases_of,
 };
-use support::user_agent::get;
+use support::user_agent::{get, start_get};
 
 /// Release `n` of a 100 KB text: one line changed per release.
 fn release(n: usize) -> Vec<u8> {
@@ -78,6 +82,46 @@ async fn a_basis_the_accelerator_holds_goes_by_its_digest_alone() {
         // to do without (`Hsync-Accept: no-sig=N`).
         assert!(link < 800, "release {n}: an 8-byte change took {link} B");
     }
+}
+
+/// Through a chain: the middle proxy's update comes without SIG frames, so
+/// it is verified whole before its head goes, with a Content-Length; the
+/// middle then codes its answer to the nearest proxy without SIG frames
+/// too (which needs the length), and the nearest tells its user agent the
+/// length as well.
+#[tokio::test]
+async fn an_update_verified_whole_before_its_head_goes_out_with_its_length() {
+    let origin = releases().await;
+    let chain = Chain::start(origin.addr, 2).await;
+    let (middle, nearest) = (&chain.clients[0], chain.nearest());
+    let url = origin.url("/lib.js");
+
+    get(nearest.addr, &url)
+        .await
+        .assert_body("/lib.js", &release(0));
+    eventually("release 0 stored at both proxies", || {
+        middle.stats().stored == 1 && nearest.stats().stored == 1
+    })
+    .await;
+    let before = nearest.stats();
+    let response = start_get(nearest.addr, &url).await;
+    let length = response.headers().get("content-length").cloned();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(body == release(1), "release 1, whole");
+    assert_eq!(
+        length,
+        Some(HeaderValue::from(release(1).len())),
+        "the user agent is told the length"
+    );
+    let after = nearest.stats();
+    assert_eq!(after.deltas, before.deltas + 1, "a delta to the nearest");
+    assert_eq!(after.signature_bytes, before.signature_bytes);
+    let link = after.upstream_bytes - before.upstream_bytes;
+    // With SIG frames (1,188 B for 100 KB) the link took about 2,000 B.
+    assert!(
+        link < 800,
+        "an 8-byte change took {link} B between the proxies"
+    );
 }
 
 #[tokio::test]

@@ -735,7 +735,15 @@ impl ClientProxy {
                 upstream_guard::refuse_storing(&mut rparts.headers);
                 Answer::Relayed(Response::from_parts(rparts, full(body)))
             }
-            Relayed::Stream(body) => {
+            Relayed::Stream { body, rebuilt_len } => {
+                // An hsync body rebuilt whole before its head: its length,
+                // for the user agent (and for the coder of a downstream
+                // client proxy, which can then leave out SIG frames).
+                if let Some(len) = rebuilt_len {
+                    rparts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+                }
                 // A length the user agent is told: the answer ends with its
                 // last byte (a large body is stored after that), and a log
                 // line counts it whole.

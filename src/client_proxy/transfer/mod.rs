@@ -44,7 +44,7 @@
 //! Main items: [`relay`], [`Relay`], [`Relayed`], [`Outcome`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -224,7 +224,15 @@ pub enum Relayed {
     Whole(Bytes),
     /// Longer than [`WHOLE_BELOW`], or slower than the wait: what came so
     /// far, then the rest as it comes (D-A5's "stream and abort" branch).
-    Stream(ProxyBody),
+    Stream {
+        /// The body.
+        body: ProxyBody,
+        /// Its length, when an hsync body was rebuilt and verified whole
+        /// before any of it went on (a stream without SIG frames is held
+        /// until END): the user agent may be told it. Its last piece is
+        /// held back until every check passed, as a plain body's is.
+        rebuilt_len: Option<u64>,
+    },
     /// As [`Relayed::Whole`], but its upstream sent bytes past its end
     /// (P-17): the body as declared, not stored, and its head must let
     /// nobody after us store it either.
@@ -237,6 +245,30 @@ pub enum Relayed {
         /// than the transfer being cut.
         corrupt: bool,
     },
+}
+
+/// The length of an hsync body verified whole before any of it went on,
+/// set by the worker and read by the relay as the head goes (see
+/// [`Relayed::Stream`]).
+#[derive(Clone, Default)]
+pub(super) struct RebuiltLen(Arc<AtomicU64>);
+
+impl RebuiltLen {
+    /// Not known: the worker never set it (0 is a length).
+    const UNKNOWN: u64 = 0;
+
+    /// Stores `len`.
+    pub(super) fn set(&self, len: u64) {
+        // Offset by one, so that the default (0) means unknown.
+        self.0.store(len + 1, Ordering::Release);
+    }
+
+    fn get(&self) -> Option<u64> {
+        match self.0.load(Ordering::Acquire) {
+            Self::UNKNOWN => None,
+            known => Some(known - 1),
+        }
+    }
 }
 
 /// Bodies shorter than this are relayed [`Relayed::Whole`] when they come
@@ -314,6 +346,7 @@ pub async fn relay(
 ) -> Relayed {
     let hold_head = relay.hold_head;
     let choice = WholeOrStream::default();
+    let rebuilt_len = RebuiltLen::default();
     let (to_worker, from_upstream) = body_pipe::upstream_channel();
     let parking = relay.spool_dir.as_deref().map(|dir| Parking {
         dir: dir.into(),
@@ -333,10 +366,11 @@ pub async fn relay(
         body_pipe::read_upstream(upstream, taker, &to_worker, |_| {}).await;
     });
     let worker_choice = choice.clone();
+    let worker_len = rebuilt_len.clone();
     tokio::spawn(async move {
         let mut driver = Driver {
             memory: holder,
-            worker: Box::new(Worker::new(relay, worker_choice)),
+            worker: Box::new(Worker::new(relay, worker_choice, worker_len)),
             to_agent: Some(to_agent),
             busy: std::time::Duration::ZERO,
         };
@@ -412,13 +446,15 @@ pub async fn relay(
         }
         return Relayed::Excess(concat(prefix, len));
     }
-    Relayed::Stream(
-        StreamBody::new(Prefixed {
+    Relayed::Stream {
+        body: StreamBody::new(Prefixed {
             prefix: prefix.into(),
             rest: from_worker,
         })
         .boxed(),
-    )
+        // Set before the worker handed on its first byte, if at all.
+        rebuilt_len: rebuilt_len.get(),
+    }
 }
 
 fn concat(mut parts: Vec<Bytes>, len: usize) -> Bytes {

@@ -13,7 +13,9 @@ use bytes::Bytes;
 
 use super::digests::DigestCheck;
 use super::window_pool::WindowPool;
-use super::{ClientBasis, Coding, Outcome, Relay, StoreTarget, WHOLE_BELOW, WholeOrStream};
+use super::{
+    ClientBasis, Coding, Outcome, RebuiltLen, Relay, StoreTarget, WHOLE_BELOW, WholeOrStream,
+};
 use crate::cache::{CacheError, CacheKey, Completeness, EntryWriter, NewEntry};
 use crate::client_proxy::cache_writer::BackgroundWriter;
 use crate::client_proxy::cached_body::SMALL_BODY;
@@ -56,10 +58,13 @@ pub(super) struct Worker {
     pub(super) agent_error: Option<String>,
     pub(super) upstream_bytes: u64,
     pub(super) body_bytes: u64,
-    /// The user agent was told this Content-Length: the chunk that reaches
-    /// it is held back until the checks pass, or the user agent would see a
-    /// complete-looking body that then fails (D-A5).
+    /// The user agent was told this Content-Length (a plain body's, or an
+    /// hsync body's verified whole before any byte went on): the chunk
+    /// that reaches it is held back until the checks pass, or the user
+    /// agent would see a complete-looking body that then fails (D-A5).
     announced_len: Option<u64>,
+    /// Where the relay reads an hsync body's length, once verified whole.
+    rebuilt_len: RebuiltLen,
     held: Option<Bytes>,
     framing: Option<ExchangeCheck>,
     /// Whether the body goes whole, shared with the relay.
@@ -118,9 +123,10 @@ impl Commit {
 }
 
 impl Worker {
-    pub(super) fn new(relay: Relay, choice: WholeOrStream) -> Worker {
+    pub(super) fn new(relay: Relay, choice: WholeOrStream, rebuilt_len: RebuiltLen) -> Worker {
         let mut worker = Worker::idle();
         worker.choice = choice;
+        worker.rebuilt_len = rebuilt_len;
         match relay.coding {
             Coding::Hsync {
                 basis,
@@ -172,6 +178,7 @@ impl Worker {
             upstream_bytes: 0,
             body_bytes: 0,
             announced_len: None,
+            rebuilt_len: RebuiltLen::default(),
             held: None,
             framing: None,
             choice: WholeOrStream::default(),
@@ -192,6 +199,13 @@ impl Worker {
             });
             let verified = decoder.verified_len();
             pushed.map_err(|error| Stop::Corrupt(format!("hsync stream: {error}")))?;
+            if decoder.is_complete() && self.body_bytes == 0 {
+                // Verified whole before a byte went on (no SIG frames: held
+                // until END): the relay may announce its length.
+                let len = decoder.rebuilt_len();
+                self.announced_len = Some(len);
+                self.rebuilt_len.set(len);
+            }
             self.release_verified(verified)?;
             return Ok(());
         }
