@@ -2045,6 +2045,149 @@ async fn c_w3_followers_of_a_hung_leader_fetch_on_their_own_after_the_lock_timeo
     assert!(started.elapsed() >= Duration::from_secs(2));
 }
 
+/// The upstream's end of an in-memory connection (F-6's seam, a
+/// `MemoryDial`): once the request's head was written (a reply before it
+/// would be bytes no request asked for), `reply` a byte per read,
+/// `Pending` before each (as h2's `fuzz_e2e` MockIo does); what the proxy
+/// writes is dropped.
+struct ByteByByte {
+    reply: Vec<u8>,
+    at: usize,
+    pending: bool,
+    asked: Vec<u8>,
+    reader: Option<std::task::Waker>,
+}
+
+impl ByteByByte {
+    fn new(reply: Vec<u8>) -> ByteByByte {
+        ByteByByte {
+            reply,
+            at: 0,
+            pending: false,
+            asked: Vec::new(),
+            reader: None,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ByteByByte {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.asked.windows(4).any(|w| w == b"\r\n\r\n") {
+            self.reader = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        self.pending = !self.pending;
+        if self.pending {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if let Some(&byte) = self.reply.get(self.at) {
+            buf.put_slice(&[byte]);
+            self.at += 1;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for ByteByByte {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.asked.extend_from_slice(buf);
+        if let Some(reader) = self.reader.take() {
+            reader.wake();
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// F-6's seam: the client proxy's upstream in memory, its reply read a
+/// byte at a time with `Pending` before every read. A coded answer is
+/// rebuilt, served and stored whole; the same answer with one byte of its
+/// END digest flipped is neither served whole nor stored.
+#[tokio::test]
+async fn f_6_an_in_memory_upstream_read_a_byte_at_a_time_is_rebuilt_or_refused() {
+    let body = release(1);
+    let mut encoder = Encoder::new(
+        None,
+        Some(body.len() as u64),
+        EncoderOptions {
+            zstd_level: 1,
+            ..EncoderOptions::default()
+        },
+    );
+    let mut stream = Vec::new();
+    encoder.push(body, &mut stream).unwrap();
+    encoder.finish(&mut stream).unwrap();
+    let reply = |stream: &[u8]| {
+        let mut reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Encoding: hsync\r\nVary: Accept-Encoding, Hsync-Basis\r\nCache-Control: max-age=3600\r\nContent-Length: {}\r\n\r\n",
+            stream.len()
+        )
+        .into_bytes();
+        reply.extend_from_slice(stream);
+        reply
+    };
+    let mut bad = stream.clone();
+    *bad.last_mut().unwrap() ^= 1;
+    let replies = Arc::new(Mutex::new(VecDeque::from([reply(&stream), reply(&bad)])));
+    let dialled = replies.clone();
+    let dial = rproxy::http::dial::MemoryDial(Arc::new(move || {
+        let reply = dialled.lock().unwrap().pop_front().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "no more replies")
+        })?;
+        Ok(Box::new(ByteByByte::new(reply)) as Box<dyn rproxy::http::dial::MemoryIo>)
+    }));
+    // Nothing listens there: every connection is the dial's.
+    let upstream: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let proxy = Proxy::start(ClientConfig {
+        upstream_dial: Some(dial),
+        ..client_config(upstream)
+    })
+    .await;
+    let url = |path: &str| format!("http://{upstream}{path}");
+
+    let good = send(proxy.addr, forward(Method::GET, upstream, "/good.js")).await;
+    assert_eq!(
+        good.status,
+        StatusCode::OK,
+        "{:?}",
+        good.body
+            .as_ref()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+    );
+    assert!(good.body() == body, "rebuilt whole");
+    proxy.settled(&url("/good.js")).await;
+    proxy.assert_complete(&url("/good.js"), body);
+
+    let wrong = send(proxy.addr, forward(Method::GET, upstream, "/wrong.js")).await;
+    assert!(
+        wrong.status != StatusCode::OK || wrong.body.is_err(),
+        "a stream failing END's digest was served whole: {:?}",
+        wrong.status
+    );
+    eventually("the digest failure counted", || {
+        proxy.stats().digest_failures == 1
+    })
+    .await;
+    assert!(proxy.entry(&url("/wrong.js")).is_none(), "nothing stored");
+    assert!(replies.lock().unwrap().is_empty(), "both went in memory");
+}
+
 // ---------------------------------------------------------------------------
 // 11. Refusals
 

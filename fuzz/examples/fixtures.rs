@@ -5,7 +5,8 @@
 //! body of `signature`) and a few edited bodies, for `rproxy hsync
 //! sign|encode` to make the real-stream seeds from (`make-seeds.sh`), and
 //! writes the `decoder_differential` seeds into `corpus/decoder_differential/`
-//! (that target's input is not a stream). See README.md, "Seeds".
+//! (that target's input is not a stream) and the `client_upstream` seeds
+//! into `corpus/client_upstream/`. See README.md, "Seeds".
 
 use std::path::{Path, PathBuf};
 
@@ -103,6 +104,13 @@ fn main() {
     wide.extend_from_slice(&0u64.to_be_bytes());
     wide.extend_from_slice(&(1u64 << 40).to_be_bytes());
     write("err-copy-huge", &wide, b"");
+
+    // client_upstream: whole replies, as the target reads them.
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/client_upstream");
+    std::fs::create_dir_all(&seeds).unwrap();
+    for (name, input) in rproxy_fuzz::client_upstream::seeds() {
+        std::fs::write(seeds.join(name), input).unwrap();
+    }
 }
 
 /// `decoder` seeds of codec 2 (`ZstdWindow`, against the basis's

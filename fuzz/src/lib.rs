@@ -4,6 +4,8 @@
 
 use std::sync::OnceLock;
 
+pub mod client_upstream;
+
 /// Length of the decoder targets' basis.
 pub const BASIS_LEN: usize = 64 << 10;
 /// Length of the body the `signature` target encodes.
@@ -53,10 +55,34 @@ pub fn text() -> &'static [u8] {
     static TEXT: OnceLock<Vec<u8>> = OnceLock::new();
     TEXT.get_or_init(|| {
         const WORDS: &[&str] = &[
-            "function", "return", "var", "const", "the", "proxy", "cache", "delta",
-            "window", "<div class=\"row\">", "</div>", "if", "else", "{", "}", "(", ");",
-            "=>", "null", "signature", "block", "copy", "literal", "// comment", "import",
-            "export", "hsync", "zstd",
+            "function",
+            "return",
+            "var",
+            "const",
+            "the",
+            "proxy",
+            "cache",
+            "delta",
+            "window",
+            "<div class=\"row\">",
+            "</div>",
+            "if",
+            "else",
+            "{",
+            "}",
+            "(",
+            ");",
+            "=>",
+            "null",
+            "signature",
+            "block",
+            "copy",
+            "literal",
+            "// comment",
+            "import",
+            "export",
+            "hsync",
+            "zstd",
         ];
         let random = pseudo_random(0x7465_7874_6b6e_6f77, TEXT_LEN);
         let mut out = Vec::with_capacity(TEXT_LEN + 32);

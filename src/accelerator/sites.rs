@@ -143,6 +143,7 @@ impl Sites {
                         connect_timeout,
                         policy: None,
                         tls,
+                        memory: None,
                     };
                     let origin = Origin::Server {
                         scheme,
@@ -166,6 +167,7 @@ impl Sites {
                         connect_timeout,
                         policy: Some(Arc::new(policy.addresses.clone())),
                         tls,
+                        memory: None,
                     };
                     (Origin::Parent(policy.clone()), dialer)
                 }

@@ -71,6 +71,7 @@ use crate::accelerator::{Coder, CoderConfig, Offer};
 use crate::cache::freshness::{self, CacheControl, CacheStatus};
 use crate::cache::{CacheKey, CacheScope, CacheStore};
 use crate::http::access_log::{Note, Side};
+use crate::http::dial::{Dialer, MemoryDial};
 use crate::http::error::{ProxyError, refusal_of};
 use crate::http::headers::{
     HSYNC_ACCEPT, HSYNC_BASIS, HSYNC_SIGNATURE, HSYNC_SIGNATURE_LENGTH, Hop, answer_at_this_hop,
@@ -124,6 +125,10 @@ pub struct ClientConfig {
     pub max_signature_bytes: usize,
     /// Time to connect upstream.
     pub connect_timeout: Duration,
+    /// Not a setting: a test's or fuzz target's stand-in for the network,
+    /// which then takes every connection to the routes' upstreams (not
+    /// CONNECT tunnels').
+    pub upstream_dial: Option<MemoryDial>,
     /// Time for the upstream's response head (504 after).
     pub upstream_timeout: Duration,
     /// When an upstream proxy that fails is marked down, and for how long
@@ -160,6 +165,19 @@ pub struct ClientConfig {
     pub downstream_coding: Option<CoderConfig>,
     /// The zones replicated from their upstream's change feed.
     pub subscriptions: Vec<Subscription>,
+}
+
+impl ClientConfig {
+    /// How the routes' connections are opened, before each way adds its
+    /// TLS settings or address policy.
+    fn base_dialer(&self) -> Dialer {
+        Dialer {
+            connect_timeout: self.connect_timeout,
+            policy: None,
+            tls: None,
+            memory: self.upstream_dial.clone(),
+        }
+    }
 }
 
 /// Codes `response` for a downstream client proxy that offered hsync,
@@ -214,7 +232,7 @@ impl ClientProxy {
         let routes = Routes::new(
             &config.routes,
             config.upstream_tls.as_ref(),
-            config.connect_timeout,
+            &config.base_dialer(),
             config.health,
             None,
         )?;
@@ -257,7 +275,7 @@ impl ClientProxy {
         let routes = Routes::new(
             &config.routes,
             config.upstream_tls.as_ref(),
-            config.connect_timeout,
+            &config.base_dialer(),
             config.health,
             Some(&self.routes),
         )?;

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 
 use super::upstream::Upstream;
 use crate::http::address_policy::AddressPolicy;
+use crate::http::dial::Dialer;
 use crate::http::error::ProxyError;
 use crate::http::health::{Health, HealthPolicy, HealthView};
 use crate::http::host_pattern::HostPattern;
@@ -138,7 +139,7 @@ impl Routes {
     pub fn new(
         configs: &[RouteConfig],
         tls: Option<&Arc<rustls::ClientConfig>>,
-        connect_timeout: std::time::Duration,
+        dialer: &Dialer,
         policy: HealthPolicy,
         previous: Option<&Routes>,
     ) -> Result<Routes, RouteError> {
@@ -173,7 +174,7 @@ impl Routes {
                                 Some(known) => Health::continuing(known, policy),
                                 None => Health::new(name.clone(), policy),
                             };
-                            let upstream = Upstream::new(authority, tls, connect_timeout, health)
+                            let upstream = Upstream::new(authority, tls, dialer, health)
                                 .map_err(RouteError::TlsName)?;
                             let upstream = Arc::new(upstream);
                             proxies.insert(name, upstream.clone());
@@ -181,7 +182,7 @@ impl Routes {
                         }
                     }
                     RouteTo::Direct(addresses) => {
-                        Arc::new(Upstream::direct(addresses.clone(), connect_timeout))
+                        Arc::new(Upstream::direct(addresses.clone(), dialer))
                     }
                 };
                 ways.push(way);

@@ -119,6 +119,7 @@ impl ClientProxy {
                 connect_timeout: self.config.connect_timeout,
                 policy: Some(policy(config)),
                 tls: None,
+                memory: None,
             };
             let target = match dialer
                 .dial(&destination.host, destination.port, false)

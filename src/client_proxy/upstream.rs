@@ -227,15 +227,15 @@ impl Closer {
 impl Upstream {
     /// Clients for the upstream at `authority` (`host:port`), over TLS
     /// with `tls` (then HTTP/2 when the upstream offers it by ALPN, many
-    /// requests on one connection), else plain HTTP/1.1; `health` is what
-    /// is known of it.
+    /// requests on one connection), else plain HTTP/1.1, opened as `base`
+    /// opens them; `health` is what is known of it.
     ///
     /// # Errors
     /// A host that cannot be a TLS server name.
     pub fn new(
         authority: Authority,
         tls: Option<Arc<rustls::ClientConfig>>,
-        connect_timeout: Duration,
+        base: &Dialer,
         health: Health,
     ) -> Result<Upstream, String> {
         let scheme = if tls.is_some() {
@@ -258,9 +258,8 @@ impl Upstream {
             None => None,
         };
         let dialer = |tls| Dialer {
-            connect_timeout,
-            policy: None,
             tls,
+            ..base.clone()
         };
         Ok(Upstream {
             health: Some(health),
@@ -270,12 +269,11 @@ impl Upstream {
 
     /// Clients for a direct route: each request goes to its URL's own
     /// host (`http://` only), at an address `policy` permits (SSRF guard,
-    /// A-7), in origin-form.
-    pub fn direct(policy: AddressPolicy, connect_timeout: Duration) -> Upstream {
+    /// A-7), in origin-form, opened as `base` opens them.
+    pub fn direct(policy: AddressPolicy, base: &Dialer) -> Upstream {
         let dialer = Dialer {
-            connect_timeout,
             policy: Some(Arc::new(policy)),
-            tls: None,
+            ..base.clone()
         };
         Upstream::with(None, dialer.clone(), dialer)
     }

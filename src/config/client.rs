@@ -463,6 +463,7 @@ impl ClientSettings {
     /// credentials, TLS or QUEUE callbacks.
     fn config_with(&self, routes: Vec<RouteConfig>, via_name: HeaderValue) -> ClientConfig {
         ClientConfig {
+            upstream_dial: None,
             trusted_forwarders: self.trusted_forwarders.clone(),
             downstream_coding: (!self.no_downstream_coding)
                 .then(super::accelerator::default_coding),

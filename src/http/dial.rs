@@ -9,8 +9,12 @@
 //! Leaves out which hosts may be asked for (the role's sites and routes)
 //! and what is sent on the connection.
 //!
+//! A test or a fuzz target may hand a [`Dialer`] its connections instead
+//! ([`MemoryDial`]): the role's whole upstream path then runs over bytes
+//! the harness controls, split and delayed as it likes (RELIABILITY F-6).
+//!
 //! Main types: [`Dialer`], [`Transport`], [`OriginConnector`],
-//! [`AddressRefused`].
+//! [`AddressRefused`], [`MemoryDial`].
 
 use std::future::Future;
 use std::io;
@@ -76,6 +80,26 @@ pub struct Dialer {
     pub policy: Option<Arc<AddressPolicy>>,
     /// Trust roots and ALPN for TLS connections; `None` refuses them.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Not a setting: where a test hands the connections in memory.
+    pub memory: Option<MemoryDial>,
+}
+
+/// A stream a [`MemoryDial`] hands out: any async byte stream.
+pub trait MemoryIo: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> MemoryIo for T {}
+
+/// What a test or a fuzz target gives a [`Dialer`] in place of the
+/// network: each dial, whatever its host and port, takes the stream this
+/// returns, with no resolving, address policy or TLS (so it never comes
+/// from a configuration). An error is a failed connect.
+#[derive(Clone)]
+pub struct MemoryDial(pub Arc<dyn Fn() -> io::Result<Box<dyn MemoryIo>> + Send + Sync>);
+
+impl std::fmt::Debug for MemoryDial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryDial(..)")
+    }
 }
 
 impl Dialer {
@@ -86,6 +110,9 @@ impl Dialer {
     /// Resolution, an [`AddressRefused`] (as `PermissionDenied`), connect,
     /// TLS or the timeout.
     pub async fn dial(&self, host: &str, port: u16, tls: bool) -> io::Result<Transport> {
+        if let Some(memory) = &self.memory {
+            return (memory.0)().map(Transport::Memory);
+        }
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let connect = async {
             let addresses = self.addresses(host, port).await?;
@@ -153,12 +180,14 @@ async fn connect_any(addresses: &[SocketAddr]) -> io::Result<TcpStream> {
     Err(last)
 }
 
-/// A connection upstream: plain TCP or TLS.
+/// A connection upstream: plain TCP or TLS (or a test's, in memory).
 pub enum Transport {
     /// Plain HTTP.
     Plain(TcpStream),
     /// TLS (boxed: its state is large).
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// What a [`MemoryDial`] handed out.
+    Memory(Box<dyn MemoryIo>),
 }
 
 impl Transport {
@@ -183,6 +212,7 @@ impl AsyncRead for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Transport::Memory(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -196,6 +226,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Transport::Memory(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -203,6 +234,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Transport::Memory(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -210,6 +242,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Transport::Memory(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 
@@ -221,6 +254,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Transport::Memory(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -228,6 +262,7 @@ impl AsyncWrite for Transport {
         match self {
             Transport::Plain(s) => s.is_write_vectored(),
             Transport::Tls(s) => s.is_write_vectored(),
+            Transport::Memory(s) => s.is_write_vectored(),
         }
     }
 }

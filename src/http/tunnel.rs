@@ -131,6 +131,7 @@ impl Opened {
         let address = match target {
             Transport::Plain(stream) => stream.peer_addr().ok().map(|a| a.ip()),
             Transport::Tls(tls) => tls.get_ref().0.peer_addr().ok().map(|a| a.ip()),
+            Transport::Memory(_) => None,
         };
         Opened {
             destination,
