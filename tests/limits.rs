@@ -14,7 +14,7 @@ mod support;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,13 +26,13 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, SizeHint};
 use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rproxy::accelerator::AcceleratorConfig;
 use rproxy::http::server::{ConnectionLimits, Handler, HoldConnection, ProxyBody, RequestBody};
 use support::proxy::{client_config, eventually};
 use support::topology::{
     self, Accelerator, Cache, ClientProxy, Listen, Server, accelerator_config, serve,
 };
+use support::tunnel::connect_http2;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -630,23 +630,6 @@ async fn start_both_over_http2_with(
         tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
     };
     (start_both_listening(listen, None).await, dir, cert)
-}
-
-/// An HTTP/2 connection to `addr`, trusting `cert`.
-async fn connect_http2(addr: SocketAddr, cert: &Path) -> http2::SendRequest<Trickled> {
-    let tls = rproxy::http::tls::client_config(Some(cert)).unwrap();
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    sender
 }
 
 /// What came back on an HTTP/2 stream.

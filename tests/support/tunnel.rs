@@ -103,8 +103,13 @@ where
 }
 
 /// An HTTP/2 connection over TLS to `proxy` (trusting `cert`), where ALPN
-/// must pick h2.
-pub async fn connect_http2(proxy: SocketAddr, cert: &Path) -> http2::SendRequest<Empty<Bytes>> {
+/// must pick h2, sending request bodies of type `B`.
+pub async fn connect_http2<B>(proxy: SocketAddr, cert: &Path) -> http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tls = rproxy::http::tls::client_config(Some(cert)).unwrap();
     let tcp = TcpStream::connect(proxy).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
