@@ -531,16 +531,11 @@ impl Coder {
                 .headers
                 .insert(HSYNC_MISSED, HeaderValue::from_static("1"));
         }
-        // What a coding against a held body holds beyond the rsync
-        // coding's: 3 MiB windows, and each window's prefix holds a slice
-        // of the basis (at most BASIS_SPAN) twice over (slice and prefix).
-        let window_cost = match &held {
-            Some(basis) => {
-                coded_transfer_cost(self.config.encoder.basis_window_bytes, content_length)
-                    + 2 * basis.size().min(crate::hsync::BASIS_SPAN)
-            }
-            None => coded_transfer_cost(self.config.encoder.window_bytes, content_length),
-        };
+        // Against a held body, each window's prefix holds a slice of the
+        // basis (at most BASIS_SPAN) twice over (slice and prefix).
+        let basis_cost = held
+            .as_ref()
+            .map_or(0, |basis| 2 * basis.size().min(crate::hsync::BASIS_SPAN));
         let encoder = match held {
             Some(basis) => {
                 let anchors = offer
@@ -568,6 +563,10 @@ impl Coder {
             ),
         };
         tracing::debug!(basis = ?encoder.basis_use(), "encoding");
+        // Windows as the encoder sized them: a large body's blocks make
+        // them up to 8 MiB, where the configured window is 1 MiB (L-8 at
+        // 1 GiB: transfers held 2.6 times the share counted for them).
+        let window_cost = coded_transfer_cost(encoder.window_len(), content_length) + basis_cost;
         let keep = content_length.is_none_or(|len| len <= self.bodies.max_body())
             && self.may_keep(storability);
         let store = keep.then(|| self.bodies.clone());

@@ -388,6 +388,13 @@ impl Encoder {
         self.literals.entropy_coding()
     }
 
+    /// The window's size as this encoder chose it: the configured
+    /// `window_bytes`, or more where the body's blocks need it (eight of
+    /// them at least: a large body's 1 MiB blocks make 8 MiB windows).
+    pub fn window_len(&self) -> usize {
+        self.window_bytes
+    }
+
     /// Bytes that [`Encoder::push`] takes before the window is full and
     /// gets encoded: a shorter push only copies (cheap enough for an async
     /// task; a push this long or longer is CPU work).
@@ -858,6 +865,20 @@ mod tests {
         }
         text.truncate(len);
         text
+    }
+
+    /// The window a large body gets is far past the configured one (its
+    /// 1 MiB blocks, eight to a window): what a transfer's share of the
+    /// memory budget must count (`Encoder::window_len`).
+    #[test]
+    fn a_large_bodys_window_is_eight_of_its_blocks_whatever_is_configured() {
+        let options = EncoderOptions::default();
+        assert_eq!(options.window_bytes, 1 << 20);
+        let small = super::Encoder::new(None, Some(10 << 20), options);
+        // The configured size, rounded up to whole blocks.
+        assert!((1 << 20..2 << 20).contains(&small.window_len()));
+        let large = super::Encoder::new(None, Some(1 << 30), options);
+        assert_eq!(large.window_len(), 8 << 20);
     }
 
     /// `--bulk-level -1`: zstd's fast levels leave the literals of large
