@@ -14,7 +14,7 @@ mod support;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -627,7 +627,7 @@ async fn start_both_over_http2_with(
     let (cert, key) = topology::self_signed(dir.path());
     let listen = Listen {
         limits,
-        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
+        ..Listen::tls(&cert, &key)
     };
     (start_both_listening(listen, None).await, dir, cert)
 }
@@ -691,51 +691,67 @@ impl Stack {
     }
 }
 
+/// On one HTTP/2 connection to `front`, two streams at once: to
+/// `slow_path`, 4 bytes every 200 ms (20 B/s, whose allowance, 1 s and
+/// 0.2 s a second, runs out after 1.25 s), and an upload of 30 bytes every
+/// 200 ms (150 B/s, for 2.4 s). Checks that the slow one ended within the
+/// grace and what 25 bytes earned, and a second; that the other went on to
+/// its 200; and that the connection then takes a new stream. Returns the
+/// slow and the good answer.
+async fn slow_beside_good(
+    stack: &Stack,
+    front: &Front,
+    cert: &Path,
+    slow_path: &str,
+) -> (StreamAnswer, StreamAnswer) {
+    let sender = connect_http2(front.addr, cert).await;
+    let (slow_target, upload) = (
+        stack.http2_target(front, slow_path),
+        stack.http2_upload_target(front),
+    );
+    let (slow, good) = tokio::join!(
+        post_http2(
+            sender.clone(),
+            &slow_target,
+            Trickled::new(1000, 4, Duration::from_millis(200))
+        ),
+        post_http2(
+            sender.clone(),
+            &upload,
+            Trickled::new(360, 30, Duration::from_millis(200))
+        ),
+    );
+    assert!(
+        (Duration::from_secs(1)..Duration::from_millis(2250)).contains(&slow.took),
+        "{}: {slow:?}",
+        front.name
+    );
+    assert_eq!(
+        (good.status, good.body.as_str()),
+        (200, "hello\n"),
+        "{}: {good:?}",
+        front.name
+    );
+    // The connection was not closed: it takes new streams.
+    let after = post_http2(sender, &upload, Trickled::new(0, 1, Duration::ZERO)).await;
+    assert_eq!(after.status, 200, "{}: {after:?}", front.name);
+    (slow, good)
+}
+
 #[tokio::test]
 async fn l8_over_http2_a_slow_stream_gets_408_and_the_connection_goes_on() {
     let (stack, _dir, cert) = start_both_over_http2().await;
     let fronts = stack.fronts();
     for front in &fronts {
-        let sender = connect_http2(front.addr, &cert).await;
-        let target = stack.http2_upload_target(front);
-        // Two streams at once: 4 bytes every 200 ms (20 B/s, whose
-        // allowance, 1 s and 0.2 s a second, runs out after 1.25 s), and
-        // 30 bytes every 200 ms (150 B/s, for 2.4 s).
-        let (slow, good) = tokio::join!(
-            post_http2(
-                sender.clone(),
-                &target,
-                Trickled::new(1000, 4, Duration::from_millis(200))
-            ),
-            post_http2(
-                sender.clone(),
-                &target,
-                Trickled::new(360, 30, Duration::from_millis(200))
-            ),
-        );
+        let (slow, good) = slow_beside_good(&stack, front, &cert, "/upload").await;
         assert_eq!(slow.status, 408, "{}: {slow:?}", front.name);
         assert!(
             slow.body.contains("slower than 100 B/s"),
             "{}: {slow:?}",
             front.name
         );
-        // Within the grace and what 25 bytes earned, and a second.
-        assert!(
-            (Duration::from_secs(1)..Duration::from_millis(2250)).contains(&slow.took),
-            "{}: {slow:?}",
-            front.name
-        );
-        // The other stream went on, and ended after the slow one's 408.
-        assert_eq!(
-            (good.status, good.body.as_str()),
-            (200, "hello\n"),
-            "{}: {good:?}",
-            front.name
-        );
+        // The other stream ended after the slow one's 408.
         assert!(good.took > slow.took, "{}: {good:?}", front.name);
-        // The connection was not closed: it takes new streams.
-        let after = post_http2(sender, &target, Trickled::new(0, 1, Duration::ZERO)).await;
-        assert_eq!(after.status, 200, "{}: {after:?}", front.name);
     }
     // Each front counted the client's refusal, under its reason.
     assert_eq!(stack.refusals(), vec![(1, 0); fronts.len()]);
@@ -758,39 +774,9 @@ async fn l8_over_http2_a_slow_stream_whose_answer_began_is_reset_alone() {
     let (stack, _dir, cert) = start_both_over_http2().await;
     let fronts = stack.fronts();
     for front in &fronts {
-        let sender = connect_http2(front.addr, &cert).await;
-        let (early, upload) = (
-            stack.http2_target(front, "/early"),
-            stack.http2_upload_target(front),
-        );
-        // As in the 408 test: 20 B/s runs out after 1.25 s, 150 B/s not.
-        let (slow, good) = tokio::join!(
-            post_http2(
-                sender.clone(),
-                &early,
-                Trickled::new(1000, 4, Duration::from_millis(200))
-            ),
-            post_http2(
-                sender.clone(),
-                &upload,
-                Trickled::new(360, 30, Duration::from_millis(200))
-            ),
-        );
+        let (slow, _) = slow_beside_good(&stack, front, &cert, "/early").await;
         assert_eq!(slow.status, 200, "{}: the head went: {slow:?}", front.name);
         assert!(slow.body.starts_with("cut: "), "{}: {slow:?}", front.name);
-        assert!(
-            (Duration::from_secs(1)..Duration::from_millis(2250)).contains(&slow.took),
-            "{}: {slow:?}",
-            front.name
-        );
-        assert_eq!(
-            (good.status, good.body.as_str()),
-            (200, "hello\n"),
-            "{}: {good:?}",
-            front.name
-        );
-        let after = post_http2(sender, &upload, Trickled::new(0, 1, Duration::ZERO)).await;
-        assert_eq!(after.status, 200, "{}: {after:?}", front.name);
     }
     // The slow upload went upstream as it came, and was cut there. It is
     // no refusal (its 200 had gone out): the cut stream is the answer.
