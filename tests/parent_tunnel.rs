@@ -170,10 +170,7 @@ async fn over_http2_each_tunnel_is_a_stream_and_a_refusal_ends_only_its_own() {
     let port = echo.addr.port();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = topology::self_signed(dir.path());
-    let listen = Listen {
-        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
-        ..Listen::default()
-    };
+    let listen = Listen::tls(&cert, &key);
     let sites = with_sites(vec![parent_site(&["localhost"], vec![port], LOOPBACK)]);
     let parent = Accelerator::start_with(sites, listen).await;
     let mut sender = connect_http2(parent.addr, &cert).await;
@@ -405,10 +402,7 @@ async fn a_connect_goes_to_an_https_upstream_over_tls() {
     // HTTP/1.1 connection of its own.
     let parent = Accelerator::start_with(
         with_sites(vec![parent_site(&["localhost"], vec![port], LOOPBACK)]),
-        Listen {
-            tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
-            ..Listen::default()
-        },
+        Listen::tls(&cert, &key),
     )
     .await;
     let mut tls = (*rproxy::http::tls::client_config(Some(&cert)).unwrap()).clone();

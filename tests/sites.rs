@@ -17,6 +17,7 @@ use http_body_util::Full;
 use rproxy::accelerator::{AcceleratorConfig, SiteConfig, SiteNames, SiteOrigin};
 use support::routing::{parent_site, patterns, site, with_sites};
 use support::topology::{self, Accelerator, Origin, accelerator_config};
+use support::tunnel::connect_http2;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -285,28 +286,11 @@ async fn over_http2_a_sites_name_comes_in_the_authority() {
     let a = named_origin("site A").await;
     let accel = Accelerator::start_with(
         with_sites(vec![site(&["localhost"], a.addr)]),
-        topology::Listen {
-            tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
-            ..Default::default()
-        },
+        topology::Listen::tls(&cert, &key),
     )
     .await;
     // A browser's request: HTTP/2 over TLS to the site's name, no Host.
-    let tls = rproxy::http::tls::client_config(Some(&cert)).unwrap();
-    let tcp = TcpStream::connect(accel.addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
+    let mut sender = connect_http2(accel.addr, &cert).await;
     let request = http::Request::get(format!("https://localhost:{}/page", accel.addr.port()))
         .body(http_body_util::Empty::<Bytes>::new())
         .unwrap();

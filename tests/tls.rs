@@ -82,10 +82,7 @@ async fn start(trust_own: bool, alpn: &[&[u8]]) -> Pair {
         inner: Arc::new(accelerator),
         seen: Mutex::new(Vec::new()),
     });
-    let over_tls = Listen {
-        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
-        ..Listen::default()
-    };
+    let over_tls = Listen::tls(&cert, &key);
     let accelerator = serve(accelerator, over_tls).await;
 
     let ca = if trust_own {

@@ -246,10 +246,7 @@ async fn over_http2_each_tunnel_is_a_stream_and_a_refusal_ends_only_its_own() {
     let port = echo.addr.port();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = topology::self_signed(dir.path());
-    let listen = Listen {
-        tls: Some(rproxy::http::tls::server_config(&cert, &key).unwrap()),
-        ..Listen::default()
-    };
+    let listen = Listen::tls(&cert, &key);
     let proxy = ClientProxy::start_with(
         config(&[port], true, PROMPT),
         Cache::Temp(topology::CACHE_BYTES),

@@ -59,6 +59,15 @@ impl Listen {
     pub fn with_limits(limits: ConnectionLimits) -> Listen {
         Listen { limits, tls: None }
     }
+
+    /// TLS with `cert` and `key` (a [`self_signed`] pair), where ALPN
+    /// offers h2 and HTTP/1.1; the default limits.
+    pub fn tls(cert: &std::path::Path, key: &std::path::Path) -> Listen {
+        Listen {
+            tls: Some(rproxy::http::tls::server_config(cert, key).unwrap()),
+            ..Listen::default()
+        }
+    }
 }
 
 /// Where a client proxy keeps its cache.
