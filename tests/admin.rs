@@ -501,6 +501,12 @@ async fn beyond_loopback_the_admin_listener_asks_for_the_roles_users() {
     let (status, text) = http_get(admin, "/metrics", Some(right.to_str().unwrap())).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("rproxy_cache_budget_bytes"), "{text}");
+    // The default transfer memory, none of it taken by an idle proxy.
+    assert!(
+        text.contains("rproxy_transfer_memory_budget_bytes 268435456\n"),
+        "{text}"
+    );
+    assert!(text.contains("rproxy_transfer_memory_bytes 0\n"), "{text}");
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -1466,6 +1466,57 @@ async fn d_a5_a_body_told_its_length_that_fails_a_check_after_end_is_cut() {
     assert!(proxy.entry(&url("/app-2.js")).is_none(), "nothing stored");
 }
 
+/// L-13: a coded stream's share of the client proxy's transfer memory
+/// follows the windows its header's block size makes. A body of 1 GiB
+/// gets 1 MiB blocks and so 8 MiB windows: six of them, 48 MiB, where the
+/// configured 1 MiB window's share is 6 MiB (a 1 GiB soak held 2.6 times
+/// what the budget counted at the accelerator, which sized it that way).
+/// Seen in the metrics' figure while the stream stalls after its first
+/// window.
+#[tokio::test]
+async fn l_13_a_large_bodys_stream_takes_the_share_its_windows_make() {
+    let upstream = origin(|_, _| async move {
+        let mut encoder = Encoder::new(
+            None,
+            Some(1 << 30),
+            EncoderOptions {
+                zstd_level: 3,
+                ..EncoderOptions::default()
+            },
+        );
+        assert_eq!(encoder.window_len(), 8 << 20, "1 MiB blocks");
+        let mut stream = Vec::new();
+        encoder
+            .push(&support::random_bytes(3, 9 << 20), &mut stream)
+            .unwrap();
+        assert!(stream.len() > 1 << 20, "a window went out");
+        let headers = [
+            ("content-encoding", "hsync"),
+            ("vary", "Accept-Encoding, Hsync-Basis"),
+        ];
+        let steps = [
+            Step::Data(Bytes::from(stream)),
+            Step::Pause(Duration::from_secs(60)),
+        ];
+        respond(StatusCode::OK, &headers, ScriptedBody::new(steps).boxed())
+    })
+    .await;
+    let proxy = Proxy::start(client_config(upstream.addr)).await;
+    let idle = proxy.transfer_memory_figures();
+    assert_eq!((idle.taken, idle.budget), (0, 256 << 20));
+    let fetch = tokio::spawn(send(
+        proxy.addr,
+        forward(Method::GET, upstream.addr, "/big"),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.transfer_memory_figures().taken == 0 {
+        assert!(Instant::now() < deadline, "the stream never took a share");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(proxy.transfer_memory_figures().taken, 48 << 20);
+    fetch.abort();
+}
+
 #[tokio::test]
 async fn d_a5_a_small_stream_with_a_wrong_digest_is_a_clean_502_and_drops_its_basis() {
     let (hostile, proxy) = seeded_behind(Hostile::BadDigest).await;

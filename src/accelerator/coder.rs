@@ -275,6 +275,11 @@ impl Coder {
         }
     }
 
+    /// The transfer memory's shares now, for the metrics.
+    pub fn memory_figures(&self) -> crate::http::transfer_memory::MemoryFigures {
+        self.memory.figures()
+    }
+
     /// This coder with new settings (a reload), sharing what outlives
     /// one: the kept bodies, the encoders' turns, the memory and the
     /// spool disk. Their sizes stay those of the first configuration

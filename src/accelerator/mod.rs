@@ -176,6 +176,11 @@ impl Accelerator {
         &self.config
     }
 
+    /// The transfer memory's shares now, for the metrics.
+    pub fn transfer_memory_figures(&self) -> crate::http::transfer_memory::MemoryFigures {
+        self.coder.memory_figures()
+    }
+
     /// The change feed's logs, for the metrics.
     pub fn feed_figures(&self) -> Vec<crate::admin::FeedFigures> {
         let Some(feeds) = &self.feeds else {

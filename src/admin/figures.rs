@@ -19,6 +19,7 @@ use crate::config::Role;
 use crate::http::error::RefusalCounts;
 use crate::http::health::HealthView;
 use crate::http::metrics::LatencySnapshot;
+use crate::http::transfer_memory::MemoryFigures;
 
 /// A role whose counters the admin listener reads.
 pub trait Source: Send + Sync + 'static {
@@ -184,6 +185,8 @@ pub struct Figures {
     /// The change feed: each site's log (accelerator) or each zone
     /// replicated (client proxy).
     pub feed: Vec<FeedFigures>,
+    /// What streamed transfers' shares of `transfer-memory` hold now.
+    pub transfer_memory: MemoryFigures,
 }
 
 /// One change feed log, as the metrics show it.
@@ -271,6 +274,7 @@ impl Source for ClientProxy {
             tunnel_bytes: stats.tunnel_bytes,
             health: self.health_views(),
             feed: self.feed_figures(),
+            transfer_memory: self.transfer_memory_figures(),
         }
     }
 
@@ -324,6 +328,7 @@ impl Source for Accelerator {
             tunnel_bytes: stats.tunnel_bytes,
             health: self.health_views(),
             feed: self.feed_figures(),
+            transfer_memory: self.transfer_memory_figures(),
         }
     }
 

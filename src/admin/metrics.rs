@@ -319,6 +319,20 @@ fn encode_figures(f: &Figures, e: &mut DescriptorEncoder) -> Result<(), std::fmt
     }
     one(
         e,
+        "transfer_memory",
+        "Bytes of the transfer memory budget that streamed transfers hold now (their estimated shares).",
+        bytes,
+        gauge(f.transfer_memory.taken),
+    )?;
+    one(
+        e,
+        "transfer_memory_budget",
+        "The transfer memory budget (transfer-memory); 0 for none.",
+        bytes,
+        gauge(f.transfer_memory.budget),
+    )?;
+    one(
+        e,
         "queue_length",
         "Requests waiting now: for an upload slot (accelerator), or in the upstream's queue (client proxy).",
         None,

@@ -558,6 +558,7 @@ mod tests {
             tunnels: 0,
             tunnel_bytes: 0,
             feed: Vec::new(),
+            transfer_memory: Default::default(),
             health: vec![HealthView {
                 name: "http://accel<x>".into(),
                 state: HealthState::Down {

@@ -116,12 +116,12 @@ pub struct AcceleratorArgs {
     pub max_spool_total: Option<Size>,
     /// Memory that coded responses being streamed hold at once (64K, 256M,
     /// 1G...; 0: no bound). Each takes about six coding windows (6 MiB;
-    /// up to 48 MiB for a body of 1 GiB or more, whose windows are eight
-    /// of its 1 MiB blocks) while it runs, less for a body announced
-    /// smaller; past this, a
-    /// coded response waits for its turn, holding no thread and reading
-    /// nothing from the origin, so bursts and readers that stop reading
-    /// cannot take more than this (plus a few hundred KiB per connection).
+    /// up to 48 MiB for a body over ~400 MB, whose windows are eight of
+    /// its 1 MiB blocks) while it runs, less for a body announced
+    /// smaller; past this, a coded response waits for its turn, holding
+    /// no thread and reading nothing from the origin, so bursts and
+    /// readers that stop reading cannot take more than this (plus a few
+    /// hundred KiB per connection).
     /// A sixteenth more holds the first 64 KiB that large bodies without a
     /// basis are probed with (whether they compress at all); when that is
     /// spent, a body is coded unprobed rather than wait.

@@ -68,8 +68,9 @@ pub struct ClientArgs {
     pub memory_cache: Option<Size>,
     /// Memory that relays of large bodies hold at once: bytes, or with a
     /// K, M or G suffix; 0: no bound. An hsync body being rebuilt takes
-    /// about six of the accelerator's coding windows (6 MiB) while it
-    /// runs, a plain one a few hundred KiB; past this, a body over 64 KiB
+    /// about six of the accelerator's coding windows (6 MiB; up to 48 MiB
+    /// for a body over ~400 MB, as its stream's block size tells) while
+    /// it runs, a plain one a few hundred KiB; past this, a body over 64 KiB
     /// waits for its turn before reading more from upstream, holding no
     /// thread, so bursts and readers that stop reading cannot take more
     /// than this (plus a few hundred KiB per connection).

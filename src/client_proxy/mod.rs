@@ -79,7 +79,7 @@ use crate::http::headers::{
 };
 use crate::http::server::{Handler, Peer, ProxyBody, RequestBody, counted};
 use crate::http::spool::SpoolDisk;
-use crate::http::transfer_memory::TransferMemory;
+use crate::http::transfer_memory::{MemoryFigures, TransferMemory};
 use coalesce::{InFlight, Role};
 use hit::Lookup;
 use hot::HotCache;
@@ -334,6 +334,11 @@ impl ClientProxy {
     pub fn stats_json(&self) -> String {
         self.stats
             .to_json(&self.waits.views(MAX_LISTED_WAITS), &self.replicas.views())
+    }
+
+    /// The transfer memory's shares now, for the metrics.
+    pub fn transfer_memory_figures(&self) -> MemoryFigures {
+        self.memory.figures()
     }
 
     /// The replicated zones, for the metrics.

@@ -110,7 +110,7 @@ pub use decode::{DecodeError, DecodeLimits, Decoded, Decoder, Partial};
 pub use delta::{DELTA_MAGIC, DeltaCommand, DeltaError, join_delta, parse_commands, split_delta};
 pub use encode::{
     BasisUse, EncodeError, EncodeSummary, Encoder, EncoderOptions, HeldAnchors, SharedAnchors,
-    UNCODED_LEVEL,
+    UNCODED_LEVEL, min_window_len,
 };
 pub use frame::{Frame, FrameError, FrameKind, Header, LiteralCodec};
 pub use signature::{

@@ -14,8 +14,10 @@
 //! budget takes all of it, so none waits forever.
 //!
 //! Deliberately left out: measuring what a transfer really allocates. The
-//! share is an estimate made once, up front, from the window size and the
-//! announced length; a small body asks for little.
+//! share is an estimate made once, before the body is past
+//! [`SHARE_PAST`], from the window size and the announced length (or what
+//! the body's first bytes say: [`ShareTaker::sized_by_head`]); a small
+//! body asks for little.
 //!
 //! Main type: [`TransferMemory`].
 
@@ -46,6 +48,15 @@ pub const DEFAULT_ACCELERATOR_MEMORY: u64 = 128 << 20;
 pub struct TransferMemory {
     units: Arc<Semaphore>,
     total_units: u32,
+}
+
+/// A [`TransferMemory`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryFigures {
+    /// Bytes that transfers' shares hold now (estimates, not allocations).
+    pub taken: u64,
+    /// The budget (`transfer-memory`); 0 for none.
+    pub budget: u64,
 }
 
 /// A transfer's share of the budget, given back when dropped.
@@ -102,6 +113,16 @@ impl TransferMemory {
     pub fn available(&self) -> u64 {
         self.units.available_permits() as u64 * UNIT
     }
+
+    /// What the metrics show: the shares taken now and the whole budget
+    /// (0 for none).
+    pub fn figures(&self) -> MemoryFigures {
+        let budget = u64::from(self.total_units) * UNIT;
+        MemoryFigures {
+            taken: budget.saturating_sub(self.available()),
+            budget,
+        }
+    }
 }
 
 /// Bytes of body a transfer may take before it needs its share: small
@@ -120,6 +141,7 @@ pub fn share(memory: &TransferMemory, bytes: u64, past: u64) -> (ShareTaker, Sha
             due: Some((memory.clone(), bytes)),
             past,
             read: 0,
+            sizer: None,
             to_holder: Some(to_holder),
         },
         ShareHolder {
@@ -136,7 +158,16 @@ pub struct ShareTaker {
     past: u64,
     /// Body bytes read so far.
     read: u64,
+    sizer: Option<HeadSizer>,
     to_holder: Option<oneshot::Sender<MemoryShare>>,
+}
+
+/// See [`ShareTaker::sized_by_head`].
+#[derive(Debug)]
+struct HeadSizer {
+    head: Vec<u8>,
+    len: usize,
+    size: fn(&[u8]) -> Option<u64>,
 }
 
 impl ShareTaker {
@@ -146,7 +177,39 @@ impl ShareTaker {
             due: None,
             past: 0,
             read: 0,
+            sizer: None,
             to_holder: None,
+        }
+    }
+
+    /// Sizes the share from the body's first `len` bytes, once they are
+    /// read: `size` gives the share in bytes, or `None` to keep the one
+    /// asked for. For a stream whose head says what its transfer will hold
+    /// (an hsync header's block size sets its windows). It applies only
+    /// when the share is due past those bytes.
+    pub fn sized_by_head(mut self, len: usize, size: fn(&[u8]) -> Option<u64>) -> ShareTaker {
+        self.sizer = Some(HeadSizer {
+            head: Vec::with_capacity(len),
+            len,
+            size,
+        });
+        self
+    }
+
+    /// Feeds the sizer the next bytes of the body.
+    fn size_from(&mut self, data: &[u8]) {
+        let (Some(sizer), Some((_, due))) = (&mut self.sizer, &mut self.due) else {
+            return;
+        };
+        let wanted = sizer.len - sizer.head.len();
+        sizer
+            .head
+            .extend_from_slice(&data[..wanted.min(data.len())]);
+        if sizer.head.len() == sizer.len {
+            if let Some(bytes) = (sizer.size)(&sizer.head) {
+                *due = bytes;
+            }
+            self.sizer = None;
         }
     }
 
@@ -164,6 +227,7 @@ impl ShareTaker {
                 Ok(frame) => {
                     if let Ok(data) = frame.into_data() {
                         self.read += data.len() as u64;
+                        self.size_from(&data);
                         return Some(Ok(data));
                     }
                 }
@@ -296,6 +360,52 @@ mod tests {
         assert_eq!(memory.available(), 512 << 10, "the holder keeps it");
         drop(holder);
         assert_eq!(memory.available(), 1 << 20);
+    }
+
+    /// A body of these chunks, all ready.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl hyper::body::Body for Chunks {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BodyError>>> {
+            std::task::Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|chunk| Ok(hyper::body::Frame::data(chunk))),
+            )
+        }
+    }
+
+    /// A body whose first bytes say what it will hold takes that share,
+    /// read across chunks; one whose head says nothing keeps the share
+    /// asked for.
+    #[tokio::test]
+    async fn a_share_sized_by_the_bodys_head_takes_what_the_head_says() {
+        fn size(head: &[u8]) -> Option<u64> {
+            (head[0] == b'B').then(|| u64::from(head[1]) << 20)
+        }
+        async fn share_taken(first_chunks: &[&'static [u8]]) -> u64 {
+            let memory = TransferMemory::new(64 << 20);
+            let (taker, mut holder) = share(&memory, 6 << 20, 4);
+            let mut taker = taker.sized_by_head(2, size);
+            let mut body = Chunks(first_chunks.iter().map(|c| Bytes::from_static(c)).collect());
+            while let Some(chunk) = taker.next_chunk(&mut body).await {
+                chunk.unwrap();
+            }
+            taker.take_past(u64::MAX).await;
+            holder.collect();
+            (64 << 20) - memory.available()
+        }
+        assert_eq!(
+            share_taken(&[b"B", b"\x30rest of the body"]).await,
+            48 << 20
+        );
+        assert_eq!(share_taken(&[b"A\x30rest of the body"]).await, 6 << 20);
     }
 
     #[test]

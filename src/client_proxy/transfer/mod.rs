@@ -164,8 +164,8 @@ impl Relay {
     /// windows and context, or a plain body's slices in flight.
     fn memory_cost(&self) -> u64 {
         match &self.coding {
-            // The accelerator's windows, as it codes by default (a
-            // larger window costs more than the share says).
+            // The accelerator's windows, as it codes by default, until
+            // the stream's header tells their size (`hsync_stream_cost`).
             Coding::Hsync { .. } => {
                 coded_transfer_cost(EncoderOptions::default().window_bytes, None)
             }
@@ -175,6 +175,21 @@ impl Relay {
             }
         }
     }
+}
+
+/// What rebuilding an hsync stream with this header holds at most, as
+/// [`Relay::memory_cost`] does, with the windows its block size makes:
+/// the encoder's windows are at least eight blocks, so a body over
+/// ~400 MB, whose blocks are 1 MiB, comes in 8 MiB windows, not the
+/// configured 1 MiB (L-8 at 1 GiB). `None` for a header that does not parse (the decoder
+/// refuses it).
+fn hsync_stream_cost(head: &[u8]) -> Option<u64> {
+    let (header, _) = crate::hsync::Header::parse(head).ok()??;
+    let window = EncoderOptions::default()
+        .window_bytes
+        .max(crate::hsync::min_window_len(header.block_size))
+        .min(crate::hsync::MAX_WINDOW_OUTPUT);
+    Some(coded_transfer_cost(window, None))
 }
 
 /// How a relay ended, for stats, logs and coalesced waiters.
@@ -360,6 +375,10 @@ pub async fn relay(
         relay.memory_cost(),
         transfer_memory::SHARE_PAST,
     );
+    let taker = match relay.coding {
+        Coding::Hsync { .. } => taker.sized_by_head(crate::hsync::HEADER_LEN, hsync_stream_cost),
+        Coding::Plain { .. } => taker,
+    };
     // Past a small body's size, the relay's state grows: nothing more is
     // read before its share of the transfer memory.
     tokio::spawn(async move {
@@ -496,4 +515,34 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hsync::{Header, LiteralCodec};
+
+    fn header(block_size: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        Header {
+            block_size,
+            strong_len: crate::hsync::DEFAULT_STRONG_LEN,
+            codec: LiteralCodec::ZstdWindow,
+            sig_frames: true,
+        }
+        .write(&mut out);
+        out
+    }
+
+    /// A stream of 1 MiB blocks comes in 8 MiB windows, and its share
+    /// says so; blocks of up to 128 KiB keep the 1 MiB windows' share.
+    #[test]
+    fn a_streams_share_follows_the_windows_its_block_size_makes() {
+        let default = coded_transfer_cost(EncoderOptions::default().window_bytes, None);
+        assert_eq!(default, 6 << 20);
+        assert_eq!(hsync_stream_cost(&header(1 << 20)), Some(48 << 20));
+        assert_eq!(hsync_stream_cost(&header(128 << 10)), Some(default));
+        assert_eq!(hsync_stream_cost(&header(1024)), Some(default));
+        assert_eq!(hsync_stream_cost(b"not an hsync stream"), None);
+    }
 }

@@ -99,6 +99,16 @@ pub struct EncoderOptions {
     pub signature_limits: SignatureLimits,
 }
 
+/// The smallest window our encoder makes for a new body of
+/// `block_size`-byte blocks, whatever its configured window: eight blocks,
+/// the batch the signature builder hashes at once, so that every window
+/// sends SIG entries. A large body's 1 MiB blocks make 8 MiB windows
+/// where 1 MiB is configured; the decoding end, which learns the block size
+/// from the stream's header, sizes its share of memory by it too.
+pub fn min_window_len(block_size: u32) -> usize {
+    SIMD_BLOCKS * block_size as usize
+}
+
 impl Default for EncoderOptions {
     fn default() -> Self {
         EncoderOptions {
@@ -274,7 +284,7 @@ impl Encoder {
         let window_bytes = options
             .window_bytes
             .max(2 * largest_block)
-            .max(SIMD_BLOCKS * block)
+            .max(min_window_len(params.block_size))
             .max((4 * SIMD_BLOCKS * basis_block).min(8 << 20))
             .div_ceil(block)
             .saturating_mul(block)
