@@ -133,9 +133,9 @@ lab_check_alive
 # Errors the proxies logged during the run (warnings are expected: hyper
 # logs each header-read timeout).
 for name in idle slow; do
-    n=$(grep -c -i -e panic -e ' ERROR ' "$lab_tmp/logs/client-$name.log" || true)
+    n=$(grep -c -e panicked -e ' ERROR ' "$lab_tmp/logs/client-$name.log" || true)
     if ((n > 0)); then
         echo "client proxy $name logged $n error/panic lines, e.g.:"
-        grep -i -m 3 -e panic -e ' ERROR ' "$lab_tmp/logs/client-$name.log"
+        grep -m 3 -e panicked -e ' ERROR ' "$lab_tmp/logs/client-$name.log"
     fi
 done

@@ -106,8 +106,8 @@ if ((status != 0)); then
     lab_die "the live client failed (status $status)"
 fi
 lab_check_alive
-n=$(grep -c -i -e panic -e ' ERROR ' "$lab_tmp/logs/accelerator.log" || true)
+n=$(grep -c -e panicked -e ' ERROR ' "$lab_tmp/logs/accelerator.log" || true)
 if ((n > 0)); then
     echo "the accelerator logged $n error/panic lines, e.g.:"
-    grep -i -m 3 -e panic -e ' ERROR ' "$lab_tmp/logs/accelerator.log"
+    grep -m 3 -e panicked -e ' ERROR ' "$lab_tmp/logs/accelerator.log"
 fi

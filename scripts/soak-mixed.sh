@@ -187,6 +187,17 @@ for proc in procs:
     oks.append(drift <= 5)
 print(f"{'RSS MiB, minute ' + f'{warmup:g}' + ' -> last loaded':<38} {cells[0]:>24} {cells[1]:>24}   "
       f"drift <= 5 %: {met(oks[0])} / {met(oks[1])}")
+# What the drift is made of: anonymous memory (heap, stacks), or file
+# pages (the binary's code, paged in as rarer paths first run). No target:
+# the row's measure is the RSS above.
+for kind, what in (("anon_kib", "anonymous"), ("file_kib", "file-backed")):
+    if any(kind not in s["procs"][proc] for s in (warm, end) for proc in procs):
+        continue
+    cells = []
+    for proc in procs:
+        w, e = warm["procs"][proc].get(kind, 0), end["procs"][proc].get(kind, 0)
+        cells.append(f"{mib(w):.1f} -> {mib(e):.1f} ({e - w:+d} KiB)")
+    print(f"{'  of which ' + what:<38} {cells[0]:>24} {cells[1]:>24}   (no target)")
 cells, oks = [], []
 for proc in procs:
     b, a = base["procs"][proc]["fds"], after["procs"][proc]["fds"]
@@ -211,10 +222,10 @@ if total["wrong"] or total["failed"] or odd:
           f"{odd} other non-200 answers)")
 EOF
 for name in accelerator client; do
-    n=$(grep -c -i -e panic -e ' ERROR ' "$lab_tmp/logs/$name.log" || true)
+    n=$(grep -c -e panicked -e ' ERROR ' "$lab_tmp/logs/$name.log" || true)
     if ((n > 0)); then
         echo "$name logged $n error/panic lines, e.g.:"
-        grep -i -m 3 -e panic -e ' ERROR ' "$lab_tmp/logs/$name.log"
+        grep -m 3 -e panicked -e ' ERROR ' "$lab_tmp/logs/$name.log"
     fi
 done
 lab_check_alive

@@ -86,7 +86,7 @@ def status_fields(pid):
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 name, _, value = line.partition(":")
-                if name in ("VmRSS", "VmHWM"):
+                if name in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                     out[name] = int(value.split()[0])
                 elif name == "Threads":
                     out[name] = int(value)
@@ -1097,7 +1097,10 @@ def mixed_stats(url):
 
 def mixed_proc(pid):
     f = status_fields(pid)
-    return {"rss_kib": f.get("VmRSS", 0), "threads": f.get("Threads", 0), "fds": mixed_fds(pid)}
+    # RSS split: anonymous (heap, stacks) and file-backed (mostly the
+    # binary's code, paged in as paths first run: no leak).
+    return {"rss_kib": f.get("VmRSS", 0), "anon_kib": f.get("RssAnon", 0), "file_kib": f.get("RssFile", 0),
+            "threads": f.get("Threads", 0), "fds": mixed_fds(pid)}
 
 
 async def mixed_main(args):

@@ -432,9 +432,9 @@ if has("burst-pair"):
 EOF
 for name in accelerator client accelerator-h2; do
     [[ -f $lab_tmp/logs/$name.log ]] || continue
-    n=$(grep -c -i -e panic -e ' ERROR ' "$lab_tmp/logs/$name.log" || true)
+    n=$(grep -c -e panicked -e ' ERROR ' "$lab_tmp/logs/$name.log" || true)
     if ((n > 0)); then
         echo "$name logged $n error/panic lines, e.g.:"
-        grep -i -m 3 -e panic -e ' ERROR ' "$lab_tmp/logs/$name.log"
+        grep -m 3 -e panicked -e ' ERROR ' "$lab_tmp/logs/$name.log"
     fi
 done

@@ -181,8 +181,8 @@ impl Relay {
 /// [`Relay::memory_cost`] does, with the windows its block size makes:
 /// the encoder's windows are at least eight blocks, so a body over
 /// ~400 MB, whose blocks are 1 MiB, comes in 8 MiB windows, not the
-/// configured 1 MiB (L-8 at 1 GiB). `None` for a header that does not parse (the decoder
-/// refuses it).
+/// configured 1 MiB (L-8 at 1 GiB). `None` for a header that does not
+/// parse (the decoder refuses it).
 fn hsync_stream_cost(head: &[u8]) -> Option<u64> {
     let (header, _) = crate::hsync::Header::parse(head).ok()??;
     let window = EncoderOptions::default()
