@@ -1508,11 +1508,10 @@ async fn l_13_a_large_bodys_stream_takes_the_share_its_windows_make() {
         proxy.addr,
         forward(Method::GET, upstream.addr, "/big"),
     ));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while proxy.transfer_memory_figures().taken == 0 {
-        assert!(Instant::now() < deadline, "the stream never took a share");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the stream takes its share", || {
+        proxy.transfer_memory_figures().taken > 0
+    })
+    .await;
     assert_eq!(proxy.transfer_memory_figures().taken, 48 << 20);
     fetch.abort();
 }

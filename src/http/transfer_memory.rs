@@ -162,13 +162,18 @@ pub struct ShareTaker {
     to_holder: Option<oneshot::Sender<MemoryShare>>,
 }
 
-/// See [`ShareTaker::sized_by_head`].
+/// See [`ShareTaker::sized_by_head`]: the head gathers in place, so a
+/// relay pays no allocation for it.
 #[derive(Debug)]
 struct HeadSizer {
-    head: Vec<u8>,
+    head: [u8; MAX_HEAD],
+    filled: usize,
     len: usize,
     size: fn(&[u8]) -> Option<u64>,
 }
+
+/// The longest head a share can be sized by (an hsync header is 12 bytes).
+const MAX_HEAD: usize = 16;
 
 impl ShareTaker {
     /// A reader with no share to take (a transfer outside the budget).
@@ -186,10 +191,12 @@ impl ShareTaker {
     /// read: `size` gives the share in bytes, or `None` to keep the one
     /// asked for. For a stream whose head says what its transfer will hold
     /// (an hsync header's block size sets its windows). It applies only
-    /// when the share is due past those bytes.
+    /// when the share is due past those bytes. `len` is at most 16.
     pub fn sized_by_head(mut self, len: usize, size: fn(&[u8]) -> Option<u64>) -> ShareTaker {
+        assert!(len <= MAX_HEAD, "a head of {len} bytes");
         self.sizer = Some(HeadSizer {
-            head: Vec::with_capacity(len),
+            head: [0; MAX_HEAD],
+            filled: 0,
             len,
             size,
         });
@@ -201,12 +208,11 @@ impl ShareTaker {
         let (Some(sizer), Some((_, due))) = (&mut self.sizer, &mut self.due) else {
             return;
         };
-        let wanted = sizer.len - sizer.head.len();
-        sizer
-            .head
-            .extend_from_slice(&data[..wanted.min(data.len())]);
-        if sizer.head.len() == sizer.len {
-            if let Some(bytes) = (sizer.size)(&sizer.head) {
+        let taken = (sizer.len - sizer.filled).min(data.len());
+        sizer.head[sizer.filled..sizer.filled + taken].copy_from_slice(&data[..taken]);
+        sizer.filled += taken;
+        if sizer.filled == sizer.len {
+            if let Some(bytes) = (sizer.size)(&sizer.head[..sizer.len]) {
                 *due = bytes;
             }
             self.sizer = None;
